@@ -1,0 +1,3 @@
+//! toolwall-relay's library: the agent frame codec shared with the gateway.
+
+pub mod frame;

@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("toolwall-relay: not built yet");
+    std::process::exit(2);
+}

@@ -1,0 +1,254 @@
+//! The one TOML file that configures everything. Unknown keys are errors that name the key
+//! and the line; every limit has a name, a default and a key here.
+//!
+//! Relative paths are taken relative to the working directory, like the embedded defaults
+//! (state under `./toolwall-data/`). Service configs should use absolute paths.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+use crate::ledger::LedgerConfig;
+use crate::policy::PolicyConfig;
+use crate::sandbox::SandboxConfig;
+use crate::tools::http::HttpToolsConfig;
+
+/// Where `serve` looks when `--config` is not given.
+pub const SYSTEM_CONFIG: &str = "/etc/toolwall/toolwall.toml";
+/// The state directory of the embedded defaults.
+pub const DEFAULT_STATE_DIR: &str = "toolwall-data";
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: ListenConfig,
+    pub gateway: GatewayConfig,
+    pub ledger: LedgerConfig,
+    pub policy: PolicyConfig,
+    pub sandbox: SandboxConfig,
+    pub admin: AdminConfig,
+    pub builtin: BuiltinConfig,
+    /// Where the config came from (None: embedded defaults). Not a TOML key.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenConfig {
+    /// Framed unix socket (mode 0660). Empty string: no unix listener.
+    pub unix: Option<PathBuf>,
+    /// Framed vsock port, any CID.
+    pub vsock: Option<u32>,
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        ListenConfig {
+            unix: Some(PathBuf::from(DEFAULT_STATE_DIR).join("mcp.sock")),
+            vsock: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// Seconds a started frame may take to arrive whole.
+    pub frame_timeout_secs: u64,
+    /// Seconds before a non-`tools/call` request times out.
+    pub request_timeout_secs: u64,
+    /// Seconds before a `tools/call` times out.
+    pub tool_call_timeout_secs: u64,
+    /// Requests in flight per connection; beyond it, reading pauses.
+    pub max_in_flight_per_connection: usize,
+    /// Requests in flight across all connections; beyond it, reading pauses everywhere.
+    pub max_in_flight_total: usize,
+    /// Open agent connections; beyond it, new ones are refused.
+    pub max_connections: usize,
+    /// Bytes queued for one agent connection before reading from it pauses.
+    pub max_write_buffer_bytes: usize,
+    /// Seconds to finish calls in flight after SIGTERM.
+    pub drain_secs: u64,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            frame_timeout_secs: 30,
+            request_timeout_secs: 60,
+            tool_call_timeout_secs: 300,
+            max_in_flight_per_connection: 64,
+            max_in_flight_total: 4096,
+            max_connections: 1024,
+            max_write_buffer_bytes: 8 * 1024 * 1024,
+            drain_secs: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// The admin socket (mode 0600): status, reload, approvals.
+    pub socket: PathBuf,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            socket: PathBuf::from(DEFAULT_STATE_DIR).join("admin.sock"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BuiltinConfig {
+    /// Threads in the builtin worker for blocking tool work.
+    pub threads: usize,
+    /// Tool calls queued in the builtin worker beyond its busy threads.
+    pub queue: usize,
+    pub http: HttpToolsConfig,
+}
+
+impl Default for BuiltinConfig {
+    fn default() -> Self {
+        BuiltinConfig {
+            threads: 16,
+            queue: 256,
+            http: HttpToolsConfig::default(),
+        }
+    }
+}
+
+/// A config that could not be loaded; the message names the file and the line.
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Largest config file read.
+pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+
+impl Config {
+    /// The config `--config` names, else the system file when it exists, else the
+    /// embedded defaults.
+    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        match explicit {
+            Some(path) => Config::from_file(path),
+            None if Path::new(SYSTEM_CONFIG).exists() => {
+                Config::from_file(Path::new(SYSTEM_CONFIG))
+            }
+            None => Ok(Config::default()),
+        }
+    }
+
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = read_bounded(path, MAX_CONFIG_BYTES)
+            .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        let mut config = Config::from_toml(&text, &path.display().to_string())?;
+        config.source = Some(path.to_path_buf());
+        Ok(config)
+    }
+
+    /// Parse and validate; `origin` names the text in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text)
+            .map_err(|e| ConfigError(format!("{origin}: {}", e.to_string().trim_end())))?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let g = &self.gateway;
+        let positive = [
+            ("gateway.frame_timeout_secs", g.frame_timeout_secs as usize),
+            (
+                "gateway.request_timeout_secs",
+                g.request_timeout_secs as usize,
+            ),
+            (
+                "gateway.tool_call_timeout_secs",
+                g.tool_call_timeout_secs as usize,
+            ),
+            (
+                "gateway.max_in_flight_per_connection",
+                g.max_in_flight_per_connection,
+            ),
+            ("gateway.max_in_flight_total", g.max_in_flight_total),
+            ("gateway.max_connections", g.max_connections),
+            ("gateway.max_write_buffer_bytes", g.max_write_buffer_bytes),
+            ("builtin.threads", self.builtin.threads),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(ConfigError(format!(
+                    "{origin}: {key} must be greater than 0"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The directory state lives in: the ledger's directory.
+    pub fn state_dir(&self) -> PathBuf {
+        self.ledger
+            .path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."))
+    }
+}
+
+/// Read a whole file, refusing one larger than `max` bytes before allocating for it.
+pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    if len > max {
+        return Err(std::io::Error::other(format!(
+            "file is {len} bytes, more than the limit of {max}"
+        )));
+    }
+    let mut text = String::with_capacity(len as usize);
+    file.take(max + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > max {
+        return Err(std::io::Error::other(format!(
+            "file is larger than the limit of {max} bytes"
+        )));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let err = Config::from_toml("[listen]\nunix = \"/x\"\nbogus = 1\n", "t.toml").unwrap_err();
+        assert!(err.0.contains("bogus"), "{err}");
+        assert!(err.0.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn zero_limit_refused() {
+        let err =
+            Config::from_toml("[gateway]\nmax_in_flight_per_connection = 0\n", "t").unwrap_err();
+        assert!(err.0.contains("max_in_flight_per_connection"));
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::from_toml("", "t").unwrap();
+        assert_eq!(c.gateway.max_in_flight_per_connection, 64);
+        assert_eq!(c.ledger.path, PathBuf::from("toolwall-data/ledger.db"));
+    }
+}

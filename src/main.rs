@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("toolwall: skeleton");
+    std::process::exit(2);
+}

@@ -1,0 +1,1 @@
+//! systemd integration without libsystemd. To be written.

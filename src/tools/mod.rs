@@ -1,0 +1,3 @@
+//! Built-in tool implementations, run only inside workers.
+
+pub mod http;
