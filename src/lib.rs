@@ -3,9 +3,14 @@
 
 pub mod log;
 
+pub mod cli;
 pub mod config;
+pub mod gateway;
 pub mod ledger;
+pub mod mcp;
 pub mod policy;
 pub mod sandbox;
 pub mod systemd;
 pub mod tools;
+pub mod transport;
+pub mod workers;

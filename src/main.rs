@@ -1,4 +1,3 @@
 fn main() {
-    eprintln!("toolwall: skeleton");
-    std::process::exit(2);
+    std::process::exit(toolwall::cli::main());
 }

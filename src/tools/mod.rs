@@ -1,3 +1,4 @@
 //! Built-in tool implementations, run only inside workers.
 
+pub mod echo;
 pub mod http;

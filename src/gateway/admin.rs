@@ -1,0 +1,119 @@
+//! The admin socket: owner-only (0600), JSON lines, one request and one answer per line.
+//! It is the only place a held (`ask`) call can be approved: no agent door can reach it.
+//!
+//! Requests: `{"op":"status"}`, `{"op":"reload"}`, `{"op":"approvals"}`,
+//! `{"op":"approve","id":N}`, `{"op":"deny","id":N,"reason":"..."}`.
+
+use mio::net::UnixListener;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::time::Instant;
+
+use crate::config::Config;
+use crate::gateway::event_loop::{Gateway, Mode};
+use crate::gateway::listeners;
+use crate::mcp::catalog::Kind;
+
+/// Largest admin request line.
+pub const MAX_ADMIN_REQUEST: usize = 64 * 1024;
+
+pub fn bind(config: &Config, _mode: Mode) -> std::io::Result<Option<UnixListener>> {
+    let path = &config.admin.socket;
+    if path.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    listeners::bind_unix(path, 0o600).map(Some)
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+enum Request {
+    Status,
+    Reload,
+    Approvals,
+    Approve {
+        id: u64,
+    },
+    Deny {
+        id: u64,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+}
+
+pub fn handle(gw: &mut Gateway, principal: &str, line: &[u8]) -> Value {
+    if line.len() > MAX_ADMIN_REQUEST {
+        return json!({"ok": false, "error": format!("request exceeds {MAX_ADMIN_REQUEST} bytes")});
+    }
+    let request = match serde_json::from_slice::<Request>(line) {
+        Ok(r) => r,
+        Err(e) => return json!({"ok": false, "error": format!("bad admin request: {e}")}),
+    };
+    let now = Instant::now();
+    match request {
+        Request::Status => status(gw, now),
+        Request::Reload => match gw.reload() {
+            Ok(summary) => json!({"ok": true, "message": summary}),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Request::Approvals => json!({"ok": true, "pending": gw.core().pending_approvals(now)}),
+        Request::Approve { id } => decide(gw, id, true, principal, None, now),
+        Request::Deny { id, reason } => decide(gw, id, false, principal, reason.as_deref(), now),
+    }
+}
+
+fn decide(
+    gw: &mut Gateway,
+    id: u64,
+    approve: bool,
+    principal: &str,
+    reason: Option<&str>,
+    now: Instant,
+) -> Value {
+    let who = format!("admin {principal}");
+    match gw
+        .core_mut()
+        .decide_approval(id, approve, &who, reason, now)
+    {
+        Ok(()) => json!({"ok": true, "id": id, "approved": approve, "by": who}),
+        Err(e) => json!({"ok": false, "error": e}),
+    }
+}
+
+fn status(gw: &Gateway, now: Instant) -> Value {
+    let core = gw.core();
+    let workers: Vec<Value> = gw
+        .supervisor()
+        .workers
+        .iter()
+        .map(|w| {
+            json!({
+                "name": w.spec.name,
+                "role": w.spec.role.to_string(),
+                "server": w.spec.server,
+                "pid": w.pid,
+                "state": w.state.as_str(),
+                "restarts": w.restarts,
+                "last_exit": w.last_exit,
+                "confinement": w.report,
+                "warnings": w.warnings,
+            })
+        })
+        .collect();
+    json!({
+        "ok": true,
+        "version": env!("CARGO_PKG_VERSION"),
+        "ready": gw.is_ready(),
+        "uptime_s": now.saturating_duration_since(gw.started).as_secs(),
+        "connections": gw.live_connections(),
+        "in_flight": core.in_flight_total(),
+        "counters": core.counters,
+        "tools": core.catalog().len(Kind::Tools),
+        "ledger": {"path": gw.config().ledger.path, "writable": core.ledger_ok()},
+        "policy": {"rules": core.policy().rule_count(), "default": format!("{:?}", core.policy().default_verdict()).to_lowercase()},
+        "sandbox_mode": format!("{:?}", gw.config().sandbox.mode).to_lowercase(),
+        "last_reload": gw.last_reload,
+        "reloads": gw.reloads,
+        "workers": workers,
+    })
+}

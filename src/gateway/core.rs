@@ -1,0 +1,1791 @@
+//! The gateway's decisions, sans-IO: messages in, actions out.
+//!
+//! Every agent message enters through [`Core::on_message`]; everything the loop must do
+//! afterwards (answer an agent, send a worker request) comes out of [`Core::take_actions`]
+//! only after [`Core::commit`] wrote the ledger rows those actions depend on. If the commit
+//! fails, the actions are turned into refusals: nothing reaches a tool or an agent that
+//! the ledger does not hold (fail closed).
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use std::borrow::Cow;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::rc::Rc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::config::GatewayConfig;
+use crate::ledger::{CallEnd, CallStart, Ledger};
+use crate::mcp::catalog::{Catalog, Kind, WorkerId, split_namespaced};
+use crate::mcp::jsonrpc::{self, Message};
+use crate::mcp::protocol;
+use crate::mcp::tool_error::{ToolErrorCode, refusal};
+use crate::policy::{Decision, Phase, Policy, Subject, Transport, Verdict};
+use crate::workers::rpc::{self, Op};
+
+/// A connection as the core knows it: its slot in the loop and a generation, so an answer
+/// for a closed connection never reaches the next one in the same slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnRef {
+    pub slot: usize,
+    pub generation: u64,
+}
+
+/// Who is at the other end of a connection.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub transport: Transport,
+    pub principal: String,
+    /// The process name when a message does not carry its own.
+    pub process: String,
+}
+
+/// What the transport says a payload must be (framed flags), or `Any`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    Any,
+    Request,
+    Notification,
+}
+
+#[derive(Debug)]
+pub enum Action {
+    /// The one answer to a request on `stream` (0 for unframed transports).
+    Reply {
+        conn: ConnRef,
+        stream: u32,
+        /// The request's raw id, to rebuild the answer as a refusal if the commit fails.
+        id: String,
+        bytes: Vec<u8>,
+    },
+    /// An answer to a faulty message (not a request the core accepted).
+    Push {
+        conn: ConnRef,
+        stream: u32,
+        bytes: Vec<u8>,
+    },
+    /// A notification for the agent (stream 0, notification flag on framed doors).
+    Notify { conn: ConnRef, bytes: Vec<u8> },
+    /// A request to a worker; `call` names the call it serves.
+    ToWorker {
+        worker: WorkerId,
+        call: Option<u64>,
+        msg: rpc::Message,
+    },
+}
+
+/// Where a call stands.
+#[derive(Debug)]
+enum Stage {
+    /// Held for a human decision (`ask`).
+    AwaitingApproval { arguments: String },
+    /// Sent to a worker.
+    AtWorker,
+}
+
+#[derive(Debug)]
+enum CallKind {
+    Tool {
+        ledger_id: i64,
+        server: String,
+        tool: String,
+        decision: Decision,
+        rewritten: bool,
+    },
+    /// resources/read, prompts/get: answered with the worker's result as is.
+    Other,
+    /// list_tools / list_resources / list_prompts sent by the gateway itself.
+    Listing { kind: Kind, server: String },
+}
+
+#[derive(Debug)]
+struct Call {
+    conn: Option<ConnRef>,
+    stream: u32,
+    id: String,
+    method: String,
+    worker: WorkerId,
+    kind: CallKind,
+    stage: Stage,
+    principal: String,
+    process: String,
+    transport: Transport,
+    started: Instant,
+    deadline: Instant,
+    timeout_key: &'static str,
+}
+
+/// A call held for approval, as the admin socket lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PendingApproval {
+    pub id: u64,
+    pub tool: String,
+    pub principal: String,
+    pub process: String,
+    pub transport: &'static str,
+    pub arguments: String,
+    pub rule: Option<String>,
+    pub reason: Option<String>,
+    pub waiting_ms: u128,
+}
+
+/// A worker as the core sees it.
+#[derive(Debug, Clone)]
+pub struct WorkerView {
+    pub name: String,
+    pub server: String,
+    pub ready: bool,
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Counters {
+    pub calls_total: u64,
+    pub calls_allowed: u64,
+    pub calls_denied: u64,
+    pub calls_error: u64,
+    pub requests_total: u64,
+    pub ledger_failures: u64,
+}
+
+#[derive(Debug, Default)]
+struct Session {
+    protocol_version: Option<&'static str>,
+}
+
+pub struct Core {
+    limits: GatewayConfig,
+    policy: Rc<Policy>,
+    ledger: Ledger,
+    catalog: Catalog,
+    workers: Vec<WorkerView>,
+    calls: HashMap<u64, Call>,
+    in_flight: HashMap<ConnRef, usize>,
+    sessions: HashMap<ConnRef, Session>,
+    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    next_key: u64,
+    actions: Vec<Action>,
+    ledger_ok: bool,
+    stopping: bool,
+    pub counters: Counters,
+    /// Tools per page of `tools/list` (and resources, prompts).
+    pub page_size: usize,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[derive(Deserialize)]
+struct ToolCallParams<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct CursorParams {
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct UriParams {
+    uri: String,
+}
+
+#[derive(Deserialize)]
+struct NameParams {
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct CancelParams<'a> {
+    #[serde(borrow, rename = "requestId")]
+    request_id: &'a RawValue,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+impl Core {
+    pub fn new(limits: GatewayConfig, policy: Rc<Policy>, ledger: Ledger) -> Core {
+        Core {
+            limits,
+            policy,
+            ledger,
+            catalog: Catalog::default(),
+            workers: Vec::new(),
+            calls: HashMap::new(),
+            in_flight: HashMap::new(),
+            sessions: HashMap::new(),
+            deadlines: BinaryHeap::new(),
+            next_key: 1,
+            actions: Vec::new(),
+            ledger_ok: true,
+            stopping: false,
+            counters: Counters::default(),
+            page_size: 200,
+        }
+    }
+
+    pub fn policy(&self) -> &Rc<Policy> {
+        &self.policy
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    pub fn ledger_ok(&self) -> bool {
+        self.ledger_ok
+    }
+
+    pub fn ledger_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
+    /// Swap the policy: the next message on every connection is judged by the new one.
+    pub fn set_policy(&mut self, policy: Rc<Policy>) {
+        self.policy = policy;
+    }
+
+    /// Requests of this connection not yet answered.
+    pub fn in_flight(&self, conn: ConnRef) -> usize {
+        self.in_flight.get(&conn).copied().unwrap_or(0)
+    }
+
+    /// Listings the gateway asked of its workers and has not had answered.
+    pub fn listings_pending(&self) -> usize {
+        self.calls
+            .values()
+            .filter(|c| matches!(c.kind, CallKind::Listing { .. }))
+            .count()
+    }
+
+    /// Requests not yet answered, everywhere.
+    pub fn in_flight_total(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub fn event(&mut self, kind: &str, detail: Value) {
+        self.ledger.stage_event(kind, &detail);
+    }
+
+    // ---- workers ------------------------------------------------------------------
+
+    /// Register a worker slot; returns its id.
+    pub fn add_worker(&mut self, name: &str, server: &str) -> WorkerId {
+        self.workers.push(WorkerView {
+            name: name.to_owned(),
+            server: server.to_owned(),
+            ready: false,
+        });
+        self.workers.len() - 1
+    }
+
+    pub fn workers(&self) -> &[WorkerView] {
+        &self.workers
+    }
+
+    /// A worker attested and may get work: ask it what it serves.
+    pub fn on_worker_ready(&mut self, worker: WorkerId, now: Instant) {
+        self.workers[worker].ready = true;
+        let server = self.workers[worker].server.clone();
+        self.gateway_request(worker, Op::ListTools, Kind::Tools, &server, now);
+        self.gateway_request(worker, Op::ListResources, Kind::Resources, &server, now);
+        self.gateway_request(worker, Op::ListPrompts, Kind::Prompts, &server, now);
+    }
+
+    fn gateway_request(
+        &mut self,
+        worker: WorkerId,
+        op: Op,
+        kind: Kind,
+        server: &str,
+        now: Instant,
+    ) {
+        let key = self.new_key();
+        let deadline = now + Duration::from_secs(self.limits.request_timeout_secs);
+        self.calls.insert(
+            key,
+            Call {
+                conn: None,
+                stream: 0,
+                id: String::new(),
+                method: format!("{op:?}"),
+                worker,
+                kind: CallKind::Listing {
+                    kind,
+                    server: server.to_owned(),
+                },
+                stage: Stage::AtWorker,
+                principal: String::new(),
+                process: String::new(),
+                transport: Transport::Stdio,
+                started: now,
+                deadline,
+                timeout_key: "gateway.request_timeout_secs",
+            },
+        );
+        self.deadlines.push(Reverse((deadline, key)));
+        self.actions.push(Action::ToWorker {
+            worker,
+            call: Some(key),
+            msg: rpc::Message::Request {
+                id: key,
+                op,
+                name: None,
+                args: None,
+                target: None,
+            },
+        });
+    }
+
+    /// A worker is gone (exited, or broke the protocol): every call it held fails now.
+    pub fn on_worker_gone(&mut self, worker: WorkerId, reason: &str) {
+        self.workers[worker].ready = false;
+        let keys: Vec<u64> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.worker == worker && matches!(c.stage, Stage::AtWorker))
+            .map(|(k, _)| *k)
+            .collect();
+        let name = self.workers[worker].name.clone();
+        let message = format!("worker {name} is gone: {reason}");
+        for key in keys {
+            self.fail_call(key, ToolErrorCode::WorkerUnavailable, &message);
+        }
+    }
+
+    pub fn on_worker_message(&mut self, worker: WorkerId, msg: rpc::Message, now: Instant) {
+        match msg {
+            rpc::Message::Response {
+                id,
+                ok,
+                error,
+                facts,
+            } => {
+                let Some(call) = self.calls.get(&id) else {
+                    return; // timed out or cancelled: a late answer is dropped
+                };
+                if call.worker != worker {
+                    return;
+                }
+                let call = self.calls.remove(&id).unwrap_or_else(|| unreachable!());
+                self.complete(call, ok, error, facts, now);
+            }
+            rpc::Message::Event { kind, detail } => {
+                self.event(
+                    "worker_event",
+                    json!({"worker": self.workers[worker].name, "kind": kind, "detail": detail}),
+                );
+            }
+            rpc::Message::Ready { .. } | rpc::Message::Request { .. } => {
+                // The supervisor handles ready; a worker never sends requests.
+            }
+        }
+    }
+
+    // ---- connections ----------------------------------------------------------------
+
+    pub fn on_connect(&mut self, conn: ConnRef, peer: &Peer) {
+        self.sessions.insert(conn, Session::default());
+        self.event(
+            "connect",
+            json!({"transport": peer.transport.as_str(), "principal": peer.principal, "process": peer.process}),
+        );
+    }
+
+    /// The agent left: its calls still finish (their rows are completed) but nobody is
+    /// answered.
+    pub fn on_disconnect(&mut self, conn: ConnRef, peer: &Peer) {
+        self.sessions.remove(&conn);
+        self.in_flight.remove(&conn);
+        for call in self.calls.values_mut() {
+            if call.conn == Some(conn) {
+                call.conn = None;
+            }
+        }
+        self.event(
+            "disconnect",
+            json!({"transport": peer.transport.as_str(), "principal": peer.principal, "process": peer.process}),
+        );
+    }
+
+    /// Stop taking new work: every request from now on is refused as "stopping".
+    pub fn set_stopping(&mut self) {
+        self.stopping = true;
+    }
+
+    /// Answer every call still in flight with the stopping error (after the drain).
+    pub fn refuse_remaining(&mut self) {
+        let keys: Vec<u64> = self.calls.keys().copied().collect();
+        for key in keys {
+            self.fail_call(key, ToolErrorCode::ShuttingDown, "the gateway is stopping");
+        }
+    }
+
+    /// An error for a message that never became a request (e.g. an overlong line).
+    pub fn push_raw(&mut self, conn: ConnRef, bytes: Vec<u8>) {
+        self.actions.push(Action::Push {
+            conn,
+            stream: 0,
+            bytes,
+        });
+    }
+
+    /// A worker request could not be queued (the worker went down this turn).
+    pub fn fail_unsent(&mut self, key: u64, why: &str) {
+        self.fail_call(key, ToolErrorCode::WorkerUnavailable, why);
+    }
+
+    fn new_key(&mut self) -> u64 {
+        let key = self.next_key;
+        self.next_key += 1;
+        key
+    }
+
+    fn reply(&mut self, conn: ConnRef, stream: u32, id: &str, bytes: Vec<u8>) {
+        if let Some(n) = self.in_flight.get_mut(&conn) {
+            *n = n.saturating_sub(1);
+        }
+        self.actions.push(Action::Reply {
+            conn,
+            stream,
+            id: id.to_owned(),
+            bytes,
+        });
+    }
+
+    fn reply_error(
+        &mut self,
+        conn: ConnRef,
+        stream: u32,
+        id: &str,
+        code: i64,
+        message: &str,
+        data: Option<&Value>,
+    ) {
+        let bytes = jsonrpc::error_response(Some(id), code, message, data);
+        self.reply(conn, stream, id, bytes);
+    }
+
+    /// One payload from an agent.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_message(
+        &mut self,
+        conn: ConnRef,
+        peer: &Peer,
+        process: &str,
+        expect: Expect,
+        stream: u32,
+        payload: &[u8],
+        now: Instant,
+    ) {
+        let message = match jsonrpc::parse(payload) {
+            Ok(m) => m,
+            Err(fault) => {
+                let id = fault.id.map(|r| r.get());
+                let bytes = jsonrpc::error_response(id, fault.code, fault.message, None);
+                self.actions.push(Action::Push {
+                    conn,
+                    stream,
+                    bytes,
+                });
+                return;
+            }
+        };
+        match message {
+            Message::Request { id, method, params } => {
+                if expect == Expect::Notification {
+                    let bytes = jsonrpc::error_response(
+                        Some(id.get()),
+                        jsonrpc::INVALID_REQUEST,
+                        "a notification frame must not carry an id",
+                        None,
+                    );
+                    self.actions.push(Action::Push {
+                        conn,
+                        stream,
+                        bytes,
+                    });
+                    return;
+                }
+                *self.in_flight.entry(conn).or_insert(0) += 1;
+                self.counters.requests_total += 1;
+                let ctx = RequestCtx {
+                    conn,
+                    stream,
+                    id: id.get(),
+                    peer,
+                    process,
+                    bytes_received: payload.len(),
+                };
+                self.on_request(&ctx, &method, params, now);
+            }
+            Message::Notification { method, params } => {
+                if expect == Expect::Request {
+                    let bytes = jsonrpc::error_response(
+                        None,
+                        jsonrpc::INVALID_REQUEST,
+                        "a request frame must carry an id",
+                        None,
+                    );
+                    self.actions.push(Action::Push {
+                        conn,
+                        stream,
+                        bytes,
+                    });
+                    return;
+                }
+                self.on_notification(conn, &method, params);
+            }
+            Message::Response { .. } => {
+                // toolwall sends agents no requests, so no response is awaited.
+            }
+        }
+    }
+
+    fn on_notification(&mut self, conn: ConnRef, method: &str, params: Option<&RawValue>) {
+        match method {
+            "notifications/cancelled" => {
+                let Some(p) =
+                    params.and_then(|p| serde_json::from_str::<CancelParams>(p.get()).ok())
+                else {
+                    return;
+                };
+                let target = p.request_id.get();
+                let key = self
+                    .calls
+                    .iter()
+                    .find(|(_, c)| c.conn == Some(conn) && c.id == target)
+                    .map(|(k, _)| *k);
+                let reason = p.reason.unwrap_or_else(|| "cancelled by the client".into());
+                self.event(
+                    "cancelled",
+                    json!({"request_id": target, "reason": reason, "found": key.is_some()}),
+                );
+                if let Some(key) = key {
+                    self.cancel_call(key, &reason);
+                }
+            }
+            // initialized, roots/list_changed, progress...: nothing to do.
+            _ => {}
+        }
+    }
+
+    /// The client cancelled: the worker is told, the row ends as an error, no answer is
+    /// sent (the MCP rule for cancelled requests).
+    fn cancel_call(&mut self, key: u64, reason: &str) {
+        let Some(call) = self.calls.remove(&key) else {
+            return;
+        };
+        if matches!(call.stage, Stage::AtWorker) {
+            self.actions.push(Action::ToWorker {
+                worker: call.worker,
+                call: None,
+                msg: rpc::Message::Request {
+                    id: self.next_key,
+                    op: Op::Cancel,
+                    name: None,
+                    args: None,
+                    target: Some(key),
+                },
+            });
+            self.next_key += 1;
+        }
+        if let Some(conn) = call.conn
+            && let Some(n) = self.in_flight.get_mut(&conn)
+        {
+            *n = n.saturating_sub(1);
+        }
+        if let CallKind::Tool { ledger_id, .. } = &call.kind {
+            let message = format!("cancelled: {reason}");
+            self.counters.calls_error += 1;
+            self.ledger.stage_call_end(
+                *ledger_id,
+                &CallEnd {
+                    decision: "error",
+                    policy_rule: None,
+                    policy_reason: None,
+                    duration_us: call.started.elapsed().as_micros() as u64,
+                    error_message: Some(&message),
+                    bytes_sent: 0,
+                    response: b"",
+                    rewritten_arguments: None,
+                    original_response: None,
+                    approved_by: None,
+                    decided_at_ms: None,
+                },
+            );
+        }
+    }
+
+    fn on_request(
+        &mut self,
+        ctx: &RequestCtx,
+        method: &str,
+        params: Option<&RawValue>,
+        now: Instant,
+    ) {
+        if self.stopping {
+            self.reply_error(
+                ctx.conn,
+                ctx.stream,
+                ctx.id,
+                jsonrpc::SHUTTING_DOWN,
+                "the gateway is stopping",
+                None,
+            );
+            return;
+        }
+        match method {
+            "initialize" => {
+                let asked = protocol::requested_version(params);
+                let version = protocol::negotiate(asked.as_deref());
+                if let Some(s) = self.sessions.get_mut(&ctx.conn) {
+                    s.protocol_version = Some(version);
+                }
+                let client = params
+                    .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                    .and_then(|v| v.get("clientInfo").cloned())
+                    .unwrap_or(Value::Null);
+                self.event(
+                    "initialize",
+                    json!({"requested": asked, "negotiated": version, "client": client,
+                           "principal": ctx.peer.principal, "transport": ctx.peer.transport.as_str()}),
+                );
+                let result = protocol::initialize_result(version).to_string();
+                self.reply(
+                    ctx.conn,
+                    ctx.stream,
+                    ctx.id,
+                    jsonrpc::result_response(ctx.id, &result),
+                );
+            }
+            "ping" => {
+                self.reply(
+                    ctx.conn,
+                    ctx.stream,
+                    ctx.id,
+                    jsonrpc::result_response(ctx.id, "{}"),
+                );
+            }
+            "tools/list" => self.list(ctx, Kind::Tools, method, params),
+            "resources/list" => self.list(ctx, Kind::Resources, method, params),
+            "prompts/list" => self.list(ctx, Kind::Prompts, method, params),
+            "resources/templates/list" => {
+                self.reply(
+                    ctx.conn,
+                    ctx.stream,
+                    ctx.id,
+                    jsonrpc::result_response(ctx.id, "{\"resourceTemplates\":[]}"),
+                );
+            }
+            "tools/call" => self.tool_call(ctx, params, now),
+            "resources/read" => self.routed(ctx, Kind::Resources, method, params, now),
+            "prompts/get" => self.routed(ctx, Kind::Prompts, method, params, now),
+            _ => {
+                let message = format!("method not found: {method}");
+                self.reply_error(
+                    ctx.conn,
+                    ctx.stream,
+                    ctx.id,
+                    jsonrpc::METHOD_NOT_FOUND,
+                    &message,
+                    None,
+                );
+            }
+        }
+    }
+
+    /// The request-phase decision for a method that is not `tools/call`.
+    fn method_allowed(
+        &mut self,
+        ctx: &RequestCtx,
+        method: &str,
+        server: Option<&str>,
+        resource: Option<&str>,
+    ) -> bool {
+        let subject = Subject {
+            method,
+            server,
+            tool: None,
+            resource,
+            principal: &ctx.peer.principal,
+            transport: ctx.peer.transport,
+            process: ctx.process,
+            arguments: None,
+        };
+        let decision = self.policy.decide(Phase::Request, &subject, None);
+        if decision.verdict == Verdict::Allow {
+            return true;
+        }
+        // `ask` is for tool calls; any other method it would hold is refused instead.
+        let rule = decision.rule.clone();
+        let message = format!(
+            "{method} refused by policy{}",
+            rule.as_deref()
+                .map(|r| format!(" rule {r}"))
+                .unwrap_or_default()
+        );
+        self.event(
+            "method_denied",
+            json!({"method": method, "rule": rule, "reason": decision.reason, "resource": resource,
+                   "principal": ctx.peer.principal}),
+        );
+        let data = json!({"rule": rule, "reason": decision.reason});
+        self.reply_error(
+            ctx.conn,
+            ctx.stream,
+            ctx.id,
+            jsonrpc::POLICY_BLOCKED,
+            &message,
+            Some(&data),
+        );
+        false
+    }
+
+    fn list(&mut self, ctx: &RequestCtx, kind: Kind, method: &str, params: Option<&RawValue>) {
+        if !self.method_allowed(ctx, method, None, None) {
+            return;
+        }
+        let cursor = match params.map(|p| serde_json::from_str::<CursorParams>(p.get())) {
+            None => None,
+            Some(Ok(p)) => p.cursor,
+            Some(Err(_)) => {
+                self.reply_error(
+                    ctx.conn,
+                    ctx.stream,
+                    ctx.id,
+                    jsonrpc::INVALID_PARAMS,
+                    "invalid params",
+                    None,
+                );
+                return;
+            }
+        };
+        let policy = &self.policy;
+        let peer = ctx.peer;
+        let process = ctx.process;
+        let result = self
+            .catalog
+            .list_page(kind, cursor.as_deref(), self.page_size, |e| {
+                kind != Kind::Tools
+                    || !policy.hides_tool(
+                        &e.name,
+                        &e.server,
+                        &peer.principal,
+                        peer.transport,
+                        process,
+                    )
+            });
+        self.event(
+            "list",
+            json!({"method": method, "principal": ctx.peer.principal, "transport": ctx.peer.transport.as_str()}),
+        );
+        self.reply(
+            ctx.conn,
+            ctx.stream,
+            ctx.id,
+            jsonrpc::result_response(ctx.id, &result),
+        );
+    }
+
+    /// resources/read and prompts/get: find the owning server, check policy, forward.
+    fn routed(
+        &mut self,
+        ctx: &RequestCtx,
+        kind: Kind,
+        method: &str,
+        params: Option<&RawValue>,
+        now: Instant,
+    ) {
+        let key = match kind {
+            Kind::Resources => params
+                .and_then(|p| serde_json::from_str::<UriParams>(p.get()).ok())
+                .map(|p| p.uri),
+            _ => params
+                .and_then(|p| serde_json::from_str::<NameParams>(p.get()).ok())
+                .map(|p| p.name),
+        };
+        let Some(key) = key else {
+            let what = if kind == Kind::Resources {
+                "uri"
+            } else {
+                "name"
+            };
+            let message = format!("invalid params: {what} is required");
+            self.reply_error(
+                ctx.conn,
+                ctx.stream,
+                ctx.id,
+                jsonrpc::INVALID_PARAMS,
+                &message,
+                None,
+            );
+            return;
+        };
+        let Some(entry) = self.catalog.get(kind, &key).cloned() else {
+            let (code, message) = match kind {
+                Kind::Resources => (-32002, format!("resource not found: {key}")),
+                _ => (jsonrpc::INVALID_PARAMS, format!("unknown prompt: {key}")),
+            };
+            self.reply_error(ctx.conn, ctx.stream, ctx.id, code, &message, None);
+            return;
+        };
+        let resource = (kind == Kind::Resources).then_some(key.as_str());
+        if !self.method_allowed(ctx, method, Some(&entry.server), resource) {
+            return;
+        }
+        if !self.workers[entry.worker].ready {
+            let message = format!(
+                "worker {} is not available",
+                self.workers[entry.worker].name
+            );
+            self.reply_error(
+                ctx.conn,
+                ctx.stream,
+                ctx.id,
+                jsonrpc::TRANSPORT_ERROR,
+                &message,
+                None,
+            );
+            return;
+        }
+        // Forward the params as they came, with the upstream name.
+        let mut args: Value = params
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .unwrap_or_else(|| json!({}));
+        if kind == Kind::Prompts {
+            args["name"] = Value::String(entry.upstream.clone());
+        }
+        let op = match kind {
+            Kind::Resources => Op::ReadResource,
+            _ => Op::GetPrompt,
+        };
+        let key = self.new_key();
+        let deadline = now + Duration::from_secs(self.limits.request_timeout_secs);
+        self.calls.insert(
+            key,
+            Call {
+                conn: Some(ctx.conn),
+                stream: ctx.stream,
+                id: ctx.id.to_owned(),
+                method: method.to_owned(),
+                worker: entry.worker,
+                kind: CallKind::Other,
+                stage: Stage::AtWorker,
+                principal: ctx.peer.principal.clone(),
+                process: ctx.process.to_owned(),
+                transport: ctx.peer.transport,
+                started: now,
+                deadline,
+                timeout_key: "gateway.request_timeout_secs",
+            },
+        );
+        self.deadlines.push(Reverse((deadline, key)));
+        self.actions.push(Action::ToWorker {
+            worker: entry.worker,
+            call: Some(key),
+            msg: rpc::Message::Request {
+                id: key,
+                op,
+                name: Some(entry.upstream),
+                args: Some(args.to_string()),
+                target: None,
+            },
+        });
+    }
+
+    fn tool_call(&mut self, ctx: &RequestCtx, params: Option<&RawValue>, now: Instant) {
+        let Some(p) = params.and_then(|p| serde_json::from_str::<ToolCallParams>(p.get()).ok())
+        else {
+            self.reply_error(
+                ctx.conn,
+                ctx.stream,
+                ctx.id,
+                jsonrpc::INVALID_PARAMS,
+                "invalid params: tools/call needs a name",
+                None,
+            );
+            return;
+        };
+        let arguments = p.arguments.map(RawValue::get).unwrap_or("{}");
+        let name: &str = &p.name;
+        self.counters.calls_total += 1;
+        let ledger_id = self.ledger.new_call_id();
+        let (server, bare_tool) = split_namespaced(name).unwrap_or(("", name));
+        let start = CallStart {
+            id: ledger_id,
+            ts_ms: now_ms(),
+            transport: ctx.peer.transport.as_str(),
+            principal: &ctx.peer.principal,
+            process_name: ctx.process,
+            server_name: server,
+            tool_name: bare_tool,
+            method: "tools/call",
+            request_id: ctx.id,
+            decision: "allowed",
+            policy_rule: None,
+            policy_reason: None,
+            bytes_received: ctx.bytes_received,
+            arguments: arguments.as_bytes(),
+        };
+        if !arguments.starts_with('{') {
+            self.refuse_at_start(
+                ctx,
+                start,
+                "error",
+                None,
+                None,
+                jsonrpc::INVALID_PARAMS,
+                "invalid params: arguments must be an object",
+            );
+            return;
+        }
+        let Some(entry) = self.catalog.get(Kind::Tools, name).cloned() else {
+            let message = format!("unknown tool: {name}");
+            self.refuse_at_start(
+                ctx,
+                start,
+                "error",
+                None,
+                None,
+                jsonrpc::INVALID_PARAMS,
+                &message,
+            );
+            return;
+        };
+        // Policy, on the whole arguments when a rule needs them.
+        let policy = Rc::clone(&self.policy);
+        let mut parsed: Option<Value> = None;
+        if policy.wants_arguments(Phase::Request, "tools/call", Some(name)) {
+            match serde_json::from_str::<Value>(arguments) {
+                Ok(v) => parsed = Some(v),
+                Err(_) => {
+                    self.refuse_at_start(
+                        ctx,
+                        start,
+                        "error",
+                        None,
+                        None,
+                        jsonrpc::INVALID_PARAMS,
+                        "invalid params: arguments are not valid JSON",
+                    );
+                    return;
+                }
+            }
+        }
+        let subject = Subject {
+            method: "tools/call",
+            server: Some(&entry.server),
+            tool: Some(name),
+            resource: None,
+            principal: &ctx.peer.principal,
+            transport: ctx.peer.transport,
+            process: ctx.process,
+            arguments: parsed.as_ref(),
+        };
+        let decision = policy.decide(Phase::Request, &subject, None);
+        let start = CallStart {
+            decision: match decision.verdict {
+                Verdict::Allow => "allowed",
+                Verdict::Ask => "pending",
+                Verdict::Block => "denied",
+            },
+            policy_rule: decision.rule.as_deref(),
+            policy_reason: decision.reason.as_deref(),
+            ..start
+        };
+        self.ledger.stage_call(&start);
+        for m in &decision.matched {
+            self.ledger.stage_rule_event(
+                ledger_id,
+                &m.id,
+                action_str(m.action),
+                "request",
+                layer_str(m.layer),
+            );
+        }
+        let mut call = Call {
+            conn: Some(ctx.conn),
+            stream: ctx.stream,
+            id: ctx.id.to_owned(),
+            method: "tools/call".into(),
+            worker: entry.worker,
+            kind: CallKind::Tool {
+                ledger_id,
+                server: entry.server.clone(),
+                tool: entry.upstream.clone(),
+                decision: decision.clone(),
+                rewritten: false,
+            },
+            stage: Stage::AtWorker,
+            principal: ctx.peer.principal.clone(),
+            process: ctx.process.to_owned(),
+            transport: ctx.peer.transport,
+            started: now,
+            deadline: now,
+            timeout_key: "gateway.tool_call_timeout_secs",
+        };
+        match decision.verdict {
+            Verdict::Block => {
+                let message = match &decision.reason {
+                    Some(r) => format!("blocked by policy: {r}"),
+                    None => "blocked by policy".to_owned(),
+                };
+                let result = refusal(
+                    ToolErrorCode::PolicyBlocked,
+                    &message,
+                    decision.rule.as_deref(),
+                );
+                self.finish_tool(
+                    call,
+                    "denied",
+                    &result.to_string(),
+                    Some(&message),
+                    None,
+                    None,
+                );
+            }
+            Verdict::Ask => {
+                let key = self.new_key();
+                call.stage = Stage::AwaitingApproval {
+                    arguments: arguments.to_owned(),
+                };
+                call.deadline = now + policy.ask_timeout();
+                call.timeout_key = "policy.ask_timeout_secs";
+                self.deadlines.push(Reverse((call.deadline, key)));
+                self.event("ask_pending", json!({"approval_id": key, "call_id": ledger_id, "tool": name, "principal": call.principal}));
+                self.calls.insert(key, call);
+            }
+            Verdict::Allow => {
+                let args = match parsed {
+                    Some(mut v) if !decision.matched.is_empty() => {
+                        let applied = policy.rewrite_arguments(&decision, &mut v);
+                        if applied.is_empty() {
+                            arguments.to_owned()
+                        } else {
+                            if let CallKind::Tool { rewritten, .. } = &mut call.kind {
+                                *rewritten = true;
+                            }
+                            v.to_string()
+                        }
+                    }
+                    _ => arguments.to_owned(),
+                };
+                self.dispatch_tool(call, args, now);
+            }
+        }
+    }
+
+    /// An allowed call goes to its worker (after the commit that holds its row).
+    fn dispatch_tool(&mut self, mut call: Call, args: String, now: Instant) {
+        if !self.workers[call.worker].ready {
+            let message = format!(
+                "worker {} is not available (restarting)",
+                self.workers[call.worker].name
+            );
+            let result = refusal(ToolErrorCode::WorkerUnavailable, &message, None);
+            self.finish_tool(
+                call,
+                "error",
+                &result.to_string(),
+                Some(&message),
+                None,
+                None,
+            );
+            return;
+        }
+        let CallKind::Tool { tool, .. } = &call.kind else {
+            return;
+        };
+        let key = self.new_key();
+        call.stage = Stage::AtWorker;
+        call.deadline = now + Duration::from_secs(self.limits.tool_call_timeout_secs);
+        call.timeout_key = "gateway.tool_call_timeout_secs";
+        self.deadlines.push(Reverse((call.deadline, key)));
+        self.actions.push(Action::ToWorker {
+            worker: call.worker,
+            call: Some(key),
+            msg: rpc::Message::Request {
+                id: key,
+                op: Op::CallTool,
+                name: Some(tool.clone()),
+                args: Some(args),
+                target: None,
+            },
+        });
+        self.calls.insert(key, call);
+    }
+
+    /// Refuse a `tools/call` before it has a policy decision (bad params, unknown tool):
+    /// a row, then a JSON-RPC error.
+    #[allow(clippy::too_many_arguments)]
+    fn refuse_at_start(
+        &mut self,
+        ctx: &RequestCtx,
+        start: CallStart,
+        decision: &str,
+        rule: Option<&str>,
+        reason: Option<&str>,
+        code: i64,
+        message: &str,
+    ) {
+        let id = start.id;
+        self.ledger.stage_call(&CallStart {
+            decision,
+            policy_rule: rule,
+            policy_reason: reason,
+            ..start
+        });
+        let bytes = jsonrpc::error_response(Some(ctx.id), code, message, None);
+        self.counters.calls_error += 1;
+        self.ledger.stage_call_end(
+            id,
+            &CallEnd {
+                decision,
+                policy_rule: rule,
+                policy_reason: reason,
+                duration_us: 0,
+                error_message: Some(message),
+                bytes_sent: bytes.len(),
+                response: &bytes,
+                rewritten_arguments: None,
+                original_response: None,
+                approved_by: None,
+                decided_at_ms: None,
+            },
+        );
+        self.reply(ctx.conn, ctx.stream, ctx.id, bytes);
+    }
+
+    /// End a tool call: the row's outcome, then the agent's answer.
+    fn finish_tool(
+        &mut self,
+        call: Call,
+        decision: &str,
+        result_json: &str,
+        error: Option<&str>,
+        original: Option<&str>,
+        approved: Option<(&str, i64)>,
+    ) {
+        let CallKind::Tool {
+            ledger_id,
+            decision: policy_decision,
+            rewritten,
+            ..
+        } = &call.kind
+        else {
+            return;
+        };
+        let bytes = jsonrpc::result_response(&call.id, result_json);
+        match decision {
+            "allowed" => self.counters.calls_allowed += 1,
+            "denied" => self.counters.calls_denied += 1,
+            _ => self.counters.calls_error += 1,
+        }
+        let rewritten_args = match (&call.stage, rewritten) {
+            (Stage::AwaitingApproval { arguments }, true) => Some(arguments.as_bytes()),
+            _ => None,
+        };
+        self.ledger.stage_call_end(
+            *ledger_id,
+            &CallEnd {
+                decision,
+                policy_rule: policy_decision.rule.as_deref(),
+                policy_reason: policy_decision.reason.as_deref(),
+                duration_us: call.started.elapsed().as_micros() as u64,
+                error_message: error,
+                bytes_sent: if call.conn.is_some() { bytes.len() } else { 0 },
+                response: result_json.as_bytes(),
+                rewritten_arguments: rewritten_args,
+                original_response: original.map(str::as_bytes),
+                approved_by: approved.map(|a| a.0),
+                decided_at_ms: approved.map(|a| a.1),
+            },
+        );
+        if let Some(conn) = call.conn {
+            self.reply(conn, call.stream, &call.id, bytes);
+        }
+    }
+
+    /// A call could not be served (worker gone, timeout, stopping, ledger): answer it.
+    fn fail_call(&mut self, key: u64, code: ToolErrorCode, message: &str) {
+        let Some(call) = self.calls.remove(&key) else {
+            return;
+        };
+        match &call.kind {
+            CallKind::Tool { .. } => {
+                let result = refusal(code, message, None).to_string();
+                let decision = if code == ToolErrorCode::AskTimeout {
+                    "denied"
+                } else {
+                    "error"
+                };
+                self.finish_tool(call, decision, &result, Some(message), None, None);
+            }
+            CallKind::Other => {
+                if let Some(conn) = call.conn {
+                    let jcode = code.mcp_error_code();
+                    self.reply_error(conn, call.stream, &call.id, jcode, message, None);
+                }
+            }
+            CallKind::Listing { server, .. } => {
+                crate::warn!("listing of server {server} failed: {message}");
+            }
+        }
+    }
+
+    fn complete(
+        &mut self,
+        call: Call,
+        ok: Option<String>,
+        error: Option<rpc::RpcError>,
+        facts: Option<String>,
+        now: Instant,
+    ) {
+        match &call.kind {
+            CallKind::Listing { kind, server } => {
+                let (kind, server) = (*kind, server.clone());
+                let items = ok
+                    .as_deref()
+                    .and_then(|t| serde_json::from_str::<Vec<Value>>(t).ok());
+                match items {
+                    Some(items) => {
+                        match self.catalog.set(kind, &server, call.worker, items) {
+                            Ok(changed) => {
+                                let count = self.catalog.len(kind);
+                                self.event("catalog", json!({"server": server, "kind": kind.list_key(), "count": count}));
+                                if changed {
+                                    self.broadcast_list_changed(kind);
+                                }
+                            }
+                            Err(e) => crate::warn!("catalog: {}", e.0),
+                        }
+                    }
+                    None => crate::warn!(
+                        "server {server}: listing failed: {}",
+                        error
+                            .map(|e| e.message)
+                            .unwrap_or_else(|| "not a JSON array".into())
+                    ),
+                }
+                let _ = now;
+            }
+            CallKind::Other => {
+                if let Some(conn) = call.conn {
+                    match (ok, error) {
+                        (Some(result), _) => {
+                            self.reply(
+                                conn,
+                                call.stream,
+                                &call.id,
+                                jsonrpc::result_response(&call.id, &result),
+                            );
+                        }
+                        (None, e) => {
+                            let message =
+                                e.map(|e| e.message).unwrap_or_else(|| "no result".into());
+                            self.reply_error(
+                                conn,
+                                call.stream,
+                                &call.id,
+                                jsonrpc::INTERNAL_ERROR,
+                                &message,
+                                None,
+                            );
+                        }
+                    }
+                }
+            }
+            CallKind::Tool { .. } => self.complete_tool(call, ok, error, facts),
+        }
+    }
+
+    fn complete_tool(
+        &mut self,
+        call: Call,
+        ok: Option<String>,
+        error: Option<rpc::RpcError>,
+        facts: Option<String>,
+    ) {
+        if let Some(facts) = facts {
+            if let CallKind::Tool { ledger_id, .. } = &call.kind {
+                self.event("tool_facts", json!({"call_id": ledger_id, "facts": facts}));
+            }
+        }
+        let result = match (ok, error) {
+            (Some(result), _) => result,
+            (None, Some(e)) => {
+                let message = format!("{}: {}", e.kind, e.message);
+                let result = crate::mcp::tool_error::tool_error_result(
+                    &e.kind,
+                    jsonrpc::INTERNAL_ERROR,
+                    &e.message,
+                    None,
+                );
+                self.finish_tool(
+                    call,
+                    "error",
+                    &result.to_string(),
+                    Some(&message),
+                    None,
+                    None,
+                );
+                return;
+            }
+            (None, None) => {
+                let result = refusal(
+                    ToolErrorCode::Internal,
+                    "the worker sent an empty answer",
+                    None,
+                );
+                self.finish_tool(
+                    call,
+                    "error",
+                    &result.to_string(),
+                    Some("empty answer"),
+                    None,
+                    None,
+                );
+                return;
+            }
+        };
+        let CallKind::Tool { server, .. } = &call.kind else {
+            return;
+        };
+        let tool_name = format!(
+            "{server}__{}",
+            match &call.kind {
+                CallKind::Tool { tool, .. } => tool.as_str(),
+                _ => "",
+            }
+        );
+        let policy = Rc::clone(&self.policy);
+        if policy.has_response_rules("tools/call", Some(&tool_name)) {
+            let Ok(mut value) = serde_json::from_str::<Value>(&result) else {
+                let r = refusal(
+                    ToolErrorCode::Internal,
+                    "the tool's result is not valid JSON",
+                    None,
+                );
+                self.finish_tool(
+                    call,
+                    "error",
+                    &r.to_string(),
+                    Some("invalid result JSON"),
+                    Some(&result),
+                    None,
+                );
+                return;
+            };
+            let subject = Subject {
+                method: "tools/call",
+                server: Some(server),
+                tool: Some(&tool_name),
+                resource: None,
+                principal: &call.principal,
+                transport: call.transport,
+                process: &call.process,
+                arguments: None,
+            };
+            let decision = policy.decide(Phase::Response, &subject, Some(&value));
+            if let CallKind::Tool { ledger_id, .. } = &call.kind {
+                for m in &decision.matched {
+                    self.ledger.stage_rule_event(
+                        *ledger_id,
+                        &m.id,
+                        action_str(m.action),
+                        "response",
+                        layer_str(m.layer),
+                    );
+                }
+            }
+            match decision.verdict {
+                Verdict::Allow => {
+                    let applied = policy.rewrite_result(&decision, &mut value);
+                    if !applied.is_empty() {
+                        let rewritten = value.to_string();
+                        self.finish_tool(call, "allowed", &rewritten, None, Some(&result), None);
+                        return;
+                    }
+                }
+                _ => {
+                    // `ask` on a result cannot wait for a human while holding the answer
+                    // forever; it is treated as a block (documented).
+                    let message = match &decision.reason {
+                        Some(r) => format!("result blocked by policy: {r}"),
+                        None => "result blocked by policy".to_owned(),
+                    };
+                    let r = refusal(
+                        ToolErrorCode::PolicyBlocked,
+                        &message,
+                        decision.rule.as_deref(),
+                    );
+                    self.finish_tool(
+                        call,
+                        "denied",
+                        &r.to_string(),
+                        Some(&message),
+                        Some(&result),
+                        None,
+                    );
+                    return;
+                }
+            }
+        }
+        let is_error = result_is_error(&result);
+        let (decision, error) = if is_error {
+            ("error", Some(error_text(&result)))
+        } else {
+            ("allowed", None)
+        };
+        self.finish_tool(call, decision, &result, error.as_deref(), None, None);
+    }
+
+    fn broadcast_list_changed(&mut self, kind: Kind) {
+        let method = match kind {
+            Kind::Tools => "notifications/tools/list_changed",
+            Kind::Resources => "notifications/resources/list_changed",
+            Kind::Prompts => "notifications/prompts/list_changed",
+        };
+        let bytes = jsonrpc::notification(method, &json!({}));
+        let conns: Vec<ConnRef> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.protocol_version.is_some())
+            .map(|(c, _)| *c)
+            .collect();
+        for conn in conns {
+            self.actions.push(Action::Notify {
+                conn,
+                bytes: bytes.clone(),
+            });
+        }
+    }
+
+    // ---- approvals --------------------------------------------------------------------
+
+    pub fn pending_approvals(&self, now: Instant) -> Vec<PendingApproval> {
+        let mut out: Vec<PendingApproval> = self
+            .calls
+            .iter()
+            .filter_map(|(key, c)| match (&c.stage, &c.kind) {
+                (
+                    Stage::AwaitingApproval { arguments },
+                    CallKind::Tool {
+                        server,
+                        tool,
+                        decision,
+                        ..
+                    },
+                ) => Some(PendingApproval {
+                    id: *key,
+                    tool: format!("{server}__{tool}"),
+                    principal: c.principal.clone(),
+                    process: c.process.clone(),
+                    transport: c.transport.as_str(),
+                    arguments: arguments.clone(),
+                    rule: decision.rule.clone(),
+                    reason: decision.reason.clone(),
+                    waiting_ms: now.saturating_duration_since(c.started).as_millis(),
+                }),
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|p| p.id);
+        out
+    }
+
+    /// A human approved or denied a held call. Returns an error text when `id` is not a
+    /// call awaiting approval.
+    pub fn decide_approval(
+        &mut self,
+        id: u64,
+        approve: bool,
+        who: &str,
+        reason: Option<&str>,
+        now: Instant,
+    ) -> Result<(), String> {
+        match self.calls.get(&id) {
+            Some(Call {
+                stage: Stage::AwaitingApproval { .. },
+                ..
+            }) => {}
+            _ => return Err(format!("no call awaiting approval has id {id}")),
+        }
+        let mut call = self.calls.remove(&id).unwrap_or_else(|| unreachable!());
+        let decided = now_ms();
+        let ledger_id = match &call.kind {
+            CallKind::Tool { ledger_id, .. } => *ledger_id,
+            _ => 0,
+        };
+        self.event(
+            "ask_decided",
+            json!({"approval_id": id, "call_id": ledger_id, "approved": approve, "by": who, "reason": reason}),
+        );
+        if !approve {
+            let message = match reason {
+                Some(r) => format!("denied by {who}: {r}"),
+                None => format!("denied by {who}"),
+            };
+            let rule = match &call.kind {
+                CallKind::Tool { decision, .. } => decision.rule.clone(),
+                _ => None,
+            };
+            let result = refusal(ToolErrorCode::AskDenied, &message, rule.as_deref());
+            self.finish_tool(
+                call,
+                "denied",
+                &result.to_string(),
+                Some(&message),
+                None,
+                Some((who, decided)),
+            );
+            return Ok(());
+        }
+        let Stage::AwaitingApproval { arguments } =
+            std::mem::replace(&mut call.stage, Stage::AtWorker)
+        else {
+            return Ok(());
+        };
+        // Approved: rewrites apply now, as for an allow.
+        let policy = Rc::clone(&self.policy);
+        let mut args = arguments.clone();
+        if let CallKind::Tool {
+            decision,
+            rewritten,
+            ..
+        } = &mut call.kind
+        {
+            decision.verdict = Verdict::Allow;
+            if let Ok(mut v) = serde_json::from_str::<Value>(&arguments)
+                && !policy.rewrite_arguments(decision, &mut v).is_empty()
+            {
+                *rewritten = true;
+                args = v.to_string();
+            }
+        }
+        // Record who approved on the row now; the outcome follows at completion.
+        self.ledger.stage_call_end(
+            ledger_id,
+            &CallEnd {
+                decision: "allowed",
+                policy_rule: None,
+                policy_reason: None,
+                duration_us: 0,
+                error_message: None,
+                bytes_sent: 0,
+                response: b"",
+                rewritten_arguments: None,
+                original_response: None,
+                approved_by: Some(who),
+                decided_at_ms: Some(decided),
+            },
+        );
+        self.dispatch_tool(call, args, now);
+        Ok(())
+    }
+
+    // ---- time -------------------------------------------------------------------------
+
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.peek().map(|Reverse((t, _))| *t)
+    }
+
+    pub fn on_timers(&mut self, now: Instant) {
+        while let Some(Reverse((t, key))) = self.deadlines.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.deadlines.pop();
+            let Some(call) = self.calls.get(&key) else {
+                continue;
+            };
+            if call.deadline != t {
+                continue;
+            }
+            match call.stage {
+                Stage::AwaitingApproval { .. } => {
+                    let secs = self.policy.ask_timeout().as_secs();
+                    let message = format!("no approval within {secs} s (policy.ask_timeout_secs)");
+                    self.event("ask_timeout", json!({"approval_id": key}));
+                    self.fail_call(key, ToolErrorCode::AskTimeout, &message);
+                }
+                Stage::AtWorker => {
+                    let secs = t.saturating_duration_since(call.started).as_secs();
+                    let message = format!(
+                        "{} timed out after {secs} s ({})",
+                        call.method, call.timeout_key
+                    );
+                    let worker = call.worker;
+                    self.actions.push(Action::ToWorker {
+                        worker,
+                        call: None,
+                        msg: rpc::Message::Request {
+                            id: self.next_key,
+                            op: Op::Cancel,
+                            name: None,
+                            args: None,
+                            target: Some(key),
+                        },
+                    });
+                    self.next_key += 1;
+                    self.fail_call(key, ToolErrorCode::Timeout, &message);
+                }
+            }
+        }
+    }
+
+    // ---- the commit barrier -----------------------------------------------------------
+
+    /// Commit what this turn staged. On success the actions may go out; on failure every
+    /// call that would have reached a tool or an agent is refused instead.
+    pub fn commit(&mut self) -> Result<(), String> {
+        if self.ledger.staged() == 0 {
+            return Ok(());
+        }
+        match self.ledger.commit() {
+            Ok(_) => {
+                if !self.ledger_ok {
+                    crate::info!("ledger writable again; serving calls");
+                }
+                self.ledger_ok = true;
+                Ok(())
+            }
+            Err(e) => {
+                self.counters.ledger_failures += 1;
+                if self.ledger_ok {
+                    crate::error!("ledger cannot be written ({e}); refusing calls until it can");
+                }
+                self.ledger_ok = false;
+                self.refuse_uncommitted();
+                Err(e.to_string())
+            }
+        }
+    }
+
+    fn refuse_uncommitted(&mut self) {
+        let actions = std::mem::take(&mut self.actions);
+        for action in actions {
+            match action {
+                Action::ToWorker {
+                    call: Some(key), ..
+                } if self.calls.get(&key).is_some_and(|c| c.conn.is_some()) => {
+                    // The row saying this call reaches the tool is not on disk: it must not.
+                    if let Some(call) = self.calls.remove(&key) {
+                        if let Some(conn) = call.conn {
+                            let bytes = refused_bytes(&call.method, &call.id);
+                            self.actions.push(Action::Reply {
+                                conn,
+                                stream: call.stream,
+                                id: call.id,
+                                bytes,
+                            });
+                        }
+                    }
+                }
+                Action::Reply {
+                    conn, stream, id, ..
+                } => {
+                    let bytes = jsonrpc::error_response(
+                        Some(&id),
+                        jsonrpc::LEDGER_UNAVAILABLE,
+                        "the ledger cannot be written, so the answer is withheld (fail closed)",
+                        None,
+                    );
+                    self.actions.push(Action::Reply {
+                        conn,
+                        stream,
+                        id,
+                        bytes,
+                    });
+                }
+                other => self.actions.push(other),
+            }
+        }
+    }
+
+    pub fn take_actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+
+    pub fn checkpoint(&mut self) {
+        if let Err(e) = self.ledger.checkpoint() {
+            crate::warn!("ledger checkpoint failed: {e}");
+        }
+    }
+}
+
+fn refused_bytes(method: &str, id: &str) -> Vec<u8> {
+    let message = "the ledger cannot be written, so the call was not made (fail closed)";
+    if method == "tools/call" {
+        let r = refusal(ToolErrorCode::LedgerUnavailable, message, None).to_string();
+        jsonrpc::result_response(id, &r)
+    } else {
+        jsonrpc::error_response(Some(id), jsonrpc::LEDGER_UNAVAILABLE, message, None)
+    }
+}
+
+struct RequestCtx<'a> {
+    conn: ConnRef,
+    stream: u32,
+    id: &'a str,
+    peer: &'a Peer,
+    process: &'a str,
+    bytes_received: usize,
+}
+
+fn action_str(a: crate::policy::Action) -> &'static str {
+    match a {
+        crate::policy::Action::Allow => "allow",
+        crate::policy::Action::Ask => "ask",
+        crate::policy::Action::Block => "block",
+        crate::policy::Action::Rewrite => "rewrite",
+    }
+}
+
+fn layer_str(l: crate::policy::Layer) -> &'static str {
+    match l {
+        crate::policy::Layer::Builtin => "builtin",
+        crate::policy::Layer::Operator => "operator",
+        crate::policy::Layer::Corp => "corp",
+    }
+}
+
+/// Whether a CallToolResult says `isError: true`, without parsing the whole result when
+/// the flag is absent.
+fn result_is_error(result: &str) -> bool {
+    if !result.contains("\"isError\"") {
+        return false;
+    }
+    serde_json::from_str::<Value>(result)
+        .ok()
+        .and_then(|v| v.get("isError").and_then(Value::as_bool))
+        .unwrap_or(false)
+}
+
+/// The text of an error result, for the ledger's error column.
+fn error_text(result: &str) -> String {
+    let v: Value = serde_json::from_str(result).unwrap_or(Value::Null);
+    if let Some(m) = v
+        .pointer("/structuredContent/error/message")
+        .and_then(Value::as_str)
+    {
+        let code = v
+            .pointer("/structuredContent/error/code")
+            .and_then(Value::as_str)
+            .unwrap_or("error");
+        return format!("{code}: {m}");
+    }
+    v.pointer("/content/0/text")
+        .and_then(Value::as_str)
+        .map(|t| t.chars().take(512).collect())
+        .unwrap_or_else(|| "tool returned isError".into())
+}

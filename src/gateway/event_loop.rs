@@ -1,0 +1,1267 @@
+//! The gateway's one thread: a mio loop that moves bytes and timers. Every decision is the
+//! core's; each turn ends with one ledger commit, and only then do answers and worker
+//! requests leave.
+
+use mio::net::UnixStream;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::gateway::admin;
+use crate::gateway::core::{Action, ConnRef, Core, Expect, Peer};
+use crate::gateway::listeners::{self, Listener};
+use crate::gateway::stdio::StdioSide;
+use crate::ledger::Ledger;
+use crate::mcp::catalog::LOCAL_SERVER;
+use crate::policy::{Policy, Transport};
+use crate::sandbox::{self, Role};
+use crate::transport::framed::{self, FramedInbound, Inbound};
+use crate::transport::lines::{Line, LineInbound};
+use crate::workers::settings::WorkerSettings;
+use crate::workers::supervisor::{Supervisor, WorkerEvent, WorkerSpec};
+
+const SIGNALS: Token = Token(0);
+const WAKE: Token = Token(1);
+const ADMIN: Token = Token(2);
+const LISTENER_BASE: usize = 16;
+const WORKER_BASE: usize = 256;
+const CONN_BASE: usize = 4096;
+/// Longest wait for the workers before agents are served anyway.
+const START_GRACE: Duration = Duration::from_secs(20);
+
+/// How the gateway runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The daemon: listeners from the config.
+    Serve,
+    /// One host agent on stdin/stdout; no agent listeners.
+    Stdio,
+}
+
+enum ConnIo {
+    Unix(UnixStream),
+    Vsock(vsock::VsockStream),
+    /// Slot of the stdio connection: bytes move through [`StdioSide`].
+    Stdio,
+}
+
+enum Wire {
+    Framed(FramedInbound),
+    Lines(LineInbound),
+    /// The admin socket: JSON lines, never an agent.
+    Admin(LineInbound),
+}
+
+struct Conn {
+    generation: u64,
+    io: ConnIo,
+    wire: Wire,
+    peer: Peer,
+    out: Vec<u8>,
+    out_pos: usize,
+    read_closed: bool,
+    /// Set when the stream became unframeable or a write failed: close now.
+    broken: bool,
+    partial_since: Option<Instant>,
+    /// Reading stopped by a bound (in-flight, queued output); resume when it clears.
+    paused: bool,
+}
+
+impl Conn {
+    fn queued(&self) -> usize {
+        self.out.len() - self.out_pos
+    }
+}
+
+impl Read for ConnIo {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ConnIo::Unix(s) => s.read(buf),
+            ConnIo::Vsock(s) => s.read(buf),
+            ConnIo::Stdio => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+}
+
+impl Write for ConnIo {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            ConnIo::Unix(s) => s.write(buf),
+            ConnIo::Vsock(s) => s.write(buf),
+            ConnIo::Stdio => Ok(buf.len()),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Why the loop ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Exit {
+    Stopped,
+    StdinClosed,
+}
+
+pub struct Gateway {
+    poll: Poll,
+    config: Config,
+    core: Core,
+    supervisor: Supervisor,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    generation: u64,
+    live_conns: usize,
+    listeners: Vec<Listener>,
+    admin: Option<mio::net::UnixListener>,
+    signals: SignalFd,
+    frame_timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    stdio: Option<StdioSide>,
+    stdio_slot: Option<usize>,
+    waker: Arc<Waker>,
+    stop_deadline: Option<Instant>,
+    stop_now: bool,
+    announced_ready: bool,
+    /// Agents are served once the workers attested and listed their tools (or the start
+    /// grace passed), so the first `tools/list` sees the whole catalog.
+    serving: bool,
+    pub started: Instant,
+    pub last_reload: Option<String>,
+    pub reloads: u64,
+}
+
+/// Frames of the current turn, for [`Gateway::deliver`].
+enum Outgoing<'a> {
+    Reply(u32, &'a [u8]),
+    Notification(&'a [u8]),
+}
+
+impl Gateway {
+    /// Open the ledger, bind the doors, start the workers. Errors name what failed.
+    pub fn new(config: Config, mode: Mode) -> Result<Gateway, String> {
+        // Signals first, before any thread exists, so every thread inherits the block.
+        let mut mask = SigSet::empty();
+        for s in [
+            Signal::SIGCHLD,
+            Signal::SIGHUP,
+            Signal::SIGTERM,
+            Signal::SIGINT,
+        ] {
+            mask.add(s);
+        }
+        mask.thread_block()
+            .map_err(|e| format!("blocking signals: {e}"))?;
+        let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(|e| format!("signalfd: {e}"))?;
+
+        let origin = config
+            .source
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "embedded defaults".into());
+        let policy = Policy::load(&config.policy, &origin).map_err(|e| format!("policy: {e}"))?;
+        let state_dir = config.state_dir();
+        listeners::create_private_dir(&state_dir, 0o750)
+            .map_err(|e| format!("state directory {}: {e}", state_dir.display()))?;
+        let ledger = Ledger::open(&config.ledger).map_err(|e| format!("ledger: {e}"))?;
+        let mut core = Core::new(config.gateway.clone(), Rc::new(policy), ledger);
+
+        let poll = Poll::new().map_err(|e| format!("poll: {e}"))?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKE).map_err(|e| format!("waker: {e}"))?);
+        poll.registry()
+            .register(
+                &mut SourceFd(&signals.as_raw_fd()),
+                SIGNALS,
+                Interest::READABLE,
+            )
+            .map_err(|e| format!("register signals: {e}"))?;
+
+        let mut listeners_out = Vec::new();
+        if mode == Mode::Serve {
+            if let Some(path) = config
+                .listen
+                .unix
+                .as_ref()
+                .filter(|p| !p.as_os_str().is_empty())
+            {
+                let socket =
+                    listeners::bind_unix(path, 0o660).map_err(|e| format!("listen unix: {e}"))?;
+                listeners_out.push(Listener::Unix {
+                    socket,
+                    path: path.clone(),
+                    owned: true,
+                });
+            }
+            if let Some(port) = config.listen.vsock {
+                let socket = listeners::bind_vsock(port).map_err(|e| {
+                    format!(
+                        "listen vsock: {e} (is the vsock module loaded and /dev/vsock accessible?)"
+                    )
+                })?;
+                listeners_out.push(Listener::Vsock { socket, port });
+            }
+        }
+        for (i, l) in listeners_out.iter_mut().enumerate() {
+            let token = Token(LISTENER_BASE + i);
+            let r = match l {
+                Listener::Unix { socket, .. } => {
+                    poll.registry().register(socket, token, Interest::READABLE)
+                }
+                Listener::Vsock { socket, .. } => poll.registry().register(
+                    &mut SourceFd(&socket.as_raw_fd()),
+                    token,
+                    Interest::READABLE,
+                ),
+            };
+            r.map_err(|e| format!("register listener: {e}"))?;
+        }
+        let admin = match admin::bind(&config, mode) {
+            Ok(Some(mut l)) => {
+                poll.registry()
+                    .register(&mut l, ADMIN, Interest::READABLE)
+                    .map_err(|e| format!("register admin: {e}"))?;
+                Some(l)
+            }
+            Ok(None) => None,
+            Err(e) if mode == Mode::Stdio => {
+                crate::warn!("admin socket not available in stdio mode: {e}");
+                None
+            }
+            Err(e) => return Err(format!("admin socket: {e}")),
+        };
+
+        let mut supervisor = Supervisor::new(config.sandbox.clone());
+        let spec = builtin_spec(&config);
+        let id = core.add_worker(&spec.name, &spec.server);
+        supervisor.add(spec, id, Token(WORKER_BASE));
+
+        let mut gw = Gateway {
+            poll,
+            config,
+            core,
+            supervisor,
+            conns: Vec::new(),
+            free: Vec::new(),
+            generation: 0,
+            live_conns: 0,
+            listeners: listeners_out,
+            admin,
+            signals,
+            frame_timers: BinaryHeap::new(),
+            stdio: None,
+            stdio_slot: None,
+            waker,
+            stop_deadline: None,
+            stop_now: false,
+            announced_ready: false,
+            serving: false,
+            started: Instant::now(),
+            last_reload: None,
+            reloads: 0,
+        };
+        for l in &gw.listeners {
+            crate::info!("listening on {}", l.describe());
+        }
+        if let Some(path) = gw.admin.as_ref().map(|_| gw.config.admin.socket.clone()) {
+            crate::info!("admin socket {}", path.display());
+        }
+        crate::info!("ledger {}", gw.config.ledger.path.display());
+        gw.core.event(
+            "gateway_start",
+            serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "mode": format!("{mode:?}").to_lowercase(),
+                               "listeners": gw.listeners.iter().map(Listener::describe).collect::<Vec<_>>(),
+                               "config": origin}),
+        );
+        if mode == Mode::Stdio {
+            gw.open_stdio().map_err(|e| format!("stdio: {e}"))?;
+        }
+        Ok(gw)
+    }
+
+    fn open_stdio(&mut self) -> io::Result<()> {
+        let side = StdioSide::start(Arc::clone(&self.waker))?;
+        // The agent that started us is our parent.
+        // SAFETY: getppid/getuid cannot fail.
+        let (ppid, uid) = unsafe { (libc::getppid(), libc::getuid()) };
+        let peer = Peer {
+            transport: Transport::Stdio,
+            principal: format!("uid:{uid}"),
+            process: listeners::process_name(ppid).unwrap_or_else(|| "unknown".into()),
+        };
+        let slot = self.insert_conn(ConnIo::Stdio, Wire::Lines(LineInbound::new()), peer);
+        self.stdio = Some(side);
+        self.stdio_slot = Some(slot);
+        Ok(())
+    }
+
+    pub fn core(&self) -> &Core {
+        &self.core
+    }
+
+    pub fn core_mut(&mut self) -> &mut Core {
+        &mut self.core
+    }
+
+    pub fn supervisor(&self) -> &Supervisor {
+        &self.supervisor
+    }
+
+    pub fn supervisor_mut(&mut self) -> &mut Supervisor {
+        &mut self.supervisor
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn live_connections(&self) -> usize {
+        self.live_conns
+    }
+
+    fn insert_conn(&mut self, io: ConnIo, wire: Wire, peer: Peer) -> usize {
+        self.generation += 1;
+        let conn = Conn {
+            generation: self.generation,
+            io,
+            wire,
+            peer,
+            out: Vec::new(),
+            out_pos: 0,
+            read_closed: false,
+            broken: false,
+            partial_since: None,
+            paused: false,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.conns[slot] = Some(conn);
+                slot
+            }
+            None => {
+                self.conns.push(Some(conn));
+                self.conns.len() - 1
+            }
+        };
+        self.live_conns += 1;
+        if let Some(c) = self.conns[slot].as_ref()
+            && !matches!(c.wire, Wire::Admin(_))
+        {
+            let r = ConnRef {
+                slot,
+                generation: c.generation,
+            };
+            let peer = c.peer.clone();
+            self.core.on_connect(r, &peer);
+        }
+        slot
+    }
+
+    /// Run until stopped (serve) or until stdin ends (stdio).
+    pub fn run(&mut self) -> Result<Exit, String> {
+        let mut events = Events::with_capacity(1024);
+        let mut worker_events = Vec::new();
+        let now = Instant::now();
+        self.supervisor
+            .on_timers(self.poll.registry(), now, &mut worker_events);
+        self.apply_worker_events(&mut worker_events, now);
+        loop {
+            let timeout = self.next_timeout();
+            match self.poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("poll: {e}")),
+            }
+            let now = Instant::now();
+            for event in events.iter() {
+                match event.token() {
+                    SIGNALS => self.on_signals(now, &mut worker_events),
+                    WAKE => {
+                        if let Some(slot) = self.stdio_slot {
+                            self.service_conn(slot, now);
+                        }
+                    }
+                    ADMIN => self.accept_admin(),
+                    Token(t) if (LISTENER_BASE..WORKER_BASE).contains(&t) => {
+                        self.accept(t - LISTENER_BASE)
+                    }
+                    Token(t) if (WORKER_BASE..CONN_BASE).contains(&t) => {
+                        self.supervisor.on_io(
+                            Token(t),
+                            self.poll.registry(),
+                            now,
+                            &mut worker_events,
+                        );
+                    }
+                    Token(t) => {
+                        let slot = t - CONN_BASE;
+                        if event.is_writable() {
+                            self.flush_conn(slot);
+                        }
+                        if event.is_readable() || event.is_read_closed() {
+                            self.service_conn(slot, now);
+                        }
+                    }
+                }
+            }
+            self.supervisor
+                .on_timers(self.poll.registry(), now, &mut worker_events);
+            self.apply_worker_events(&mut worker_events, now);
+            self.core.on_timers(now);
+            self.check_frame_timers(now);
+            self.end_turn(now, &mut worker_events);
+            self.maybe_announce_ready();
+            self.resume_paused(now);
+            self.end_turn(now, &mut worker_events);
+            self.close_finished();
+            if let Some(exit) = self.check_exit(now) {
+                return Ok(exit);
+            }
+        }
+    }
+
+    /// Commit, then release this turn's actions; repeat while releasing produced more.
+    fn end_turn(&mut self, now: Instant, worker_events: &mut Vec<WorkerEvent>) {
+        for _ in 0..8 {
+            let _ = self.core.commit();
+            let actions = self.core.take_actions();
+            if actions.is_empty() {
+                break;
+            }
+            for action in actions {
+                self.execute(action);
+            }
+            self.supervisor
+                .flush_all(self.poll.registry(), now, worker_events);
+            self.apply_worker_events(worker_events, now);
+        }
+    }
+
+    fn execute(&mut self, action: Action) {
+        match action {
+            Action::Reply {
+                conn,
+                stream,
+                bytes,
+                ..
+            } => self.deliver(conn, Outgoing::Reply(stream, &bytes)),
+            Action::Push {
+                conn,
+                stream,
+                bytes,
+            } => self.deliver(conn, Outgoing::Reply(stream, &bytes)),
+            Action::Notify { conn, bytes } => self.deliver(conn, Outgoing::Notification(&bytes)),
+            Action::ToWorker { worker, call, msg } => {
+                if let Err(why) = self.supervisor.send(worker, &msg)
+                    && let Some(key) = call
+                {
+                    self.core.fail_unsent(key, &why);
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, conn: ConnRef, out: Outgoing) {
+        let Some(Some(c)) = self.conns.get_mut(conn.slot) else {
+            return;
+        };
+        if c.generation != conn.generation || c.broken {
+            return;
+        }
+        match (&c.io, &c.wire) {
+            (ConnIo::Stdio, _) => {
+                let bytes = match out {
+                    Outgoing::Reply(_, b) | Outgoing::Notification(b) => b,
+                };
+                if let Some(side) = self.stdio.as_mut() {
+                    side.write(bytes.to_vec());
+                }
+                return;
+            }
+            (_, Wire::Framed(_)) => match out {
+                Outgoing::Reply(stream, b) => framed::encode_reply(&mut c.out, stream, false, b),
+                Outgoing::Notification(b) => framed::encode_reply(&mut c.out, 0, true, b),
+            },
+            _ => {
+                let b = match out {
+                    Outgoing::Reply(_, b) | Outgoing::Notification(b) => b,
+                };
+                c.out.extend_from_slice(b);
+                c.out.push(b'\n');
+            }
+        }
+        self.flush_conn(conn.slot);
+    }
+
+    fn flush_conn(&mut self, slot: usize) {
+        let Some(Some(c)) = self.conns.get_mut(slot) else {
+            return;
+        };
+        while c.out_pos < c.out.len() {
+            match c.io.write(&c.out[c.out_pos..]) {
+                Ok(0) => {
+                    c.broken = true;
+                    break;
+                }
+                Ok(n) => c.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    c.broken = true;
+                    break;
+                }
+            }
+        }
+        if c.out_pos == c.out.len() {
+            c.out.clear();
+            c.out_pos = 0;
+            if c.out.capacity() > 1 << 20 {
+                c.out.shrink_to(64 * 1024);
+            }
+        } else if c.out_pos > c.out.len() / 2 {
+            c.out.drain(..c.out_pos);
+            c.out_pos = 0;
+        }
+    }
+
+    /// Read and hand messages to the core while the bounds allow.
+    fn service_conn(&mut self, slot: usize, now: Instant) {
+        let limits = self.config.gateway.clone();
+        let Some(Some(c)) = self.conns.get_mut(slot) else {
+            return;
+        };
+        let conn = ConnRef {
+            slot,
+            generation: c.generation,
+        };
+        let is_stdio = matches!(c.io, ConnIo::Stdio);
+        if matches!(c.wire, Wire::Admin(_)) {
+            self.service_admin(slot);
+            return;
+        }
+        loop {
+            let Some(Some(c)) = self.conns.get_mut(slot) else {
+                return;
+            };
+            if !self.serving {
+                c.paused = true;
+                return;
+            }
+            // Bounds: in flight here, in flight everywhere, and output not drained.
+            let queued = if is_stdio {
+                self.stdio.as_ref().map_or(0, StdioSide::pending)
+            } else {
+                c.queued()
+            };
+            if self.core.in_flight(conn) >= limits.max_in_flight_per_connection
+                || self.core.in_flight_total() >= limits.max_in_flight_total
+                || queued > limits.max_write_buffer_bytes
+            {
+                c.paused = true;
+                return;
+            }
+            c.paused = false;
+            // Hand over one buffered message, if there is one.
+            let process_default = c.meta_or_default();
+            match &mut c.wire {
+                Wire::Framed(inb) => match inb.next() {
+                    Some(Inbound::Message {
+                        stream,
+                        expect,
+                        process,
+                        payload,
+                    }) => {
+                        let process = if process.is_empty() {
+                            process_default.as_str()
+                        } else {
+                            process
+                        };
+                        let peer = &c.peer;
+                        self.core
+                            .on_message(conn, peer, process, expect, stream, payload, now);
+                        continue;
+                    }
+                    Some(Inbound::Refuse { stream, bytes }) => {
+                        framed::encode_reply(&mut c.out, stream, false, &bytes);
+                        self.flush_conn(slot);
+                        continue;
+                    }
+                    Some(Inbound::Close(why)) => {
+                        crate::warn!(
+                            "closing {} connection of {}: {why}",
+                            c.peer.transport.as_str(),
+                            c.peer.principal
+                        );
+                        c.broken = true;
+                        return;
+                    }
+                    None => {}
+                },
+                Wire::Lines(inb) => match inb.next() {
+                    Some(Line::Message(payload)) => {
+                        let peer = &c.peer;
+                        self.core.on_message(
+                            conn,
+                            peer,
+                            &process_default,
+                            Expect::Any,
+                            0,
+                            payload,
+                            now,
+                        );
+                        continue;
+                    }
+                    Some(Line::Refuse(bytes)) => {
+                        self.core.push_raw(conn, bytes);
+                        continue;
+                    }
+                    None => {}
+                },
+                Wire::Admin(_) => return,
+            }
+            // Nothing whole is buffered: read more.
+            if c.read_closed || c.broken {
+                return;
+            }
+            if is_stdio {
+                let Some(side) = self.stdio.as_mut() else {
+                    return;
+                };
+                match side.try_input() {
+                    Some(chunk) if chunk.is_empty() => {
+                        c.read_closed = true;
+                        return;
+                    }
+                    Some(chunk) => {
+                        if let Wire::Lines(inb) = &mut c.wire {
+                            inb.push(&chunk);
+                        }
+                    }
+                    None => return,
+                }
+                continue;
+            }
+            let Wire::Framed(inb) = &mut c.wire else {
+                return;
+            };
+            if inb.is_closed() {
+                return;
+            }
+            let spare = inb.spare();
+            match c.io.read(spare) {
+                Ok(0) => {
+                    inb.filled(0);
+                    c.read_closed = true;
+                    return;
+                }
+                Ok(n) => {
+                    inb.filled(n);
+                    if inb.has_partial() {
+                        if c.partial_since.is_none() {
+                            c.partial_since = Some(now);
+                            let deadline = now + Duration::from_secs(limits.frame_timeout_secs);
+                            self.frame_timers
+                                .push(Reverse((deadline, slot, c.generation)));
+                        }
+                    } else {
+                        c.partial_since = None;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    inb.filled(0);
+                    if !inb.has_partial() {
+                        c.partial_since = None;
+                    }
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => inb.filled(0),
+                Err(_) => {
+                    inb.filled(0);
+                    c.broken = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn resume_paused(&mut self, now: Instant) {
+        for slot in 0..self.conns.len() {
+            if self.conns[slot]
+                .as_ref()
+                .is_some_and(|c| c.paused && !c.broken)
+            {
+                self.service_conn(slot, now);
+            }
+        }
+        if let Some(slot) = self.stdio_slot {
+            // stdin chunks may be waiting in the channel without a new wake.
+            self.service_conn(slot, now);
+        }
+    }
+
+    fn check_frame_timers(&mut self, now: Instant) {
+        let timeout = Duration::from_secs(self.config.gateway.frame_timeout_secs);
+        while let Some(Reverse((t, slot, generation))) = self.frame_timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.frame_timers.pop();
+            let Some(Some(c)) = self.conns.get_mut(slot) else {
+                continue;
+            };
+            if c.generation != generation {
+                continue;
+            }
+            match c.partial_since {
+                Some(since) if since + timeout <= now && !c.paused => {
+                    crate::warn!(
+                        "closing {} connection of {}: a frame did not arrive whole within {} s (gateway.frame_timeout_secs)",
+                        c.peer.transport.as_str(),
+                        c.peer.principal,
+                        timeout.as_secs()
+                    );
+                    c.broken = true;
+                }
+                Some(since) => {
+                    self.frame_timers
+                        .push(Reverse((since.max(now) + timeout, slot, generation)))
+                }
+                None => {}
+            }
+        }
+    }
+
+    fn close_finished(&mut self) {
+        for slot in 0..self.conns.len() {
+            let done = match &self.conns[slot] {
+                Some(c) => {
+                    let conn = ConnRef {
+                        slot,
+                        generation: c.generation,
+                    };
+                    let idle = self.core.in_flight(conn) == 0;
+                    let drained = if matches!(c.io, ConnIo::Stdio) {
+                        self.stdio.as_ref().is_some_and(|s| s.pending() == 0)
+                    } else {
+                        c.queued() == 0
+                    };
+                    c.broken || (c.read_closed && idle && drained)
+                }
+                None => false,
+            };
+            if done && Some(slot) != self.stdio_slot {
+                self.close_conn(slot);
+            }
+        }
+    }
+
+    fn close_conn(&mut self, slot: usize) {
+        let Some(mut c) = self.conns[slot].take() else {
+            return;
+        };
+        match &mut c.io {
+            ConnIo::Unix(s) => {
+                let _ = self.poll.registry().deregister(s);
+            }
+            ConnIo::Vsock(s) => {
+                let _ = self
+                    .poll
+                    .registry()
+                    .deregister(&mut SourceFd(&s.as_raw_fd()));
+            }
+            ConnIo::Stdio => {}
+        }
+        if !matches!(c.wire, Wire::Admin(_)) {
+            self.core.on_disconnect(
+                ConnRef {
+                    slot,
+                    generation: c.generation,
+                },
+                &c.peer,
+            );
+        }
+        self.free.push(slot);
+        self.live_conns -= 1;
+    }
+
+    fn accept(&mut self, index: usize) {
+        loop {
+            let accepted = match self.listeners.get_mut(index) {
+                Some(Listener::Unix { socket, .. }) => match socket.accept() {
+                    Ok((stream, _)) => Some(self.unix_conn(stream)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+                    Err(e) => {
+                        crate::warn!("accept on unix listener: {e}");
+                        None
+                    }
+                },
+                Some(Listener::Vsock { socket, .. }) => match socket.accept() {
+                    Ok((stream, addr)) => Some(self.vsock_conn(stream, addr.cid())),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+                    Err(e) => {
+                        crate::warn!("accept on vsock listener: {e}");
+                        None
+                    }
+                },
+                None => None,
+            };
+            let Some(accepted) = accepted else { return };
+            let Ok((io, peer)) = accepted else { continue };
+            if self.live_conns >= self.config.gateway.max_connections {
+                crate::warn!(
+                    "refusing a {} connection from {}: {} connections open (gateway.max_connections)",
+                    peer.transport.as_str(),
+                    peer.principal,
+                    self.live_conns
+                );
+                continue;
+            }
+            let slot = self.insert_conn(io, Wire::Framed(FramedInbound::new()), peer);
+            let token = Token(CONN_BASE + slot);
+            let registered = match &mut self.conns[slot].as_mut().map(|c| &mut c.io) {
+                Some(ConnIo::Unix(s)) => {
+                    self.poll
+                        .registry()
+                        .register(s, token, Interest::READABLE | Interest::WRITABLE)
+                }
+                Some(ConnIo::Vsock(s)) => self.poll.registry().register(
+                    &mut SourceFd(&s.as_raw_fd()),
+                    token,
+                    Interest::READABLE | Interest::WRITABLE,
+                ),
+                _ => Ok(()),
+            };
+            if let Err(e) = registered {
+                crate::warn!("register connection: {e}");
+                self.close_conn(slot);
+            }
+        }
+    }
+
+    fn unix_conn(&self, stream: UnixStream) -> io::Result<(ConnIo, Peer)> {
+        let (principal, process) = match listeners::unix_peer(&stream) {
+            Some((uid, pid)) => (
+                format!("uid:{uid}"),
+                listeners::process_name(pid).unwrap_or_else(|| "unknown".into()),
+            ),
+            None => ("unknown".into(), "unknown".into()),
+        };
+        Ok((
+            ConnIo::Unix(stream),
+            Peer {
+                transport: Transport::Unix,
+                principal,
+                process,
+            },
+        ))
+    }
+
+    fn vsock_conn(&self, stream: vsock::VsockStream, cid: u32) -> io::Result<(ConnIo, Peer)> {
+        stream.set_nonblocking(true)?;
+        Ok((
+            ConnIo::Vsock(stream),
+            Peer {
+                transport: Transport::Vsock,
+                principal: format!("cid:{cid}"),
+                process: "unknown".into(),
+            },
+        ))
+    }
+
+    fn accept_admin(&mut self) {
+        loop {
+            let Some(l) = self.admin.as_mut() else { return };
+            match l.accept() {
+                Ok((mut stream, _)) => {
+                    let principal = listeners::unix_peer(&stream)
+                        .map(|(uid, _)| format!("uid:{uid}"))
+                        .unwrap_or_else(|| "unknown".into());
+                    if self.live_conns >= self.config.gateway.max_connections {
+                        continue;
+                    }
+                    let slot = self
+                        .conns
+                        .iter()
+                        .position(Option::is_none)
+                        .unwrap_or(self.conns.len());
+                    let token = Token(CONN_BASE + slot);
+                    if self
+                        .poll
+                        .registry()
+                        .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    let peer = Peer {
+                        transport: Transport::Unix,
+                        principal,
+                        process: "admin".into(),
+                    };
+                    // insert_conn takes free slots first; keep the token's slot.
+                    self.free.retain(|s| *s != slot);
+                    self.generation += 1;
+                    let conn = Conn {
+                        generation: self.generation,
+                        io: ConnIo::Unix(stream),
+                        wire: Wire::Admin(LineInbound::new()),
+                        peer,
+                        out: Vec::new(),
+                        out_pos: 0,
+                        read_closed: false,
+                        broken: false,
+                        partial_since: None,
+                        paused: false,
+                    };
+                    if slot == self.conns.len() {
+                        self.conns.push(Some(conn));
+                    } else {
+                        self.conns[slot] = Some(conn);
+                    }
+                    self.live_conns += 1;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    crate::warn!("accept on admin socket: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn service_admin(&mut self, slot: usize) {
+        let mut requests = Vec::new();
+        {
+            let Some(Some(c)) = self.conns.get_mut(slot) else {
+                return;
+            };
+            let mut buf = [0u8; 16 * 1024];
+            loop {
+                match c.io.read(&mut buf) {
+                    Ok(0) => {
+                        c.read_closed = true;
+                        break;
+                    }
+                    Ok(n) => {
+                        if let Wire::Admin(inb) = &mut c.wire {
+                            inb.push(&buf[..n]);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        c.broken = true;
+                        break;
+                    }
+                }
+            }
+            if let Wire::Admin(inb) = &mut c.wire {
+                while let Some(line) = inb.next() {
+                    match line {
+                        Line::Message(bytes) => requests.push(bytes.to_vec()),
+                        Line::Refuse(_) => c.broken = true,
+                    }
+                }
+            }
+        }
+        for request in requests {
+            let principal = match &self.conns[slot] {
+                Some(c) => c.peer.principal.clone(),
+                None => return,
+            };
+            let mut reply = admin::handle(self, &principal, &request)
+                .to_string()
+                .into_bytes();
+            reply.push(b'\n');
+            if let Some(Some(c)) = self.conns.get_mut(slot) {
+                c.out.extend_from_slice(&reply);
+            }
+            self.flush_conn(slot);
+        }
+    }
+
+    fn on_signals(&mut self, now: Instant, worker_events: &mut Vec<WorkerEvent>) {
+        loop {
+            match self.signals.read_signal() {
+                Ok(Some(info)) => match Signal::try_from(info.ssi_signo as i32) {
+                    Ok(Signal::SIGCHLD) => {
+                        self.supervisor
+                            .reap(self.poll.registry(), now, worker_events)
+                    }
+                    Ok(Signal::SIGHUP) => {
+                        let _ = self.reload();
+                    }
+                    Ok(Signal::SIGTERM) | Ok(Signal::SIGINT) => self.begin_stop(now),
+                    _ => {}
+                },
+                Ok(None) => return,
+                Err(e) => {
+                    crate::warn!("reading signals: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Re-read the config and swap the policy. The old policy stays on any error.
+    pub fn reload(&mut self) -> Result<String, String> {
+        let result = (|| -> Result<Policy, String> {
+            let config = match &self.config.source {
+                Some(path) => Config::from_file(path).map_err(|e| e.to_string())?,
+                None => Config::default(),
+            };
+            let origin = config
+                .source
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "embedded defaults".into());
+            Policy::load(&config.policy, &origin).map_err(|e| e.to_string())
+        })();
+        self.reloads += 1;
+        match result {
+            Ok(policy) => {
+                let rules = policy.rule_count();
+                self.core.set_policy(Rc::new(policy));
+                let summary = format!("policy reloaded: {rules} rules");
+                crate::info!("{summary}");
+                self.core
+                    .event("reload", serde_json::json!({"ok": true, "rules": rules}));
+                self.last_reload = Some(summary.clone());
+                Ok(summary)
+            }
+            Err(e) => {
+                crate::error!("reload failed, the previous policy stays in force: {e}");
+                self.core
+                    .event("reload", serde_json::json!({"ok": false, "error": e}));
+                self.last_reload = Some(format!("failed: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    fn begin_stop(&mut self, now: Instant) {
+        if self.stop_deadline.is_some() {
+            crate::warn!("second stop signal: stopping now");
+            self.stop_now = true;
+            return;
+        }
+        let drain = Duration::from_secs(self.config.gateway.drain_secs);
+        crate::info!(
+            "stopping: no new connections; finishing {} calls in flight within {} s",
+            self.core.in_flight_total(),
+            drain.as_secs()
+        );
+        self.stop_deadline = Some(now + drain);
+        for (i, l) in self.listeners.iter_mut().enumerate() {
+            let _ = i;
+            match l {
+                Listener::Unix { socket, .. } => {
+                    let _ = self.poll.registry().deregister(socket);
+                }
+                Listener::Vsock { socket, .. } => {
+                    let _ = self
+                        .poll
+                        .registry()
+                        .deregister(&mut SourceFd(&socket.as_raw_fd()));
+                }
+            }
+            l.cleanup();
+        }
+        self.listeners.clear();
+        self.core.set_stopping();
+        self.core.event(
+            "gateway_stopping",
+            serde_json::json!({"in_flight": self.core.in_flight_total()}),
+        );
+    }
+
+    fn check_exit(&mut self, now: Instant) -> Option<Exit> {
+        if let Some(slot) = self.stdio_slot {
+            let c = self.conns[slot].as_ref()?;
+            let conn = ConnRef {
+                slot,
+                generation: c.generation,
+            };
+            let output_failed = self
+                .stdio
+                .as_ref()
+                .is_some_and(|s| s.output_failed.load(std::sync::atomic::Ordering::Acquire));
+            if (c.read_closed && self.core.in_flight(conn) == 0) || output_failed {
+                self.finish(now);
+                return Some(Exit::StdinClosed);
+            }
+        }
+        let deadline = self.stop_deadline?;
+        let drained = self.core.in_flight_total() == 0;
+        if drained || self.stop_now || now >= deadline {
+            self.finish(now);
+            return Some(Exit::Stopped);
+        }
+        None
+    }
+
+    /// Answer what is left, commit, flush, checkpoint, stop the workers.
+    fn finish(&mut self, now: Instant) {
+        let mut worker_events = Vec::new();
+        self.core.set_stopping();
+        self.core.refuse_remaining();
+        self.core.event(
+            "gateway_stop",
+            serde_json::json!({"uptime_s": now.saturating_duration_since(self.started).as_secs()}),
+        );
+        self.end_turn(now, &mut worker_events);
+        // Give agents a moment to take their last answers.
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until
+            && self
+                .conns
+                .iter()
+                .flatten()
+                .any(|c| c.queued() > 0 && !c.broken)
+        {
+            for slot in 0..self.conns.len() {
+                self.flush_conn(slot);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Some(side) = self.stdio.as_mut() {
+            side.finish();
+        }
+        self.supervisor
+            .shutdown(self.poll.registry(), Duration::from_secs(2));
+        let _ = self.core.commit();
+        self.core.checkpoint();
+        for l in &self.listeners {
+            l.cleanup();
+        }
+        if self.admin.take().is_some() {
+            let _ = std::fs::remove_file(&self.config.admin.socket);
+        }
+    }
+
+    fn next_timeout(&self) -> Option<Duration> {
+        let now = Instant::now();
+        let candidates = [
+            self.core.next_deadline(),
+            self.supervisor.next_deadline(),
+            self.frame_timers.peek().map(|Reverse((t, _, _))| *t),
+            self.stop_deadline,
+            (!self.serving).then_some(self.started + START_GRACE),
+        ];
+        candidates.into_iter().flatten().min().map(|t| {
+            t.saturating_duration_since(now)
+                .max(Duration::from_millis(1))
+        })
+    }
+
+    fn apply_worker_events(&mut self, events: &mut Vec<WorkerEvent>, now: Instant) {
+        for event in events.drain(..) {
+            match event {
+                WorkerEvent::Started(id, pid) => {
+                    let name = self.core.workers()[id].name.clone();
+                    self.core.event(
+                        "worker_start",
+                        serde_json::json!({"worker": name, "pid": pid}),
+                    );
+                }
+                WorkerEvent::Ready(id, warnings) => {
+                    let w = self.supervisor.workers.iter().find(|w| w.id == id);
+                    let report = w.and_then(|w| w.report.clone());
+                    let name = self.core.workers()[id].name.clone();
+                    crate::info!(
+                        "worker {name} (pid {}) attested and ready",
+                        w.and_then(|w| w.pid).unwrap_or(0)
+                    );
+                    self.core.event(
+                        "worker_ready",
+                        serde_json::json!({"worker": name, "confinement": report, "warnings": warnings}),
+                    );
+                    self.core.on_worker_ready(id, now);
+                }
+                WorkerEvent::Message(id, msg) => self.core.on_worker_message(id, msg, now),
+                WorkerEvent::Gone(id, why) => {
+                    let name = self.core.workers()[id].name.clone();
+                    self.core.event(
+                        "worker_gone",
+                        serde_json::json!({"worker": name, "reason": why}),
+                    );
+                    self.core.on_worker_gone(id, &why);
+                }
+                WorkerEvent::Exited(id, pid, how) => {
+                    let name = self.core.workers()[id].name.clone();
+                    self.core.event(
+                        "worker_exit",
+                        serde_json::json!({"worker": name, "pid": pid, "status": how}),
+                    );
+                }
+            }
+        }
+    }
+
+    fn maybe_announce_ready(&mut self) {
+        if !self.serving && self.started.elapsed() >= START_GRACE {
+            crate::warn!(
+                "serving agents before every worker is ready ({} s passed)",
+                START_GRACE.as_secs()
+            );
+            self.serving = true;
+        }
+        if self.announced_ready || !self.supervisor.all_ready() || self.core.listings_pending() > 0
+        {
+            return;
+        }
+        self.announced_ready = true;
+        self.serving = true;
+        crate::info!(
+            "ready: {} tools",
+            self.core.catalog().len(crate::mcp::catalog::Kind::Tools)
+        );
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.announced_ready
+    }
+}
+
+impl Conn {
+    /// The process name when a frame carries none: the meta line's, else the peer's.
+    fn meta_or_default(&self) -> String {
+        match &self.wire {
+            Wire::Framed(inb) => inb
+                .meta_name
+                .clone()
+                .unwrap_or_else(|| self.peer.process.clone()),
+            _ => self.peer.process.clone(),
+        }
+    }
+}
+
+/// The builtin worker's spec from the config.
+pub fn builtin_spec(config: &Config) -> WorkerSpec {
+    let mut grant = sandbox::role_grant_defaults(Role::Builtin);
+    grant.tcp_connect_ports = crate::tools::http::tool_ports(&config.builtin.http);
+    grant.forbidden_probe_dir = config.state_dir();
+    WorkerSpec {
+        name: "builtin".into(),
+        role: Role::Builtin,
+        server: LOCAL_SERVER.into(),
+        settings: WorkerSettings {
+            sandbox_mode: config.sandbox.mode,
+            tcp_connect_ports: grant.tcp_connect_ports,
+            read_paths: grant.read_paths,
+            forbidden_probe_dir: std::fs::canonicalize(&grant.forbidden_probe_dir)
+                .unwrap_or(grant.forbidden_probe_dir),
+            threads: config.builtin.threads,
+            queue: config.builtin.queue,
+            http: config.builtin.http.clone(),
+        },
+    }
+}

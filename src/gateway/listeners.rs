@@ -1,0 +1,133 @@
+//! The agent doors' listening sockets, and who a peer is once accepted.
+
+use mio::net::{UnixListener, UnixStream};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// A listening socket the loop polls.
+pub enum Listener {
+    Unix {
+        socket: UnixListener,
+        path: PathBuf,
+        owned: bool,
+    },
+    Vsock {
+        socket: vsock::VsockListener,
+        port: u32,
+    },
+}
+
+impl Listener {
+    pub fn describe(&self) -> String {
+        match self {
+            Listener::Unix { path, .. } => format!("unix:{} (framed)", path.display()),
+            Listener::Vsock { port, .. } => format!("vsock:any:{port} (framed)"),
+        }
+    }
+
+    /// Remove the socket file we created (at shutdown).
+    pub fn cleanup(&self) {
+        if let Listener::Unix {
+            path, owned: true, ..
+        } = self
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Bind a unix socket with `mode`, replacing a stale socket file safely: an existing path is
+/// removed only when it is a socket nobody accepts on; a live socket or any other file is an
+/// error that names the path.
+pub fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        create_private_dir(dir, 0o750)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!("{} is in use by a running process", path.display()),
+                    ));
+                }
+                Err(_) => std::fs::remove_file(path)?,
+            }
+        }
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; not replacing it",
+                    path.display()
+                ),
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    // The socket is created with the umask applied; tighten it before anyone can connect.
+    // SAFETY: umask(2) has no memory effects; the gateway is single-threaded here.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let listener =
+        bound.map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    Ok(listener)
+}
+
+/// Create a directory (and parents) readable only as `mode` says, if missing.
+pub fn create_private_dir(dir: &Path, mode: u32) -> io::Result<()> {
+    if dir.exists() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+}
+
+use std::os::unix::fs::DirBuilderExt;
+
+pub fn bind_vsock(port: u32) -> io::Result<vsock::VsockListener> {
+    let addr = vsock::VsockAddr::new(vsock::VMADDR_CID_ANY, port);
+    let listener = vsock::VsockListener::bind(&addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("bind vsock port {port}: {e}")))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// The uid and pid of a unix peer (SO_PEERCRED).
+pub fn unix_peer(stream: &UnixStream) -> Option<(u32, i32)> {
+    let fd = stream.as_raw_fd();
+    let mut cred: libc::ucred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (rc == 0).then_some((cred.uid, cred.pid))
+}
+
+/// A process's command name from `/proc/PID/comm`, sanitised.
+pub fn process_name(pid: i32) -> Option<String> {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    Some(crate::transport::framed::sanitize_name(
+        comm.trim_end_matches('\n'),
+    ))
+}

@@ -1,0 +1,7 @@
+//! The gateway: one thread, one mio loop, the doors, and the core that decides.
+
+pub mod admin;
+pub mod core;
+pub mod event_loop;
+pub mod listeners;
+pub mod stdio;

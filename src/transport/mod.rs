@@ -1,0 +1,4 @@
+//! The doors' wire formats, sans-IO: framed (unix, vsock) and lines (stdio).
+
+pub mod framed;
+pub mod lines;

@@ -1,0 +1,6 @@
+//! Workers: the processes that run tool code, and the gateway's side of them.
+
+pub mod rpc;
+pub mod settings;
+pub mod supervisor;
+pub mod worker_main;

@@ -1,0 +1,237 @@
+//! Worker RPC over the socketpair, sans-IO: `u32 BE length` + one MessagePack map.
+//!
+//! The worker speaks first (`ready`), then the gateway sends `request`s and the worker
+//! answers each with a `response`, in any order; `event`s are unsolicited. JSON payloads
+//! (tool arguments, results, tool lists) travel as JSON text inside the map so nothing is
+//! re-encoded twice.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sandbox::ConfinementReport;
+
+/// Largest message either side accepts.
+pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+const PREFIX: usize = 4;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    /// First message of a worker: who it is and the proof of its confinement.
+    Ready {
+        role: String,
+        pid: u32,
+        version: String,
+        confinement: ConfinementReport,
+    },
+    Request {
+        id: u64,
+        op: Op,
+        /// Tool name without the server prefix (`call_tool`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// JSON text: the tool's arguments (`call_tool`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        args: Option<String>,
+        /// The request to cancel (`cancel`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target: Option<u64>,
+    },
+    Response {
+        id: u64,
+        /// JSON text of the result (a CallToolResult, a tool list, ...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ok: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<RpcError>,
+        /// JSON text of facts for the ledger (e.g. the HTTP tools' URL and address).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        facts: Option<String>,
+    },
+    Event {
+        kind: String,
+        detail: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// The worker's tool definitions, as a JSON array.
+    ListTools,
+    /// Resource definitions, as a JSON array.
+    ListResources,
+    /// Prompt definitions, as a JSON array.
+    ListPrompts,
+    CallTool,
+    /// `resources/read`; `args` holds the request params, `name` the URI.
+    ReadResource,
+    /// `prompts/get`; `args` holds the request params, `name` the prompt.
+    GetPrompt,
+    /// Stop working on `target`; no response is owed for it afterwards.
+    Cancel,
+    /// Run the confinement probes again inside the live worker (threads running, work
+    /// done): the answer is a fresh report. Operators and tests use it to re-check.
+    Attest,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RpcError {
+    /// Stable code: `busy`, `unknown_tool`, `invalid_arguments`, `internal`, ...
+    pub kind: String,
+    pub message: String,
+}
+
+/// Why a byte stream from the other side cannot be read any further.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RpcFault {
+    TooLarge(usize),
+    Malformed(String),
+}
+
+impl std::fmt::Display for RpcFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RpcFault::TooLarge(n) => write!(f, "rpc message of {n} bytes exceeds {MAX_MESSAGE}"),
+            RpcFault::Malformed(e) => write!(f, "malformed rpc message: {e}"),
+        }
+    }
+}
+
+/// Append one encoded message to `out`.
+pub fn encode(out: &mut Vec<u8>, msg: &Message) -> Result<(), RpcFault> {
+    let start = out.len();
+    out.extend_from_slice(&[0; PREFIX]);
+    rmp_serde::encode::write_named(out, msg).map_err(|e| RpcFault::Malformed(e.to_string()))?;
+    let len = out.len() - start - PREFIX;
+    if len > MAX_MESSAGE {
+        out.truncate(start);
+        return Err(RpcFault::TooLarge(len));
+    }
+    out[start..start + PREFIX].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(())
+}
+
+/// Decode the first message of `buf`: `Ok(None)` when more bytes are needed, else the
+/// message and the bytes it consumed.
+pub fn decode(buf: &[u8]) -> Result<Option<(Message, usize)>, RpcFault> {
+    if buf.len() < PREFIX {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len > MAX_MESSAGE {
+        return Err(RpcFault::TooLarge(len));
+    }
+    if buf.len() < PREFIX + len {
+        return Ok(None);
+    }
+    let msg = rmp_serde::from_slice(&buf[PREFIX..PREFIX + len])
+        .map_err(|e| RpcFault::Malformed(e.to_string()))?;
+    Ok(Some((msg, PREFIX + len)))
+}
+
+/// A bounded read buffer for one RPC peer: bytes in, messages out.
+#[derive(Debug, Default)]
+pub struct RpcReader {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl RpcReader {
+    /// Room to read into (grows up to one maximal message).
+    pub fn spare(&mut self) -> &mut [u8] {
+        const CHUNK: usize = 64 * 1024;
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        let len = self.buf.len();
+        self.buf.resize(len + CHUNK, 0);
+        &mut self.buf[len..]
+    }
+
+    /// After reading `n` bytes into `spare()`.
+    pub fn filled(&mut self, n: usize) {
+        const CHUNK: usize = 64 * 1024;
+        let len = self.buf.len() - CHUNK + n;
+        self.buf.truncate(len);
+    }
+
+    /// The next whole message, if any.
+    pub fn next_message(&mut self) -> Result<Option<Message>, RpcFault> {
+        match decode(&self.buf[self.start..])? {
+            Some((msg, used)) => {
+                self.start += used;
+                if self.start == self.buf.len() {
+                    self.buf.clear();
+                    self.start = 0;
+                } else if self.start > MAX_MESSAGE {
+                    self.buf.drain(..self.start);
+                    self.start = 0;
+                }
+                Ok(Some(msg))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_out_of_order_and_split() {
+        let msgs = vec![
+            Message::Request {
+                id: 2,
+                op: Op::CallTool,
+                name: Some("echo".into()),
+                args: Some(r#"{"text":"hi"}"#.into()),
+                target: None,
+            },
+            Message::Response {
+                id: 1,
+                ok: Some("[]".into()),
+                error: None,
+                facts: None,
+            },
+            Message::Response {
+                id: 9,
+                ok: None,
+                error: Some(RpcError {
+                    kind: "busy".into(),
+                    message: "queue full".into(),
+                }),
+                facts: None,
+            },
+        ];
+        let mut wire = Vec::new();
+        for m in &msgs {
+            encode(&mut wire, m).unwrap();
+        }
+        // Feed one byte at a time.
+        let mut reader = RpcReader::default();
+        let mut got = Vec::new();
+        for b in &wire {
+            reader.spare()[0] = *b;
+            reader.filled(1);
+            while let Some(m) = reader.next_message().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(got, msgs);
+    }
+
+    #[test]
+    fn oversized_length_refused_before_allocation() {
+        let bytes = ((MAX_MESSAGE + 1) as u32).to_be_bytes();
+        assert_eq!(decode(&bytes), Err(RpcFault::TooLarge(MAX_MESSAGE + 1)));
+    }
+
+    #[test]
+    fn garbage_is_malformed_not_panic() {
+        let mut bytes = 3u32.to_be_bytes().to_vec();
+        bytes.extend([0xc1, 0xff, 0x00]);
+        assert!(matches!(decode(&bytes), Err(RpcFault::Malformed(_))));
+    }
+}

@@ -1,0 +1,30 @@
+//! What the gateway tells a worker at start, through one environment variable: the role's
+//! grant and tool settings. Never a secret: upstream credentials travel over the RPC
+//! channel after the worker is confined.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+use crate::sandbox::{RoleGrant, SandboxMode};
+use crate::tools::http::HttpToolsConfig;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerSettings {
+    pub sandbox_mode: SandboxMode,
+    pub tcp_connect_ports: Vec<u16>,
+    pub read_paths: Vec<PathBuf>,
+    pub forbidden_probe_dir: PathBuf,
+    pub threads: usize,
+    pub queue: usize,
+    pub http: HttpToolsConfig,
+}
+
+impl WorkerSettings {
+    pub fn grant(&self) -> RoleGrant {
+        RoleGrant {
+            tcp_connect_ports: self.tcp_connect_ports.clone(),
+            read_paths: self.read_paths.clone(),
+            forbidden_probe_dir: self.forbidden_probe_dir.clone(),
+        }
+    }
+}

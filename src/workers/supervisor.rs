@@ -1,0 +1,528 @@
+//! The gateway's side of its workers: start each one on a socketpair, accept it only when
+//! its confinement report passes, move RPC bytes, reap it when it exits and start it again
+//! with backoff. The loop turns what happens here into [`WorkerEvent`]s for the core.
+
+use mio::net::UnixStream;
+use mio::{Interest, Registry, Token};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::mcp::catalog::WorkerId;
+use crate::sandbox::{self, ConfinementReport, Role, SandboxConfig};
+use crate::workers::rpc::{self, Message, RpcReader};
+use crate::workers::settings::WorkerSettings;
+use crate::workers::worker_main::SETTINGS_ENV;
+
+/// Time a worker has to send `ready`.
+pub const START_TIMEOUT: Duration = Duration::from_secs(15);
+/// First restart delay; doubles per consecutive failure up to [`MAX_BACKOFF`].
+pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A worker up this long before it died restarts without accumulated backoff.
+pub const STABLE_AFTER: Duration = Duration::from_secs(30);
+/// Bytes queued for a worker before calls to it are refused as busy.
+pub const MAX_WORKER_BACKLOG: usize = 64 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Unique name, shown in status and errors (`builtin`).
+    pub name: String,
+    pub role: Role,
+    /// The catalog server it serves (`local`).
+    pub server: String,
+    pub settings: WorkerSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerState {
+    Starting,
+    Ready,
+    /// Stopped; restarts at the time given.
+    Down,
+}
+
+impl WorkerState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            WorkerState::Starting => "starting",
+            WorkerState::Ready => "ready",
+            WorkerState::Down => "down",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum WorkerEvent {
+    /// Attested: may get work. Carries warnings (warn mode).
+    Ready(WorkerId, Vec<String>),
+    Message(WorkerId, Message),
+    /// Gone (exited, killed, broke the protocol, refused): its calls fail now.
+    Gone(WorkerId, String),
+    /// Started (pid) — for the ledger.
+    Started(WorkerId, u32),
+    /// Its exit status, once reaped.
+    Exited(WorkerId, u32, String),
+}
+
+pub struct WorkerProc {
+    pub spec: WorkerSpec,
+    pub id: WorkerId,
+    pub token: Token,
+    child: Option<Child>,
+    stream: Option<UnixStream>,
+    reader: RpcReader,
+    out: Vec<u8>,
+    pub state: WorkerState,
+    pub pid: Option<u32>,
+    pub report: Option<ConfinementReport>,
+    pub warnings: Vec<String>,
+    pub restarts: u32,
+    pub last_exit: Option<String>,
+    backoff: Duration,
+    started_at: Instant,
+    ready_at: Option<Instant>,
+    restart_at: Option<Instant>,
+    /// Gone was reported for this incarnation.
+    gone: bool,
+    /// Do not restart (shutdown).
+    retired: bool,
+}
+
+pub struct Supervisor {
+    pub workers: Vec<WorkerProc>,
+    sandbox: SandboxConfig,
+    exe: std::path::PathBuf,
+}
+
+impl Supervisor {
+    pub fn new(sandbox: SandboxConfig) -> Supervisor {
+        Supervisor {
+            workers: Vec::new(),
+            sandbox,
+            // The running binary's own inode, even if the file was replaced since.
+            exe: std::path::PathBuf::from("/proc/self/exe"),
+        }
+    }
+
+    pub fn add(&mut self, spec: WorkerSpec, id: WorkerId, token: Token) {
+        self.workers.push(WorkerProc {
+            spec,
+            id,
+            token,
+            child: None,
+            stream: None,
+            reader: RpcReader::default(),
+            out: Vec::new(),
+            state: WorkerState::Down,
+            pid: None,
+            report: None,
+            warnings: Vec::new(),
+            restarts: 0,
+            last_exit: None,
+            backoff: MIN_BACKOFF,
+            started_at: Instant::now(),
+            ready_at: None,
+            restart_at: Some(Instant::now()),
+            gone: true,
+            retired: false,
+        });
+    }
+
+    fn index(&self, token: Token) -> Option<usize> {
+        self.workers.iter().position(|w| w.token == token)
+    }
+
+    pub fn owns(&self, token: Token) -> bool {
+        self.index(token).is_some()
+    }
+
+    /// Start the worker at `i`.
+    fn spawn(
+        &mut self,
+        i: usize,
+        registry: &Registry,
+        now: Instant,
+        events: &mut Vec<WorkerEvent>,
+    ) {
+        let w = &mut self.workers[i];
+        w.restart_at = None;
+        let result = (|| -> std::io::Result<(Child, UnixStream)> {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+            let settings =
+                serde_json::to_string(&w.spec.settings).map_err(std::io::Error::other)?;
+            let theirs: OwnedFd = theirs.into();
+            let theirs_raw = theirs.as_raw_fd();
+            let sandbox_cfg = self.sandbox.clone();
+            let mut cmd = Command::new(&self.exe);
+            cmd.arg("worker")
+                .arg(w.spec.role.to_string())
+                .env_clear()
+                .env(SETTINGS_ENV, settings)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit());
+            // SAFETY: only async-signal-safe calls run between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut empty: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut empty);
+                    // The gateway blocks signals for its signalfd; a worker must not inherit that.
+                    libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                    sandbox::child_pre_exec(theirs_raw, &sandbox_cfg)
+                });
+            }
+            let child = cmd.spawn()?;
+            drop(theirs);
+            ours.set_nonblocking(true)?;
+            let mut stream = UnixStream::from_std(ours);
+            registry.register(
+                &mut stream,
+                w.token,
+                Interest::READABLE | Interest::WRITABLE,
+            )?;
+            Ok((child, stream))
+        })();
+        match result {
+            Ok((child, stream)) => {
+                w.pid = Some(child.id());
+                events.push(WorkerEvent::Started(w.id, child.id()));
+                w.child = Some(child);
+                w.stream = Some(stream);
+                w.reader = RpcReader::default();
+                w.out.clear();
+                w.state = WorkerState::Starting;
+                w.started_at = now;
+                w.ready_at = None;
+                w.report = None;
+                w.gone = false;
+            }
+            Err(e) => {
+                let why = format!("cannot start worker {}: {e}", w.spec.name);
+                crate::error!("{why}");
+                w.last_exit = Some(why);
+                Self::schedule_restart(w, now);
+            }
+        }
+    }
+
+    fn schedule_restart(w: &mut WorkerProc, now: Instant) {
+        if w.retired {
+            return;
+        }
+        let stable = w
+            .ready_at
+            .is_some_and(|t| now.saturating_duration_since(t) >= STABLE_AFTER);
+        if stable {
+            w.backoff = MIN_BACKOFF;
+        }
+        w.restart_at = Some(now + w.backoff);
+        w.backoff = (w.backoff * 2).min(MAX_BACKOFF);
+        w.state = WorkerState::Down;
+    }
+
+    /// Stop an incarnation: close the channel, kill the process (reaped later), and
+    /// report it gone once.
+    fn take_down(
+        w: &mut WorkerProc,
+        registry: &Registry,
+        why: String,
+        now: Instant,
+        events: &mut Vec<WorkerEvent>,
+    ) {
+        if let Some(mut s) = w.stream.take() {
+            let _ = registry.deregister(&mut s);
+        }
+        if let Some(child) = w.child.as_mut() {
+            let _ = child.kill();
+        }
+        w.out.clear();
+        if !w.gone {
+            w.gone = true;
+            w.last_exit = Some(why.clone());
+            events.push(WorkerEvent::Gone(w.id, why));
+        }
+        if w.child.is_none() {
+            Self::schedule_restart(w, now);
+        } else {
+            w.state = WorkerState::Down;
+        }
+    }
+
+    /// Readable/writable on a worker's channel.
+    pub fn on_io(
+        &mut self,
+        token: Token,
+        registry: &Registry,
+        now: Instant,
+        events: &mut Vec<WorkerEvent>,
+    ) {
+        let Some(i) = self.index(token) else { return };
+        let mode = self.sandbox.mode;
+        let w = &mut self.workers[i];
+        let Some(stream) = w.stream.as_mut() else {
+            return;
+        };
+        let mut fault: Option<String> = None;
+        loop {
+            let spare = w.reader.spare();
+            match stream.read(spare) {
+                Ok(0) => {
+                    w.reader.filled(0);
+                    fault = Some("closed its channel".into());
+                    break;
+                }
+                Ok(n) => w.reader.filled(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    w.reader.filled(0);
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => w.reader.filled(0),
+                Err(e) => {
+                    w.reader.filled(0);
+                    fault = Some(format!("channel error: {e}"));
+                    break;
+                }
+            }
+        }
+        loop {
+            match w.reader.next_message() {
+                Ok(None) => break,
+                Err(e) => {
+                    fault = Some(format!("broke the protocol: {e}"));
+                    break;
+                }
+                Ok(Some(msg)) => match (&w.state, msg) {
+                    (
+                        WorkerState::Starting,
+                        Message::Ready {
+                            role,
+                            pid,
+                            confinement,
+                            ..
+                        },
+                    ) => {
+                        if role != w.spec.role.to_string() || Some(pid) != w.pid {
+                            fault = Some(format!("sent a ready message for role {role} pid {pid}"));
+                            break;
+                        }
+                        match confinement.verdict(mode) {
+                            Ok(warnings) => {
+                                for warning in &warnings {
+                                    crate::warn!(
+                                        "worker {} (pid {pid}) runs unconfined in part: {warning}",
+                                        w.spec.name
+                                    );
+                                }
+                                w.report = Some(confinement);
+                                w.warnings = warnings.clone();
+                                w.state = WorkerState::Ready;
+                                w.ready_at = Some(now);
+                                events.push(WorkerEvent::Ready(w.id, warnings));
+                            }
+                            Err(why) => {
+                                w.report = Some(confinement);
+                                fault = Some(format!("failed its confinement attestation: {why}"));
+                                break;
+                            }
+                        }
+                    }
+                    (WorkerState::Starting, _) => {
+                        fault = Some("spoke before its ready message".into());
+                        break;
+                    }
+                    (WorkerState::Ready, Message::Ready { .. }) => {
+                        fault = Some("sent a second ready message".into());
+                        break;
+                    }
+                    (WorkerState::Ready, msg) => events.push(WorkerEvent::Message(w.id, msg)),
+                    (WorkerState::Down, _) => break,
+                },
+            }
+        }
+        if fault.is_none()
+            && let Err(e) = Self::flush(w)
+        {
+            fault = Some(format!("channel error: {e}"));
+        }
+        if let Some(why) = fault {
+            let pid = w.pid.unwrap_or(0);
+            let why = format!("worker {} (pid {pid}) {why}", w.spec.name);
+            crate::error!("{why}");
+            Self::take_down(w, registry, why, now, events);
+        }
+    }
+
+    fn flush(w: &mut WorkerProc) -> std::io::Result<()> {
+        let Some(stream) = w.stream.as_mut() else {
+            return Ok(());
+        };
+        let mut written = 0;
+        while written < w.out.len() {
+            match stream.write(&w.out[written..]) {
+                Ok(0) => return Err(std::io::Error::other("channel closed")),
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        w.out.drain(..written);
+        Ok(())
+    }
+
+    /// Queue a message for a worker. Err when the worker cannot take it.
+    pub fn send(&mut self, id: WorkerId, msg: &Message) -> Result<(), String> {
+        let Some(w) = self.workers.iter_mut().find(|w| w.id == id) else {
+            return Err("no such worker".into());
+        };
+        if w.state != WorkerState::Ready || w.stream.is_none() {
+            return Err(format!("worker {} is not ready", w.spec.name));
+        }
+        if w.out.len() > MAX_WORKER_BACKLOG {
+            return Err(format!(
+                "worker {} has {} bytes queued",
+                w.spec.name,
+                w.out.len()
+            ));
+        }
+        rpc::encode(&mut w.out, msg).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Write what `send` queued.
+    pub fn flush_all(&mut self, registry: &Registry, now: Instant, events: &mut Vec<WorkerEvent>) {
+        for w in &mut self.workers {
+            if w.out.is_empty() {
+                continue;
+            }
+            if let Err(e) = Self::flush(w) {
+                let why = format!(
+                    "worker {} (pid {}) channel error: {e}",
+                    w.spec.name,
+                    w.pid.unwrap_or(0)
+                );
+                Self::take_down(w, registry, why, now, events);
+            }
+        }
+    }
+
+    /// After SIGCHLD: reap every worker that exited.
+    pub fn reap(&mut self, registry: &Registry, now: Instant, events: &mut Vec<WorkerEvent>) {
+        for w in &mut self.workers {
+            let Some(child) = w.child.as_mut() else {
+                continue;
+            };
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    let pid = child.id();
+                    let how = match (status.code(), status.signal()) {
+                        (Some(code), _) => format!("exited with code {code}"),
+                        (None, Some(sig)) => format!("killed by signal {sig}"),
+                        _ => "ended".to_owned(),
+                    };
+                    w.child = None;
+                    events.push(WorkerEvent::Exited(w.id, pid, how.clone()));
+                    let why = format!("worker {} (pid {pid}) {how}", w.spec.name);
+                    if !w.gone && !w.retired {
+                        crate::error!("{why}");
+                    }
+                    // With no child left, this also schedules the restart.
+                    Self::take_down(w, registry, why, now, events);
+                }
+                Ok(None) => {}
+                Err(e) => crate::warn!("waiting for worker {}: {e}", w.spec.name),
+            }
+        }
+    }
+
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.workers
+            .iter()
+            .filter_map(|w| match w.state {
+                WorkerState::Starting => Some(w.started_at + START_TIMEOUT),
+                WorkerState::Down if w.child.is_none() && !w.retired => w.restart_at,
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Start workers whose restart time came; stop ones that never said ready.
+    pub fn on_timers(&mut self, registry: &Registry, now: Instant, events: &mut Vec<WorkerEvent>) {
+        for i in 0..self.workers.len() {
+            let w = &mut self.workers[i];
+            match w.state {
+                WorkerState::Starting if now >= w.started_at + START_TIMEOUT => {
+                    let why = format!(
+                        "worker {} (pid {}) sent no ready message within {} s",
+                        w.spec.name,
+                        w.pid.unwrap_or(0),
+                        START_TIMEOUT.as_secs()
+                    );
+                    crate::error!("{why}");
+                    Self::take_down(w, registry, why, now, events);
+                }
+                WorkerState::Down
+                    if w.child.is_none()
+                        && !w.retired
+                        && w.restart_at.is_some_and(|t| t <= now) =>
+                {
+                    if w.pid.is_some() {
+                        w.restarts += 1;
+                    }
+                    self.spawn(i, registry, now, events);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub fn all_ready(&self) -> bool {
+        self.workers.iter().all(|w| w.state == WorkerState::Ready)
+    }
+
+    /// Stop every worker: close channels, SIGTERM, then SIGKILL after `grace`; reap all.
+    pub fn shutdown(&mut self, registry: &Registry, grace: Duration) {
+        for w in &mut self.workers {
+            w.retired = true;
+            if let Some(mut s) = w.stream.take() {
+                let _ = registry.deregister(&mut s);
+            }
+            if let Some(child) = &w.child {
+                // SAFETY: plain kill(2) on our own child's pid.
+                unsafe {
+                    libc::kill(child.id() as i32, libc::SIGTERM);
+                }
+            }
+        }
+        let deadline = Instant::now() + grace;
+        for w in &mut self.workers {
+            if let Some(mut child) = w.child.take() {
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(_)) | Err(_) => break,
+                        Ok(None) if Instant::now() >= deadline => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            break;
+                        }
+                        Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            }
+            w.state = WorkerState::Down;
+        }
+    }
+
+    pub fn kill_now(&mut self) {
+        for w in &mut self.workers {
+            w.retired = true;
+            if let Some(mut child) = w.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! `toolwall worker ROLE`: the process that runs tool code.
+//!
+//! Order matters: drop inherited fds, confine (Landlock + seccomp) while still single-
+//! threaded, probe the confinement, say `ready` with the report, and only then start the
+//! thread pool and the RPC loop. Zero-I/O tools (echo) answer on the loop thread; blocking
+//! ones go to a bounded pool, whose answers come back through a waker.
+
+use mio::net::UnixStream;
+use mio::{Events, Interest, Poll, Token, Waker};
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::os::fd::FromRawFd;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+
+use crate::sandbox::{self, Role};
+use crate::tools;
+use crate::workers::rpc::{self, Message, Op, RpcError, RpcReader};
+use crate::workers::settings::WorkerSettings;
+
+/// The RPC socket's fd in a worker.
+pub const RPC_FD: i32 = 3;
+/// The environment variable carrying the worker's settings (JSON, no secrets).
+pub const SETTINGS_ENV: &str = "TOOLWALL_WORKER_SETTINGS";
+
+const RPC: Token = Token(0);
+const WAKE: Token = Token(1);
+
+struct Job {
+    id: u64,
+    name: String,
+    args: String,
+}
+
+/// Answers from pool threads waiting for the loop.
+type Done = Arc<Mutex<Vec<Message>>>;
+
+/// Run a worker; returns the process exit code.
+pub fn run(role: Role) -> i32 {
+    if let Err(e) = sandbox::scrub_inherited_fds() {
+        crate::error!("worker {role}: cannot close inherited fds: {e}");
+        return 3;
+    }
+    let settings = match std::env::var(SETTINGS_ENV)
+        .map_err(|e| e.to_string())
+        .and_then(|s| serde_json::from_str::<WorkerSettings>(&s).map_err(|e| e.to_string()))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            crate::error!("worker {role}: bad or missing {SETTINGS_ENV}: {e}");
+            return 2;
+        }
+    };
+    let grant = settings.grant();
+    let mut report = match sandbox::confine(role, &grant, settings.sandbox_mode) {
+        Ok(r) => r,
+        Err(e) => {
+            crate::error!("worker {role}: confinement failed: {e:?}");
+            return 3;
+        }
+    };
+    sandbox::attest(role, &grant, &mut report);
+    // SAFETY: fd 3 is the RPC socket the gateway placed there; nothing else owns it.
+    let std_stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(RPC_FD) };
+    let mut hello = Vec::new();
+    let ready = Message::Ready {
+        role: role.to_string(),
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        confinement: report.clone(),
+    };
+    if rpc::encode(&mut hello, &ready).is_err() || (&std_stream).write_all(&hello).is_err() {
+        return 4;
+    }
+    if std_stream.set_nonblocking(true).is_err() {
+        return 4;
+    }
+    match serve(role, settings, report, UnixStream::from_std(std_stream)) {
+        Ok(()) => 0,
+        Err(e) => {
+            crate::error!("worker {role}: {e}");
+            5
+        }
+    }
+}
+
+fn serve(
+    role: Role,
+    settings: WorkerSettings,
+    report: sandbox::ConfinementReport,
+    mut stream: UnixStream,
+) -> std::io::Result<()> {
+    let mut poll = Poll::new()?;
+    poll.registry()
+        .register(&mut stream, RPC, Interest::READABLE | Interest::WRITABLE)?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+    let done: Done = Arc::new(Mutex::new(Vec::new()));
+    let settings = Arc::new(settings);
+    let jobs = start_pool(&settings, &done, &waker)?;
+
+    let mut reader = RpcReader::default();
+    let mut out: Vec<u8> = Vec::new();
+    let mut cancelled: HashSet<u64> = HashSet::new();
+    let mut events = Events::with_capacity(64);
+    let mut report = report;
+    loop {
+        poll.poll(&mut events, None)?;
+        let mut eof = false;
+        for event in events.iter() {
+            if event.token() == RPC && event.is_readable() {
+                loop {
+                    let spare = reader.spare();
+                    match stream.read(spare) {
+                        Ok(0) => {
+                            reader.filled(0);
+                            eof = true;
+                            break;
+                        }
+                        Ok(n) => reader.filled(n),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            reader.filled(0);
+                            break;
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => reader.filled(0),
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        loop {
+            match reader.next_message() {
+                Ok(Some(msg)) => handle(
+                    role,
+                    &settings,
+                    msg,
+                    &jobs,
+                    &mut out,
+                    &mut cancelled,
+                    &mut report,
+                ),
+                Ok(None) => break,
+                Err(fault) => {
+                    return Err(std::io::Error::other(format!("from the gateway: {fault}")));
+                }
+            }
+        }
+        let finished = std::mem::take(&mut *done.lock().unwrap_or_else(|p| p.into_inner()));
+        for msg in finished {
+            if let Message::Response { id, .. } = &msg
+                && cancelled.remove(id)
+            {
+                continue;
+            }
+            push(&mut out, &msg);
+        }
+        flush(&mut stream, &mut out)?;
+        if eof {
+            // The gateway closed its end: nothing more will be asked.
+            return Ok(());
+        }
+    }
+}
+
+fn push(out: &mut Vec<u8>, msg: &Message) {
+    if let Err(fault) = rpc::encode(out, msg) {
+        if let Message::Response { id, .. } = msg {
+            let error = Message::Response {
+                id: *id,
+                ok: None,
+                error: Some(RpcError {
+                    kind: "too_large".into(),
+                    message: fault.to_string(),
+                }),
+                facts: None,
+            };
+            let _ = rpc::encode(out, &error);
+        }
+    }
+}
+
+fn flush(stream: &mut UnixStream, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut written = 0;
+    while written < out.len() {
+        match stream.write(&out[written..]) {
+            Ok(0) => return Err(std::io::Error::other("rpc socket closed")),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    out.drain(..written);
+    Ok(())
+}
+
+fn response_ok(id: u64, ok: String, facts: Option<String>) -> Message {
+    Message::Response {
+        id,
+        ok: Some(ok),
+        error: None,
+        facts,
+    }
+}
+
+fn response_err(id: u64, kind: &str, message: String) -> Message {
+    Message::Response {
+        id,
+        ok: None,
+        error: Some(RpcError {
+            kind: kind.to_owned(),
+            message,
+        }),
+        facts: None,
+    }
+}
+
+fn tool_list(role: Role) -> String {
+    let mut tools = Vec::new();
+    if role == Role::Builtin {
+        tools.push(tools::echo::definition());
+        tools.extend(tools::http::tool_definitions());
+    }
+    serde_json::Value::Array(tools).to_string()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn handle(
+    role: Role,
+    settings: &WorkerSettings,
+    msg: Message,
+    jobs: &SyncSender<Job>,
+    out: &mut Vec<u8>,
+    cancelled: &mut HashSet<u64>,
+    report: &mut sandbox::ConfinementReport,
+) {
+    let Message::Request {
+        id,
+        op,
+        name,
+        args,
+        target,
+    } = msg
+    else {
+        return;
+    };
+    let reply = match op {
+        Op::ListTools => response_ok(id, tool_list(role), None),
+        Op::ListResources | Op::ListPrompts => response_ok(id, "[]".into(), None),
+        Op::ReadResource | Op::GetPrompt => response_err(
+            id,
+            "not_found",
+            format!("the {role} worker serves no resources or prompts"),
+        ),
+        Op::Cancel => {
+            if let Some(t) = target {
+                cancelled.insert(t);
+            }
+            return;
+        }
+        Op::Attest => {
+            sandbox::attest(role, &settings.grant(), report);
+            response_ok(id, serde_json::to_string(report).unwrap_or_default(), None)
+        }
+        Op::CallTool => {
+            let name = name.unwrap_or_default();
+            let args = args.unwrap_or_else(|| "{}".into());
+            if name == tools::echo::NAME {
+                response_ok(id, tools::echo::call(&args), None)
+            } else {
+                match jobs.try_send(Job { id, name, args }) {
+                    Ok(()) => return,
+                    Err(TrySendError::Full(_)) => response_err(
+                        id,
+                        "busy",
+                        format!(
+                            "the {role} worker is busy: {} threads and a queue of {} are in use (builtin.threads, builtin.queue)",
+                            settings.threads, settings.queue
+                        ),
+                    ),
+                    Err(TrySendError::Disconnected(_)) => {
+                        response_err(id, "internal", "the worker's pool is gone".into())
+                    }
+                }
+            }
+        }
+    };
+    push(out, &reply);
+}
+
+fn start_pool(
+    settings: &Arc<WorkerSettings>,
+    done: &Done,
+    waker: &Arc<Waker>,
+) -> std::io::Result<SyncSender<Job>> {
+    let (tx, rx) = sync_channel::<Job>(settings.queue);
+    let rx = Arc::new(Mutex::new(rx));
+    for n in 0..settings.threads {
+        let rx: Arc<Mutex<Receiver<Job>>> = Arc::clone(&rx);
+        let done = Arc::clone(done);
+        let waker = Arc::clone(waker);
+        let settings = Arc::clone(settings);
+        std::thread::Builder::new()
+            .name(format!("tool-{n}"))
+            .spawn(move || {
+                loop {
+                    let job = {
+                        let guard = rx.lock().unwrap_or_else(|p| p.into_inner());
+                        match guard.recv() {
+                            Ok(job) => job,
+                            Err(_) => return,
+                        }
+                    };
+                    let msg = run_job(&settings, job);
+                    done.lock().unwrap_or_else(|p| p.into_inner()).push(msg);
+                    let _ = waker.wake();
+                }
+            })?;
+    }
+    Ok(tx)
+}
+
+fn run_job(settings: &WorkerSettings, job: Job) -> Message {
+    let args: serde_json::Value = match serde_json::from_str(&job.args) {
+        Ok(v) => v,
+        Err(e) => {
+            return response_err(
+                job.id,
+                "invalid_arguments",
+                format!("arguments are not JSON: {e}"),
+            );
+        }
+    };
+    let is_http = tools::http::tool_definitions()
+        .iter()
+        .any(|d| d.get("name").and_then(|n| n.as_str()) == Some(job.name.as_str()));
+    if !is_http {
+        return response_err(
+            job.id,
+            "unknown_tool",
+            format!("no tool named {}", job.name),
+        );
+    }
+    let outcome = tools::http::call_tool(&job.name, &args, &settings.http);
+    let facts = serde_json::to_string(&outcome.facts).ok();
+    response_ok(job.id, outcome.result.to_string(), facts)
+}
