@@ -1,0 +1,370 @@
+//! Test harness: the real `toolwall` binary with a temporary config, framed clients over
+//! real unix sockets, and the real ledger file read with SQLite.
+
+#![allow(dead_code)]
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use toolwall_relay::frame::{self, Decoded};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_toolwall");
+
+/// How long a test waits for anything before failing (never asserted as a speed).
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+pub struct TestGateway {
+    pub dir: tempfile::TempDir,
+    pub child: Option<Child>,
+    pub config_path: PathBuf,
+    pub sock: PathBuf,
+    pub admin: PathBuf,
+    pub ledger: PathBuf,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+}
+
+/// The config every test starts from; `extra` is appended (later tables may not repeat
+/// these ones).
+pub fn base_config(dir: &Path, extra: &str) -> String {
+    format!(
+        r#"
+[listen]
+unix = "{d}/mcp.sock"
+
+[ledger]
+path = "{d}/state/ledger.db"
+
+[admin]
+socket = "{d}/admin.sock"
+
+{extra}
+"#,
+        d = dir.display()
+    )
+}
+
+impl TestGateway {
+    pub fn start(extra: &str) -> TestGateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = base_config(dir.path(), extra);
+        Self::start_with(dir, &config)
+    }
+
+    pub fn start_with(dir: tempfile::TempDir, config: &str) -> TestGateway {
+        let config_path = dir.path().join("toolwall.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let mut gw = TestGateway {
+            sock: dir.path().join("mcp.sock"),
+            admin: dir.path().join("admin.sock"),
+            ledger: dir.path().join("state/ledger.db"),
+            config_path,
+            dir,
+            child: None,
+            stderr: Arc::new(Mutex::new(Vec::new())),
+        };
+        gw.spawn();
+        gw
+    }
+
+    pub fn spawn(&mut self) {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .arg("--config")
+            .arg(&self.config_path)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn toolwall serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let lines = Arc::clone(&self.stderr);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if std::env::var_os("TOOLWALL_TEST_ECHO").is_some() {
+                    eprintln!("[gw] {line}");
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        self.child = Some(child);
+        self.wait_for_log("info: ready");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Wait until a stderr line contains `needle`; panics with the log on timeout.
+    pub fn wait_for_log(&self, needle: &str) {
+        let deadline = Instant::now() + PATIENCE;
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("gateway never logged {needle:?}; log:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    pub fn connect(&self) -> FramedClient {
+        FramedClient::connect(&self.sock)
+    }
+
+    pub fn admin(&self, request: Value) -> Value {
+        let mut s = UnixStream::connect(&self.admin).expect("admin connect");
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        s.write_all(format!("{request}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).expect("admin answer is JSON")
+    }
+
+    /// Run the CLI against this gateway's config.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN)
+            .args(args)
+            .arg("--config")
+            .arg(&self.config_path)
+            .current_dir(self.dir.path())
+            .output()
+            .expect("run toolwall")
+    }
+
+    pub fn ledger(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open_with_flags(&self.ledger, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open ledger")
+    }
+
+    /// tool_calls rows as JSON objects, oldest first.
+    pub fn tool_calls(&self) -> Vec<Value> {
+        query_json(&self.ledger(), "SELECT * FROM tool_calls ORDER BY id")
+    }
+
+    pub fn events(&self, kind: &str) -> Vec<Value> {
+        let conn = self.ledger();
+        let mut stmt = conn
+            .prepare("SELECT * FROM events WHERE kind = ?1 ORDER BY id")
+            .unwrap();
+        rows_json(&mut stmt, [kind])
+    }
+
+    /// Wait until `check` holds for the tool_calls rows.
+    pub fn wait_rows(&self, what: &str, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let rows = self.tool_calls();
+            if check(&rows) {
+                return rows;
+            }
+            if Instant::now() > deadline {
+                panic!("ledger never showed {what}; rows: {rows:#?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn worker_pid(&self) -> u32 {
+        let status = self.admin(json!({"op": "status"}));
+        status["workers"][0]["pid"].as_u64().expect("worker pid") as u32
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        wait_timeout(&mut child, PATIENCE).expect("gateway exits after SIGTERM")
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn query_json(conn: &rusqlite::Connection, sql: &str) -> Vec<Value> {
+    let mut stmt = conn.prepare(sql).unwrap();
+    rows_json(&mut stmt, [])
+}
+
+fn rows_json<P: rusqlite::Params>(stmt: &mut rusqlite::Statement, params: P) -> Vec<Value> {
+    let names: Vec<String> = stmt.column_names().iter().map(|s| s.to_string()).collect();
+    let mut rows = stmt.query(params).unwrap();
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().unwrap() {
+        let mut obj = serde_json::Map::new();
+        for (i, name) in names.iter().enumerate() {
+            let v = match row.get_ref(i).unwrap() {
+                rusqlite::types::ValueRef::Null => Value::Null,
+                rusqlite::types::ValueRef::Integer(n) => json!(n),
+                rusqlite::types::ValueRef::Real(f) => json!(f),
+                rusqlite::types::ValueRef::Text(t) => json!(String::from_utf8_lossy(t)),
+                rusqlite::types::ValueRef::Blob(b) => json!(String::from_utf8_lossy(b)),
+            };
+            obj.insert(name.clone(), v);
+        }
+        out.push(Value::Object(obj));
+    }
+    out
+}
+
+/// A framed client, as the relay is, over a real unix socket.
+pub struct FramedClient {
+    pub stream: UnixStream,
+    pub next_sid: u32,
+    buf: Vec<u8>,
+    pub name: String,
+}
+
+#[derive(Debug)]
+pub struct Reply {
+    pub stream: u32,
+    pub flags: u16,
+    pub body: Value,
+}
+
+impl FramedClient {
+    pub fn connect(path: &Path) -> FramedClient {
+        let stream = UnixStream::connect(path).expect("connect framed socket");
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        FramedClient { stream, next_sid: 1, buf: Vec::new(), name: "test-agent".into() }
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("write");
+    }
+
+    pub fn send_frame(&mut self, sid: u32, flags: u16, payload: &[u8]) {
+        let mut out = Vec::new();
+        frame::encode(&mut out, sid, flags, &self.name, payload).expect("encode");
+        self.send_raw(&out);
+    }
+
+    /// Send a request; returns its stream id.
+    pub fn request(&mut self, id: Value, method: &str, params: Option<Value>) -> u32 {
+        let mut msg = json!({"jsonrpc": "2.0", "id": id, "method": method});
+        if let Some(p) = params {
+            msg["params"] = p;
+        }
+        let sid = self.next_sid;
+        self.next_sid += 1;
+        self.send_frame(sid, 0, msg.to_string().as_bytes());
+        sid
+    }
+
+    pub fn notify(&mut self, method: &str, params: Option<Value>) {
+        let mut msg = json!({"jsonrpc": "2.0", "method": method});
+        if let Some(p) = params {
+            msg["params"] = p;
+        }
+        self.send_frame(0, frame::FLAG_NOTIFICATION, msg.to_string().as_bytes());
+    }
+
+    /// Request and wait for its answer (other frames in between are skipped).
+    pub fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = json!(self.next_sid as u64 * 10);
+        let sid = self.request(id.clone(), method, Some(params));
+        loop {
+            let reply = self.recv().unwrap_or_else(|| panic!("no answer to {method}"));
+            if reply.stream == sid {
+                assert_eq!(reply.body["id"], id, "answer carries the request id");
+                return reply.body;
+            }
+        }
+    }
+
+    pub fn tool(&mut self, name: &str, arguments: Value) -> Value {
+        self.call("tools/call", json!({"name": name, "arguments": arguments}))
+    }
+
+    /// The next frame, or None when the connection closed (or the wait ran out).
+    pub fn recv(&mut self) -> Option<Reply> {
+        loop {
+            match frame::decode_frame(&self.buf) {
+                Ok(Decoded::Frame { header, payload, consumed, .. }) => {
+                    let body = serde_json::from_slice(payload).expect("gateway sends JSON");
+                    let reply = Reply { stream: header.stream_id, flags: header.flags, body };
+                    self.buf.drain(..consumed);
+                    return Some(reply);
+                }
+                Ok(Decoded::NeedMore) => {}
+                other => panic!("gateway sent a bad frame: {other:?}"),
+            }
+            let mut chunk = [0u8; 65536];
+            match self.stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// True when the gateway closed the connection (EOF or reset) within the wait.
+    pub fn closed_by_peer(&mut self) -> bool {
+        let mut chunk = [0u8; 65536];
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// Run `toolwall stdio` with the given config, feed it `lines`, return stdout lines.
+pub fn stdio_session(config_path: &Path, cwd: &Path, lines: &[String]) -> (Vec<Value>, std::process::ExitStatus, String) {
+    let mut child = Command::new(BIN)
+        .arg("stdio")
+        .arg("--config")
+        .arg(config_path)
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn toolwall stdio");
+    {
+        let mut stdin = child.stdin.take().unwrap();
+        for l in lines {
+            stdin.write_all(l.as_bytes()).unwrap();
+            stdin.write_all(b"\n").unwrap();
+        }
+    }
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let status = wait_timeout(&mut child, PATIENCE).expect("stdio exits at EOF");
+    let values = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}")))
+        .collect();
+    (values, status, err)
+}
