@@ -227,10 +227,16 @@ mod tests {
 
     #[test]
     fn id_first_or_last() {
-        assert_eq!(probe(r#"{"jsonrpc":"2.0","id":12,"method":"x","params":{"#), Some("12".into()));
+        assert_eq!(
+            probe(r#"{"jsonrpc":"2.0","id":12,"method":"x","params":{"#),
+            Some("12".into())
+        );
         let tail = r#"{"method":"tools/call","params":{"id":5,"s":"}\"{[","a":[{"id":6}]},"jsonrpc":"2.0","id":"req-9"}"#;
         assert_eq!(probe(tail), Some("\"req-9\"".into()));
-        assert_eq!(probe(r#"{ "id" : -3.5e2 , "method":"m"}"#), Some("-350.0".into()));
+        assert_eq!(
+            probe(r#"{ "id" : -3.5e2 , "method":"m"}"#),
+            Some("-350.0".into())
+        );
         assert_eq!(probe(r#"{"method":"m","id":null}"#), Some("null".into()));
         assert_eq!(probe(r#"{"method":"m","id":7}"#), Some("7".into()));
     }

@@ -41,12 +41,13 @@ pub fn classify(line: &[u8]) -> Inbound {
     };
     match (map.get("method"), map.get("id")) {
         (Some(Value::String(_)), None) => Inbound::Notification,
-        (Some(Value::String(method)), Some(id @ (Value::String(_) | Value::Number(_) | Value::Null))) => {
-            Inbound::Request {
-                id: id.to_string(),
-                method: method.clone(),
-            }
-        }
+        (
+            Some(Value::String(method)),
+            Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)),
+        ) => Inbound::Request {
+            id: id.to_string(),
+            method: method.clone(),
+        },
         (Some(Value::String(_)), Some(_)) => {
             refuse(INVALID_REQUEST, "id must be a string, a number or null")
         }

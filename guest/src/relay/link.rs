@@ -99,7 +99,12 @@ impl Link {
         }
     }
 
-    fn encode(&mut self, stream_id: u32, flags: u16, payload: &[u8]) -> Result<(), frame::EncodeError> {
+    fn encode(
+        &mut self,
+        stream_id: u32,
+        flags: u16,
+        payload: &[u8],
+    ) -> Result<(), frame::EncodeError> {
         self.frame.clear();
         if self.frame.capacity() > KEPT_CAPACITY {
             self.frame.shrink_to(KEPT_CAPACITY);
@@ -138,7 +143,10 @@ impl Link {
         }
         match self.connect() {
             Ok(conn) => {
-                diag::info(format_args!("connected to {} as {:?}", self.target, self.name));
+                diag::info(format_args!(
+                    "connected to {} as {:?}",
+                    self.target, self.name
+                ));
                 self.backoff.delay = RECONNECT_BACKOFF_MIN;
                 self.backoff.retry_at = None;
                 self.current = Some(conn);

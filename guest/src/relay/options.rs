@@ -7,10 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Where the gateway listens when `--connect` is not given: the host (CID 2), port 5002.
-pub const DEFAULT_TARGET: Target = Target::Vsock {
-    cid: 2,
-    port: 5002,
-};
+pub const DEFAULT_TARGET: Target = Target::Vsock { cid: 2, port: 5002 };
 /// How long stdin EOF waits for pending replies (`--drain-timeout SECS`).
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest `--drain-timeout`: a day, so a deadline never overflows.
@@ -153,12 +150,7 @@ fn parse_number(flag: &str, value: &OsStr, max: u64) -> Result<u64, UsageError> 
 /// `vsock:CID:PORT` or `unix:PATH`.
 pub fn parse_target(value: &OsStr) -> Result<Target, UsageError> {
     let bytes = value.as_bytes();
-    let bad = |why: &str| {
-        UsageError(format!(
-            "--connect {:?}: {why}",
-            value.to_string_lossy()
-        ))
-    };
+    let bad = |why: &str| UsageError(format!("--connect {:?}: {why}", value.to_string_lossy()));
     if let Some(path) = bytes.strip_prefix(b"unix:") {
         if path.is_empty() {
             return Err(bad("empty socket path"));
@@ -204,12 +196,21 @@ mod tests {
             max_pending: 9,
         };
         let spaced = [
-            "--connect", "unix:/run/tw.sock", "--name", "a b", "--drain-timeout", "5",
-            "--max-pending", "9",
+            "--connect",
+            "unix:/run/tw.sock",
+            "--name",
+            "a b",
+            "--drain-timeout",
+            "5",
+            "--max-pending",
+            "9",
         ];
         assert_eq!(run(&spaced), Ok(Command::Run(expected.clone())));
         let joined = [
-            "--connect=unix:/run/tw.sock", "--name=a b", "--drain-timeout=5", "--max-pending=9",
+            "--connect=unix:/run/tw.sock",
+            "--name=a b",
+            "--drain-timeout=5",
+            "--max-pending=9",
         ];
         assert_eq!(run(&joined), Ok(Command::Run(expected)));
     }

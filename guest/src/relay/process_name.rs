@@ -64,7 +64,10 @@ mod tests {
 
     #[test]
     fn controls_and_spaces_become_underscores() {
-        assert_eq!(sanitise("claude code\t\n\u{7f}x\u{a0}y"), "claude_code___x_y");
+        assert_eq!(
+            sanitise("claude code\t\n\u{7f}x\u{a0}y"),
+            "claude_code___x_y"
+        );
     }
 
     #[test]

@@ -62,7 +62,12 @@ impl Session {
 
     /// Record a request about to be sent, waiting while `max_pending` are in flight.
     /// Gives it back when the connection is no longer open.
-    pub fn register(&self, generation: u64, stream_id: u32, request: Pending) -> Result<(), Pending> {
+    pub fn register(
+        &self,
+        generation: u64,
+        stream_id: u32,
+        request: Pending,
+    ) -> Result<(), Pending> {
         let mut st = self.lock();
         loop {
             if !(st.connected && st.generation == generation) {
@@ -72,7 +77,10 @@ impl Session {
                 st.pending.insert(stream_id, request);
                 return Ok(());
             }
-            st = self.changed.wait(st).unwrap_or_else(PoisonError::into_inner);
+            st = self
+                .changed
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
 

@@ -6,10 +6,10 @@ use std::thread;
 
 use toolwall_relay::frame::{Decoded, Decoder, MAX_TOTAL, PREFIX_LEN};
 
+use super::diag;
 use super::jsonrpc_error::INTERNAL_ERROR;
 use super::session::Session;
 use super::transport::Stream;
-use super::diag;
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -18,7 +18,12 @@ const KEPT_CAPACITY: usize = 64 * 1024;
 /// The reader only moves bytes; it needs little stack.
 const STACK_SIZE: usize = 128 * 1024;
 
-pub fn spawn(session: Arc<Session>, generation: u64, stream: Stream, target: String) -> io::Result<()> {
+pub fn spawn(
+    session: Arc<Session>,
+    generation: u64,
+    stream: Stream,
+    target: String,
+) -> io::Result<()> {
     thread::Builder::new()
         .name("socket-reader".into())
         .stack_size(STACK_SIZE)
