@@ -3,7 +3,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use toolwall_relay::frame::{Decoded, Decoder, HEADER_LEN, MAX_META_LINE, MAX_NAME, MAX_TOTAL, PREFIX_LEN};
+use toolwall_relay::frame::{
+    Decoded, Decoder, HEADER_LEN, MAX_META_LINE, MAX_NAME, MAX_TOTAL, PREFIX_LEN,
+};
 
 fuzz_target!(|bytes: &[u8]| {
     let mut decoder = Decoder::new();
@@ -22,7 +24,10 @@ fuzz_target!(|bytes: &[u8]| {
                 payload,
                 consumed,
             }) => {
-                assert_eq!(consumed, PREFIX_LEN + HEADER_LEN + name.len() + payload.len());
+                assert_eq!(
+                    consumed,
+                    PREFIX_LEN + HEADER_LEN + name.len() + payload.len()
+                );
                 assert!(consumed <= PREFIX_LEN + MAX_TOTAL);
                 assert!(name.len() <= MAX_NAME);
                 assert_eq!(header.payload_len as usize, payload.len());

@@ -2,7 +2,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
@@ -42,19 +42,7 @@ impl Gateway {
     }
 
     fn try_accept(&self) -> Option<Conn> {
-        match self.listener.accept() {
-            Ok((stream, _)) => {
-                stream.set_nonblocking(false).unwrap();
-                stream.set_read_timeout(Some(WAIT)).unwrap();
-                Some(Conn {
-                    stream,
-                    buf: Vec::new(),
-                    decoder: Decoder::new(),
-                })
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => None,
-            Err(e) => panic!("accept: {e}"),
-        }
+        try_accept_from(&self.listener)
     }
 
     fn accept(&self) -> Conn {
@@ -523,50 +511,44 @@ fn connect_failure_is_answered_and_retried() {
     assert!(message.contains(&target), "{message}");
     assert!(message.contains("os error 2"), "{message}");
 
-    // Once the gateway is up, a later request gets through (after the backoff).
+    // Once the gateway is up, a later request gets through (after the backoff): each
+    // request is either answered with an error or arrives on a new connection.
     let listener = UnixListener::bind(&path).unwrap();
     listener.set_nonblocking(true).unwrap();
     let deadline = Instant::now() + 3 * WAIT;
-    for id in 2.. {
-        assert!(Instant::now() < deadline, "never reconnected");
+    'requests: for id in 2.. {
         relay.request(json!(id), "ping");
-        if let Some(line) = relay.try_line(Duration::from_millis(200)) {
-            assert_error(&line, json!(id), -32001);
-            continue;
+        loop {
+            assert!(Instant::now() < deadline, "never reconnected");
+            if let Some(line) = relay.try_line(POLL) {
+                assert_error(&line, json!(id), -32001);
+                continue 'requests;
+            }
+            if let Some(mut conn) = try_accept_from(&listener) {
+                conn.meta();
+                let f = conn.frame();
+                assert_eq!((f.stream_id, f.json()["id"].clone()), (1, json!(id)));
+                break 'requests;
+            }
         }
-        let mut conn = accept_from(&listener, &path);
-        conn.meta();
-        let f = conn.frame();
-        assert_eq!((f.stream_id, f.json()["id"].clone()), (1, json!(id)));
-        break;
     }
     relay.close_stdin();
     assert_eq!(relay.wait_exit().code(), Some(0));
 }
 
-fn accept_from(listener: &UnixListener, path: &Path) -> Conn {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                stream.set_nonblocking(false).unwrap();
-                stream.set_read_timeout(Some(WAIT)).unwrap();
-                return Conn {
-                    stream,
-                    buf: Vec::new(),
-                    decoder: Decoder::new(),
-                };
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                assert!(
-                    Instant::now() < deadline,
-                    "no connection on {}",
-                    path.display()
-                );
-                thread::sleep(POLL);
-            }
-            Err(e) => panic!("accept: {e}"),
+fn try_accept_from(listener: &UnixListener) -> Option<Conn> {
+    match listener.accept() {
+        Ok((stream, _)) => {
+            stream.set_nonblocking(false).unwrap();
+            stream.set_read_timeout(Some(WAIT)).unwrap();
+            Some(Conn {
+                stream,
+                buf: Vec::new(),
+                decoder: Decoder::new(),
+            })
         }
+        Err(e) if e.kind() == ErrorKind::WouldBlock => None,
+        Err(e) => panic!("accept: {e}"),
     }
 }
 
@@ -626,4 +608,52 @@ fn command_line() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn many_in_flight_with_a_small_pending_limit() {
+    const REQUESTS: u64 = 300;
+    const BATCH: usize = 4;
+    let gateway = Gateway::new();
+    let (mut relay, mut conn) = Relay::connected(&gateway, &["--max-pending", "4"]);
+    conn.meta();
+    // The relay stops reading stdin at the limit, so stdin is fed from its own thread.
+    let mut stdin = relay.stdin.take().unwrap();
+    let writer = thread::spawn(move || {
+        for id in 0..REQUESTS {
+            let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call"});
+            stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+        }
+    });
+    let mut next_stream_id = 1;
+    let mut answered = 0;
+    while answered < REQUESTS as usize {
+        let batch: Vec<Frame> = (0..BATCH.min(REQUESTS as usize - answered))
+            .map(|_| conn.frame())
+            .collect();
+        for f in &batch {
+            assert_eq!(f.stream_id, next_stream_id);
+            next_stream_id += 1;
+        }
+        // At the limit nothing more may be sent before a reply (a check that can only
+        // fail when the relay overruns its limit).
+        assert!(conn.buf.is_empty(), "a request past --max-pending was sent");
+        conn.stream.set_nonblocking(true).unwrap();
+        let mut probe = [0u8; 1];
+        match conn.stream.read(&mut probe) {
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            other => panic!("a request past --max-pending was sent: {other:?}"),
+        }
+        conn.stream.set_nonblocking(false).unwrap();
+        for f in batch.iter().rev() {
+            conn.reply(f, json!({}));
+        }
+        answered += batch.len();
+    }
+    writer.join().unwrap();
+    let mut ids: Vec<u64> = (0..REQUESTS)
+        .map(|_| relay.line()["id"].as_u64().unwrap())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..REQUESTS).collect::<Vec<_>>());
 }
