@@ -15,7 +15,8 @@ use super::{
 /// worker), sets no_new_privs, then installs the role's seccomp filters.
 ///
 /// `enforce`: any gap is an error and the worker must exit. `warn`: what cannot be applied
-/// is recorded in the report's notes and fields, and the rest still applies.
+/// is recorded in the report's notes and fields, and the rest still applies. Threads
+/// already running are an error in both modes.
 /// Call [`super::attest`] afterwards for the probes.
 pub fn confine(
     role: Role,
@@ -28,13 +29,11 @@ pub fn confine(
     profile::landlock_profile(role).map_err(SandboxError::Profile)?;
 
     let mut notes = Vec::new();
-    let threads = running_threads();
-    match threads {
+    // Other threads would stay unconfined whatever the kernel offers: a bug in the worker,
+    // not a kernel gap, so warn mode refuses it too.
+    match running_threads() {
         Ok(1) => {}
-        Ok(n) if enforce => return Err(SandboxError::ThreadsRunning(n)),
-        Ok(n) => notes.push(format!(
-            "{n} threads were running: the other threads are not confined"
-        )),
+        Ok(n) => return Err(SandboxError::ThreadsRunning(n)),
         Err(e) if enforce => return Err(SandboxError::ThreadCount(e)),
         Err(e) => notes.push(format!("thread count unknown: {e}")),
     }

@@ -31,6 +31,7 @@ extern "C" fn run_child_routine() {
         "confined_worker" => confined_worker(),
         "pre_exec_state" => pre_exec_state(),
         "threads_before_confine" => threads_before_confine(),
+        "landlock_only" => landlock_only(),
         "orphan_spawner" => orphan_spawner(),
         "sleeper" => sleeper(),
         other => {
@@ -284,6 +285,58 @@ fn pre_exec_state() -> i32 {
         "scrub": scrub,
     });
     let mut rpc_stream = rpc();
+    send(&mut rpc_stream, &message);
+    wait_for_parent(&mut rpc_stream);
+    0
+}
+
+/// Landlock alone, without seccomp: each refusal the full confinement gets from seccomp
+/// first must also come from Landlock (EACCES), so neither layer rests on the other.
+fn landlock_only() -> i32 {
+    let mut rpc_stream = rpc();
+    let outcome = (|| -> Result<Value, String> {
+        let grant: RoleGrant =
+            serde_json::from_str(&env_param("GRANT")?).map_err(|e| e.to_string())?;
+        let denied_port: u16 = env_param("DENIED_PORT")?
+            .parse()
+            .map_err(|e| format!("{e}"))?;
+        scrub_inherited_fds().map_err(|e| format!("scrub: {e}"))?;
+        let mut notes = Vec::new();
+        let state = super::super::landlock_rules::restrict(Role::Builtin, &grant, &mut notes)?;
+        let probe_dir = grant.forbidden_probe_dir.clone();
+        let errno = |r: std::io::Result<()>| match r {
+            Ok(()) => json!("allowed"),
+            Err(e) => errno_of(&e),
+        };
+        let created = |path: std::path::PathBuf| {
+            errno(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                    .map(drop),
+            )
+        };
+        let read = |path: &str| errno(std::fs::read(path).map(drop));
+        Ok(json!({
+            "state": state.as_str(),
+            "notes": notes,
+            "create_in_tmp": created("/tmp/toolwall-landlock-only".into()),
+            "create_in_probe_dir": created(probe_dir.join("x")),
+            "mkdir_in_tmp": errno(std::fs::create_dir("/tmp/toolwall-landlock-only-dir")),
+            "remove_in_probe_dir": errno(std::fs::remove_file(probe_dir.join("ledger.sqlite"))),
+            "read_probe_dir": errno(std::fs::read_dir(&probe_dir).map(drop)),
+            "read_granted_hosts": read("/etc/hosts"),
+            "read_ungranted_passwd": read("/etc/passwd"),
+            "connect_ungranted": errno(TcpStream::connect(("127.0.0.1", denied_port)).map(drop)),
+            "bind": errno(std::net::TcpListener::bind(("127.0.0.1", 0)).map(drop)),
+            "probes": attest(&grant),
+        }))
+    })();
+    let message = match outcome {
+        Ok(v) => v,
+        Err(e) => json!({ "error": e }),
+    };
     send(&mut rpc_stream, &message);
     wait_for_parent(&mut rpc_stream);
     0

@@ -217,6 +217,10 @@ fn lookup_with_addrconfig(host: &str) -> Result<usize, i32> {
 /// Runs one confined worker of `role` and checks it from inside (report, workload) and
 /// outside (/proc).
 fn run_confined_worker(role: Role) {
+    run_confined_worker_in(role, SandboxMode::Enforce);
+}
+
+fn run_confined_worker_in(role: Role, mode: SandboxMode) {
     let http_port = http_server();
     let (tls_port, tls_first_bytes) = tls_first_byte_server();
     // Listening, but not granted: a refusal can only come from the sandbox.
@@ -230,7 +234,7 @@ fn run_confined_worker(role: Role) {
         "confined_worker",
         &[
             ("ROLE", role.to_string()),
-            ("MODE", "enforce".to_string()),
+            ("MODE", mode.to_string()),
             ("GRANT", serde_json::to_string(&grant).expect("grant json")),
             ("HTTP_PORT", http_port.to_string()),
             ("TLS_PORT", tls_port.to_string()),
@@ -260,6 +264,8 @@ fn run_confined_worker(role: Role) {
         );
     }
     assert_eq!(report.role, role.to_string());
+    assert_eq!(report.mode, mode.to_string());
+    assert!(report.notes.is_empty(), "{:?}", report.notes);
     assert!(
         report.landlock_abi >= 6,
         "landlock ABI {}",
@@ -268,6 +274,7 @@ fn run_confined_worker(role: Role) {
     assert_eq!(report.landlock, "fully_enforced");
     assert!(report.seccomp && report.no_new_privs && report.capabilities_cleared);
     assert_eq!(report.verdict(SandboxMode::Enforce), Ok(Vec::new()));
+    assert_eq!(report.verdict(SandboxMode::Warn), Ok(Vec::new()));
     let detail = |name: &str| {
         report
             .probes
@@ -353,6 +360,85 @@ fn builtin_worker_is_confined_attested_and_still_works() {
 #[test]
 fn aggregator_worker_is_confined_attested_and_still_works() {
     run_confined_worker(Role::Aggregator);
+}
+
+#[test]
+fn warn_mode_still_confines_fully_where_the_kernel_can() {
+    run_confined_worker_in(Role::Builtin, SandboxMode::Warn);
+}
+
+#[test]
+fn landlock_alone_refuses_writes_reads_exec_connect_bind_and_signals() {
+    let ungranted = TcpListener::bind("127.0.0.1:0").expect("bind ungranted");
+    let ungranted_port = ungranted.local_addr().expect("addr").port();
+    let probe_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(probe_dir.path().join("ledger.sqlite"), b"secret").expect("ledger file");
+    let mut grant = grant_for(Role::Builtin, &[], probe_dir.path());
+    grant.read_paths.push("/nonexistent/toolwall".into());
+    let mut child = ChildProcess::spawn(
+        "landlock_only",
+        &[
+            ("GRANT", serde_json::to_string(&grant).expect("grant json")),
+            ("DENIED_PORT", ungranted_port.to_string()),
+        ],
+        &SandboxConfig::default(),
+    );
+    let out = child.message();
+    assert!(out.get("error").is_none(), "{out}");
+    assert_eq!(out["state"], "fully_enforced");
+    assert_eq!(
+        out["notes"],
+        serde_json::json!(["read path /nonexistent/toolwall is missing; not granted"])
+    );
+    let eacces = serde_json::json!(libc::EACCES);
+    for key in [
+        "create_in_tmp",
+        "create_in_probe_dir",
+        "mkdir_in_tmp",
+        "remove_in_probe_dir",
+        "read_probe_dir",
+        "read_ungranted_passwd",
+        "connect_ungranted",
+        "bind",
+    ] {
+        assert_eq!(out[key], eacces, "{key}: {out}");
+    }
+    assert_eq!(out["read_granted_hosts"], "allowed", "{out}");
+    let probes: Vec<super::Probe> = serde_json::from_value(out["probes"].clone()).expect("probes");
+    let by_name = |name: &str| probes.iter().find(|p| p.name == name).cloned().expect(name);
+    // Landlock denies exec before the kernel reads the argument vector.
+    assert!(by_name("exec").denied && by_name("exec").detail.contains("EACCES"));
+    assert!(
+        by_name("signal_parent").denied,
+        "{:?}",
+        by_name("signal_parent")
+    );
+    // Without seccomp a process can be created: the fork probe reports it and reaps it.
+    let fork = by_name("fork");
+    assert!(!fork.denied && fork.detail.contains("reaped"), "{fork:?}");
+    let clone3 = by_name("clone3");
+    assert!(
+        !clone3.denied && clone3.detail.contains("EINVAL"),
+        "{clone3:?}"
+    );
+    // Nothing left behind: no child, nothing created, nothing removed.
+    let seen = observe_process(child.pid()).expect("observe");
+    assert_eq!(seen.open_fds, vec![0, 1, 2, 3]);
+    assert_eq!(seen.no_new_privs, Some(true));
+    assert_eq!(seen.seccomp_mode, Some(0));
+    let children = std::fs::read_to_string(format!(
+        "/proc/{pid}/task/{pid}/children",
+        pid = child.pid()
+    ))
+    .unwrap_or_default();
+    assert_eq!(children.trim(), "", "children left behind");
+    let names: Vec<String> = std::fs::read_dir(probe_dir.path())
+        .expect("read probe dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    assert_eq!(names, vec!["ledger.sqlite".to_string()]);
+    assert!(!std::path::Path::new("/tmp/toolwall-landlock-only").exists());
+    child.finish();
 }
 
 #[test]
