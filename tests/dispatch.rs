@@ -9,35 +9,85 @@ use serde_json::{Value, json};
 /// (request, what the answer must show). `None` params means none sent.
 fn matrix() -> Vec<(&'static str, Option<Value>, fn(&Value))> {
     vec![
-        ("initialize", Some(json!({"protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})), |r| {
-            assert_eq!(r["result"]["protocolVersion"], "2025-03-26");
-            assert_eq!(r["result"]["serverInfo"]["name"], "toolwall");
-            assert_eq!(r["result"]["serverInfo"]["version"], env!("CARGO_PKG_VERSION"));
-            assert!(r["result"]["capabilities"]["tools"].is_object());
-            assert!(r["result"]["capabilities"].get("logging").is_none(), "only capabilities it has");
-        }),
-        ("initialize", Some(json!({"protocolVersion": "2031-01-01", "capabilities": {}})), |r| {
-            assert_eq!(r["result"]["protocolVersion"], "2025-11-25", "unknown version: the newest");
-        }),
+        (
+            "initialize",
+            Some(
+                json!({"protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+            ),
+            |r| {
+                assert_eq!(r["result"]["protocolVersion"], "2025-03-26");
+                assert_eq!(r["result"]["serverInfo"]["name"], "toolwall");
+                assert_eq!(
+                    r["result"]["serverInfo"]["version"],
+                    env!("CARGO_PKG_VERSION")
+                );
+                assert!(r["result"]["capabilities"]["tools"].is_object());
+                assert!(
+                    r["result"]["capabilities"].get("logging").is_none(),
+                    "only capabilities it has"
+                );
+            },
+        ),
+        (
+            "initialize",
+            Some(json!({"protocolVersion": "2031-01-01", "capabilities": {}})),
+            |r| {
+                assert_eq!(
+                    r["result"]["protocolVersion"], "2025-11-25",
+                    "unknown version: the newest"
+                );
+            },
+        ),
         ("ping", None, |r| assert_eq!(r["result"], json!({}))),
         ("tools/list", None, |r| {
             let tools = r["result"]["tools"].as_array().unwrap();
             assert!(tools.iter().any(|t| t["name"] == "local__echo"), "{r}");
-            assert!(tools.iter().all(|t| t["name"].as_str().unwrap().contains("__")));
+            assert!(
+                tools
+                    .iter()
+                    .all(|t| t["name"].as_str().unwrap().contains("__"))
+            );
         }),
-        ("tools/call", Some(json!({"name": "local__echo", "arguments": {"text": "héllo"}})), |r| {
-            assert_eq!(r["result"]["content"][0], json!({"type": "text", "text": "héllo"}));
+        (
+            "tools/call",
+            Some(json!({"name": "local__echo", "arguments": {"text": "héllo"}})),
+            |r| {
+                assert_eq!(
+                    r["result"]["content"][0],
+                    json!({"type": "text", "text": "héllo"})
+                );
+            },
+        ),
+        (
+            "tools/call",
+            Some(json!({"name": "local__missing", "arguments": {}})),
+            |r| {
+                assert_eq!(r["error"]["code"], -32602);
+            },
+        ),
+        ("tools/call", Some(json!({"arguments": {}})), |r| {
+            assert_eq!(r["error"]["code"], -32602)
         }),
-        ("tools/call", Some(json!({"name": "local__missing", "arguments": {}})), |r| {
-            assert_eq!(r["error"]["code"], -32602);
+        ("resources/list", None, |r| {
+            assert_eq!(r["result"], json!({"resources": []}))
         }),
-        ("tools/call", Some(json!({"arguments": {}})), |r| assert_eq!(r["error"]["code"], -32602)),
-        ("resources/list", None, |r| assert_eq!(r["result"], json!({"resources": []}))),
-        ("resources/read", Some(json!({"uri": "file:///nothing"})), |r| assert_eq!(r["error"]["code"], -32002)),
-        ("prompts/list", None, |r| assert_eq!(r["result"], json!({"prompts": []}))),
-        ("prompts/get", Some(json!({"name": "local__none"})), |r| assert_eq!(r["error"]["code"], -32602)),
-        ("sampling/createMessage", None, |r| assert_eq!(r["error"]["code"], -32601)),
-        ("tools/list", Some(json!({"cursor": 7})), |r| assert_eq!(r["error"]["code"], -32602)),
+        (
+            "resources/read",
+            Some(json!({"uri": "file:///nothing"})),
+            |r| assert_eq!(r["error"]["code"], -32002),
+        ),
+        ("prompts/list", None, |r| {
+            assert_eq!(r["result"], json!({"prompts": []}))
+        }),
+        ("prompts/get", Some(json!({"name": "local__none"})), |r| {
+            assert_eq!(r["error"]["code"], -32602)
+        }),
+        ("sampling/createMessage", None, |r| {
+            assert_eq!(r["error"]["code"], -32601)
+        }),
+        ("tools/list", Some(json!({"cursor": 7})), |r| {
+            assert_eq!(r["error"]["code"], -32602)
+        }),
     ]
 }
 
@@ -51,7 +101,10 @@ fn every_method_over_framed_unix() {
         check(&r);
     }
     // A cancel for something already answered is recorded and ignored.
-    c.notify("notifications/cancelled", Some(json!({"requestId": 1, "reason": "test"})));
+    c.notify(
+        "notifications/cancelled",
+        Some(json!({"requestId": 1, "reason": "test"})),
+    );
     let r = c.call("ping", json!({}));
     assert_eq!(r["result"], json!({}));
     let rows = gw.wait_rows("3 tools/call rows", |r| r.len() == 3);
@@ -59,9 +112,21 @@ fn every_method_over_framed_unix() {
     assert_eq!(rows[0]["server_name"], "local");
     assert_eq!(rows[0]["transport"], "unix");
     assert_eq!(rows[1]["decision"], "error", "unknown tool");
-    assert!(rows[1]["error_message"].as_str().unwrap().contains("unknown tool"));
+    assert!(
+        rows[1]["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown tool")
+    );
     // Events: connect, initialize, list calls, cancelled.
-    for kind in ["connect", "initialize", "list", "cancelled", "worker_start", "worker_ready"] {
+    for kind in [
+        "connect",
+        "initialize",
+        "list",
+        "cancelled",
+        "worker_start",
+        "worker_ready",
+    ] {
         assert!(!gw.events(kind).is_empty(), "an events row of kind {kind}");
     }
 }
@@ -72,7 +137,8 @@ fn every_method_over_stdio_and_eof_exits_zero() {
     let config = base_config(dir.path(), "");
     let config_path = dir.path().join("toolwall.toml");
     std::fs::write(&config_path, config).unwrap();
-    let mut lines = vec![json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string()];
+    let mut lines =
+        vec![json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string()];
     let cases = matrix();
     for (i, (method, params, _)) in cases.iter().enumerate() {
         let mut msg = json!({"jsonrpc": "2.0", "id": i, "method": method});
@@ -86,11 +152,19 @@ fn every_method_over_stdio_and_eof_exits_zero() {
     lines.push("\"just a string\"".into());
     let (out, status, err) = stdio_session(&config_path, dir.path(), &lines);
     assert!(status.success(), "exit 0 at EOF; stderr: {err}");
-    let by_id = |id: usize| out.iter().find(|v| v["id"] == json!(id)).unwrap_or_else(|| panic!("answer {id} in {out:#?}"));
+    let by_id = |id: usize| {
+        out.iter()
+            .find(|v| v["id"] == json!(id))
+            .unwrap_or_else(|| panic!("answer {id} in {out:#?}"))
+    };
     for (i, (_, _, check)) in cases.iter().enumerate() {
         check(by_id(i));
     }
-    let faults: Vec<i64> = out.iter().filter(|v| v["id"].is_null()).map(|v| v["error"]["code"].as_i64().unwrap()).collect();
+    let faults: Vec<i64> = out
+        .iter()
+        .filter(|v| v["id"].is_null())
+        .map(|v| v["error"]["code"].as_i64().unwrap())
+        .collect();
     assert_eq!(faults, vec![-32700, -32600, -32600]);
     // stdout carried protocol only: every line parsed as JSON above.
     let ledger = rusqlite::Connection::open(dir.path().join("state/ledger.db")).unwrap();
@@ -112,7 +186,13 @@ fn stdio_finishes_calls_in_flight_at_eof() {
     assert!(status.success(), "{err}");
     assert_eq!(out.len(), 200, "every call answered before exit");
     let ledger = rusqlite::Connection::open(dir.path().join("state/ledger.db")).unwrap();
-    let n: i64 = ledger.query_row("SELECT count(*) FROM tool_calls WHERE decision = 'allowed'", [], |r| r.get(0)).unwrap();
+    let n: i64 = ledger
+        .query_row(
+            "SELECT count(*) FROM tool_calls WHERE decision = 'allowed'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
     assert_eq!(n, 200);
 }
 
@@ -123,10 +203,15 @@ fn ledger_row_fields_for_a_call() {
     c.name = "claude".into();
     let r = c.tool("local__echo", json!({"text": "row check"}));
     assert_eq!(r["result"]["content"][0]["text"], "row check");
-    let rows = gw.wait_rows("the row", |r| r.len() == 1 && !r[0]["duration_us"].is_null());
+    let rows = gw.wait_rows("the row", |r| {
+        r.len() == 1 && !r[0]["duration_us"].is_null()
+    });
     let row = &rows[0];
     assert_eq!(row["transport"], "unix");
-    assert_eq!(row["principal"], format!("uid:{}", unsafe { libc::getuid() }));
+    assert_eq!(
+        row["principal"],
+        format!("uid:{}", unsafe { libc::getuid() })
+    );
     assert_eq!(row["process_name"], "claude");
     assert_eq!(row["server_name"], "local");
     assert_eq!(row["tool_name"], "echo");
@@ -134,7 +219,12 @@ fn ledger_row_fields_for_a_call() {
     assert_eq!(row["decision"], "allowed");
     assert_eq!(row["policy_reason"], "default");
     assert!(row["arguments"].as_str().unwrap().contains("row check"));
-    assert!(row["response_preview"].as_str().unwrap().contains("row check"));
+    assert!(
+        row["response_preview"]
+            .as_str()
+            .unwrap()
+            .contains("row check")
+    );
     assert!(row["bytes_received"].as_i64().unwrap() > 0);
     assert!(row["bytes_sent"].as_i64().unwrap() > 0);
     assert!(row["ts_ms"].as_i64().unwrap() > 1_700_000_000_000);

@@ -7,7 +7,16 @@ use serde_json::json;
 use toolwall_relay::frame::{self, FLAG_NOTIFICATION, HEADER_LEN, MAGIC, MAX_TOTAL, VERSION};
 
 /// A hand-built frame with any header field set.
-fn raw_frame(magic: u16, version: u8, header_len: u8, sid: u32, flags: u16, name: &[u8], payload: &[u8], total_delta: i64) -> Vec<u8> {
+fn raw_frame(
+    magic: u16,
+    version: u8,
+    header_len: u8,
+    sid: u32,
+    flags: u16,
+    name: &[u8],
+    payload: &[u8],
+    total_delta: i64,
+) -> Vec<u8> {
     let total = (HEADER_LEN + name.len() + payload.len()) as i64 + total_delta;
     let mut b = (total as u32).to_be_bytes().to_vec();
     b.extend(magic.to_be_bytes());
@@ -32,17 +41,34 @@ fn assert_alive(c: &mut FramedClient) {
 fn inner_header_faults_answer_32600_and_the_connection_lives() {
     let gw = TestGateway::start("");
     let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("bad magic", raw_frame(0x1234, VERSION, 16, 1, 0, b"n", PING, 0)),
+        (
+            "bad magic",
+            raw_frame(0x1234, VERSION, 16, 1, 0, b"n", PING, 0),
+        ),
         ("bad version", raw_frame(MAGIC, 9, 16, 2, 0, b"n", PING, 0)),
-        ("bad header length", raw_frame(MAGIC, VERSION, 12, 3, 0, b"n", PING, 0)),
-        ("bad flags", raw_frame(MAGIC, VERSION, 16, 4, 0x0100, b"n", PING, 0)),
-        ("name too long", raw_frame(MAGIC, VERSION, 16, 5, 0, &[b'x'; 129], PING, 0)),
-        ("name not UTF-8", raw_frame(MAGIC, VERSION, 16, 6, 0, &[0xff, 0xfe], PING, 0)),
+        (
+            "bad header length",
+            raw_frame(MAGIC, VERSION, 12, 3, 0, b"n", PING, 0),
+        ),
+        (
+            "bad flags",
+            raw_frame(MAGIC, VERSION, 16, 4, 0x0100, b"n", PING, 0),
+        ),
+        (
+            "name too long",
+            raw_frame(MAGIC, VERSION, 16, 5, 0, &[b'x'; 129], PING, 0),
+        ),
+        (
+            "name not UTF-8",
+            raw_frame(MAGIC, VERSION, 16, 6, 0, &[0xff, 0xfe], PING, 0),
+        ),
     ];
     let mut c = gw.connect();
     for (what, bytes) in cases {
         c.send_raw(&bytes);
-        let r = c.recv().unwrap_or_else(|| panic!("{what}: connection closed"));
+        let r = c
+            .recv()
+            .unwrap_or_else(|| panic!("{what}: connection closed"));
         let sid = u32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
         assert_eq!(r.stream, sid, "{what}: answered on its stream");
         assert_eq!(r.body["error"]["code"], -32600, "{what}: {}", r.body);
@@ -99,7 +125,10 @@ fn oversized_echo_is_refused_and_the_next_connection_works() {
     // A 1 MB echo (within the frame limit) goes through whole.
     let big = "b".repeat(1_000_000);
     let r = next.tool("local__echo", json!({"text": big}));
-    assert_eq!(r["result"]["content"][0]["text"].as_str().map(str::len), Some(1_000_000));
+    assert_eq!(
+        r["result"]["content"][0]["text"].as_str().map(str::len),
+        Some(1_000_000)
+    );
 }
 
 #[test]
@@ -108,23 +137,41 @@ fn json_faults() {
     let mut c = gw.connect();
     c.send_frame(1, 0, b"{not json");
     let r = c.recv().unwrap();
-    assert_eq!((r.stream, r.body["error"]["code"].as_i64()), (1, Some(-32700)));
+    assert_eq!(
+        (r.stream, r.body["error"]["code"].as_i64()),
+        (1, Some(-32700))
+    );
     assert_eq!(r.body["id"], serde_json::Value::Null);
     c.send_frame(2, 0, br#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#);
     assert_eq!(c.recv().unwrap().body["error"]["code"], -32600, "batch");
     c.send_frame(3, 0, b"42");
-    assert_eq!(c.recv().unwrap().body["error"]["code"], -32600, "not an object");
+    assert_eq!(
+        c.recv().unwrap().body["error"]["code"],
+        -32600,
+        "not an object"
+    );
     // A request frame that carries a notification.
-    c.send_frame(4, 0, br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    c.send_frame(
+        4,
+        0,
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
     let r = c.recv().unwrap();
-    assert_eq!((r.stream, r.body["error"]["code"].as_i64()), (4, Some(-32600)));
+    assert_eq!(
+        (r.stream, r.body["error"]["code"].as_i64()),
+        (4, Some(-32600))
+    );
     // A notification frame that carries an id.
     c.send_frame(0, FLAG_NOTIFICATION, PING);
     let r = c.recv().unwrap();
     assert_eq!(r.body["error"]["code"], -32600);
     assert_eq!(r.body["id"], 1);
     // A notification frame on a non-zero stream.
-    c.send_frame(9, FLAG_NOTIFICATION, br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    c.send_frame(
+        9,
+        FLAG_NOTIFICATION,
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
     assert_eq!(c.recv().unwrap().body["error"]["code"], -32600);
     c.next_sid = 10;
     assert_alive(&mut c);
@@ -165,8 +212,14 @@ fn slow_sender_is_closed_after_the_frame_timeout() {
     frame::encode(&mut bytes, 1, 0, "n", PING).unwrap();
     c.send_raw(&bytes[..10]);
     let started = std::time::Instant::now();
-    assert!(c.closed_by_peer(), "an incomplete frame is not waited for forever");
-    assert!(started.elapsed() >= std::time::Duration::from_millis(900), "not before the timeout");
+    assert!(
+        c.closed_by_peer(),
+        "an incomplete frame is not waited for forever"
+    );
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(900),
+        "not before the timeout"
+    );
     let mut next = gw.connect();
     assert_alive(&mut next);
 }

@@ -43,11 +43,21 @@ fn dispatch_through_the_relay() {
         stdout.read_line(&mut line).unwrap();
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
     };
-    let r = ask(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{}}}));
+    let r = ask(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{}}}),
+    );
     assert_eq!(r["result"]["protocolVersion"], "2025-06-18");
     let r = ask(json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}));
-    assert!(r["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == "local__echo"));
-    let r = ask(json!({"jsonrpc":"2.0","id":"three","method":"tools/call","params":{"name":"local__echo","arguments":{"text":"via relay"}}}));
+    assert!(
+        r["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "local__echo")
+    );
+    let r = ask(
+        json!({"jsonrpc":"2.0","id":"three","method":"tools/call","params":{"name":"local__echo","arguments":{"text":"via relay"}}}),
+    );
     assert_eq!(r["id"], "three");
     assert_eq!(r["result"]["content"][0]["text"], "via relay");
     for (method, code) in [("resources/read", -32602), ("nope", -32601)] {

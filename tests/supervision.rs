@@ -21,7 +21,11 @@ fn slow_server(delay: Duration) -> u16 {
                 let _ = s.read(&mut buf);
                 std::thread::sleep(delay);
                 let body = "slow body";
-                let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
             });
         }
     });
@@ -43,7 +47,11 @@ fn worker_killed_mid_call_fails_the_call_and_comes_back() {
     let mut c = gw.connect();
     let pid = gw.worker_pid();
     let url = format!("http://127.0.0.1:{port}/");
-    let sid = c.request(json!("slow"), "tools/call", Some(json!({"name": "local__fetch_http", "arguments": {"url": url}})));
+    let sid = c.request(
+        json!("slow"),
+        "tools/call",
+        Some(json!({"name": "local__fetch_http", "arguments": {"url": url}})),
+    );
     // The row exists before the tool is reached.
     gw.wait_rows("the pending row", |r| r.len() == 1);
     unsafe {
@@ -54,9 +62,17 @@ fn worker_killed_mid_call_fails_the_call_and_comes_back() {
     assert_eq!(r.body["result"]["isError"], true, "{}", r.body);
     let err = &r.body["result"]["structuredContent"]["error"];
     assert_eq!(err["code"], "worker_unavailable");
-    assert!(err["message"].as_str().unwrap().contains("builtin"), "names the worker: {err}");
+    assert!(
+        err["message"].as_str().unwrap().contains("builtin"),
+        "names the worker: {err}"
+    );
     let rows = gw.wait_rows("the row ends in error", |r| r[0]["decision"] == "error");
-    assert!(rows[0]["error_message"].as_str().unwrap().contains("builtin"));
+    assert!(
+        rows[0]["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("builtin")
+    );
     // It comes back, with a new pid, and the next call works.
     wait_until("a restarted worker", || {
         let s = gw.admin(json!({"op": "status"}));
@@ -67,7 +83,9 @@ fn worker_killed_mid_call_fails_the_call_and_comes_back() {
     assert!(!gw.events("worker_exit").is_empty());
     assert!(gw.events("worker_start").len() >= 2);
     // No zombie: the old pid is gone from /proc (reaped).
-    wait_until("the old worker reaped", || !std::path::Path::new(&format!("/proc/{pid}")).exists());
+    wait_until("the old worker reaped", || {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
 }
 
 #[test]
@@ -83,7 +101,11 @@ fn gateway_killed_under_load_every_received_answer_has_its_row() {
                 let mut c = FramedClient::connect(&sock);
                 for i in 0..100_000 {
                     let text = format!("k{t}-{i}");
-                    c.request(json!(text.clone()), "tools/call", Some(json!({"name": "local__echo", "arguments": {"text": text}})));
+                    c.request(
+                        json!(text.clone()),
+                        "tools/call",
+                        Some(json!({"name": "local__echo", "arguments": {"text": text}})),
+                    );
                     match c.recv() {
                         Some(r) if r.body["result"]["content"][0]["text"] == json!(text) => {
                             received.lock().unwrap().push(text);
@@ -120,14 +142,28 @@ fn sigterm_drains_and_exits_zero_with_no_worker_left() {
     let worker = gw.worker_pid();
     let mut c = gw.connect();
     let url = format!("http://127.0.0.1:{port}/");
-    c.request(json!("slow"), "tools/call", Some(json!({"name": "local__fetch_http", "arguments": {"url": url, "format": "raw"}})));
+    c.request(
+        json!("slow"),
+        "tools/call",
+        Some(json!({"name": "local__fetch_http", "arguments": {"url": url, "format": "raw"}})),
+    );
     gw.wait_rows("the pending row", |r| r.len() == 1);
     let status = gw.terminate();
     assert!(status.success(), "exit 0: {status:?}\n{}", gw.log());
     // The call in flight was finished, not cut.
     let r = c.recv().expect("the in-flight call is answered");
-    assert!(r.body["result"]["content"][0]["text"].as_str().unwrap_or("").contains("slow body"), "{}", r.body);
-    assert!(!std::path::Path::new(&format!("/proc/{worker}")).exists(), "no worker left");
+    assert!(
+        r.body["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("slow body"),
+        "{}",
+        r.body
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{worker}")).exists(),
+        "no worker left"
+    );
     assert!(!gw.sock.exists(), "socket file removed");
     let rows = gw.tool_calls();
     assert_eq!(rows[0]["decision"], "allowed");

@@ -1,10 +1,70 @@
-//! TEMPORARY interface shim until the sandbox branch lands (replaced wholesale on merge).
+//! Worker confinement: what a worker may do, how it is locked down, and the proof it gives.
+//!
+//! The gateway starts a worker as a re-exec of its own binary. The order is fixed:
+//! 1. parent side, in `Command::pre_exec`: [`child_pre_exec`] (new session, parent-death
+//!    signal, RPC socket at fd 3, rlimits);
+//! 2. worker side, first thing: [`scrub_inherited_fds`];
+//! 3. worker side, before any thread starts: [`confine`] (capabilities cleared, Landlock,
+//!    no_new_privs, seccomp), then [`attest`], whose probes go into the ready message;
+//! 4. gateway side: [`ConfinementReport::verdict`] decides whether the worker gets work.
+//!
+//! The rules are reviewed data in `sandbox-profiles/` (seccomp allow-lists in seccompiler's
+//! JSON, Landlock grants in TOML), compiled into the binary.
+
+mod attest;
+mod confine;
+mod inherited_fds;
+mod landlock_rules;
+mod launch;
+mod observe;
+mod profile;
+mod report;
+mod seccomp_filter;
+
+#[cfg(test)]
+mod tests;
+
+pub use attest::{REQUIRED_PROBES, attest};
+pub use confine::confine;
+pub use inherited_fds::{RPC_FD, scrub_inherited_fds};
+pub use launch::child_pre_exec;
+pub use observe::{ObservedProcess, observe_process};
+pub use profile::role_grant_defaults;
+pub use report::{ConfinementReport, LandlockState, Probe};
 
 use serde::{Deserialize, Serialize};
-use std::os::fd::RawFd;
+use std::fmt;
 use std::path::PathBuf;
+use std::str::FromStr;
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+/// `[sandbox]` in the config file.
+#[derive(Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// `enforce`: a worker whose confinement is incomplete gets no work. `warn`: it works,
+    /// and the gap is reported loudly (for kernels without Landlock).
+    pub mode: SandboxMode,
+    /// RLIMIT_NOFILE of each worker (soft and hard).
+    pub max_open_files: u64,
+    /// RLIMIT_AS of each worker in bytes; none by default (thread stacks reserve a lot of
+    /// address space they never touch, so a tight value breaks the thread pool).
+    pub max_address_space_bytes: Option<u64>,
+}
+
+/// Default of `[sandbox] max_open_files`.
+pub const DEFAULT_MAX_OPEN_FILES: u64 = 1024;
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            mode: SandboxMode::Enforce,
+            max_open_files: DEFAULT_MAX_OPEN_FILES,
+            max_address_space_bytes: None,
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxMode {
     #[default]
@@ -12,105 +72,122 @@ pub enum SandboxMode {
     Warn,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SandboxConfig {
-    pub mode: SandboxMode,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Builtin,
-    Aggregator,
-}
-
-impl std::str::FromStr for Role {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "builtin" => Ok(Role::Builtin),
-            "aggregator" => Ok(Role::Aggregator),
-            _ => Err(format!("unknown worker role {s:?}")),
+impl SandboxMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::Enforce => "enforce",
+            SandboxMode::Warn => "warn",
         }
     }
 }
 
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Role::Builtin => "builtin",
-            Role::Aggregator => "aggregator",
-        })
+impl fmt::Display for SandboxMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
-#[derive(Debug, Clone, Default)]
+impl FromStr for SandboxMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "enforce" => Ok(SandboxMode::Enforce),
+            "warn" => Ok(SandboxMode::Warn),
+            other => Err(format!(
+                "unknown sandbox mode {other:?} (expected \"enforce\" or \"warn\")"
+            )),
+        }
+    }
+}
+
+/// The kind of worker; each has its own profile in `sandbox-profiles/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The built-in tools (HTTP fetches, echo).
+    Builtin,
+    /// External MCP servers reached over HTTP.
+    Aggregator,
+}
+
+impl Role {
+    pub const ALL: [Role; 2] = [Role::Builtin, Role::Aggregator];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Builtin => "builtin",
+            Role::Aggregator => "aggregator",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "builtin" => Ok(Role::Builtin),
+            "aggregator" => Ok(Role::Aggregator),
+            other => Err(format!(
+                "unknown worker role {other:?} (expected \"builtin\" or \"aggregator\")"
+            )),
+        }
+    }
+}
+
+/// What one worker instance may do, decided by the gateway from the config and handed to
+/// the worker before it confines itself (serde, so it can travel as an argument or message).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct RoleGrant {
+    /// TCP ports the worker may connect to (any address: Landlock filters by port only).
     pub tcp_connect_ports: Vec<u16>,
+    /// Files and directories the worker may read (directories: their whole subtree).
+    /// Missing paths are skipped and noted in the report.
     pub read_paths: Vec<PathBuf>,
+    /// An existing directory the worker must not read (the ledger's); the attestation
+    /// proves it cannot be read or written.
     pub forbidden_probe_dir: PathBuf,
 }
 
-pub fn role_grant_defaults(_role: Role) -> RoleGrant {
-    RoleGrant::default()
-}
-
-/// # Safety
-/// Async-signal-safe calls only.
-pub unsafe fn child_pre_exec(rpc_fd: RawFd, _cfg: &SandboxConfig) -> std::io::Result<()> {
-    if unsafe { libc::dup2(rpc_fd, 3) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-pub fn scrub_inherited_fds() -> std::io::Result<()> {
-    Ok(())
-}
-
+/// Why a worker could not be confined. In enforce mode any of these is fatal.
 #[derive(Debug)]
-pub struct SandboxError(pub String);
-
-pub fn confine(
-    role: Role,
-    _grant: &RoleGrant,
-    mode: SandboxMode,
-) -> Result<ConfinementReport, SandboxError> {
-    Ok(ConfinementReport {
-        role: role.to_string(),
-        landlock_abi: 0,
-        landlock: "not_enforced".into(),
-        seccomp: false,
-        no_new_privs: false,
-        mode: format!("{mode:?}").to_lowercase(),
-        probes: vec![],
-    })
+pub enum SandboxError {
+    /// An embedded profile does not parse or compile for this architecture.
+    Profile(String),
+    /// Threads were already running: confinement would cover only the calling thread.
+    ThreadsRunning(usize),
+    /// The thread count could not be read from /proc.
+    ThreadCount(std::io::Error),
+    /// Capabilities could not be cleared.
+    Capabilities(std::io::Error),
+    /// The Landlock ruleset failed or is not fully enforced.
+    Landlock(String),
+    /// `PR_SET_NO_NEW_PRIVS` failed.
+    NoNewPrivs(std::io::Error),
+    /// The seccomp filter could not be installed.
+    Seccomp(String),
 }
 
-pub fn attest(_role: Role, _grant: &RoleGrant, report: &mut ConfinementReport) {
-    let _ = report;
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct ConfinementReport {
-    pub role: String,
-    pub landlock_abi: i32,
-    pub landlock: String,
-    pub seccomp: bool,
-    pub no_new_privs: bool,
-    pub mode: String,
-    pub probes: Vec<Probe>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Probe {
-    pub name: String,
-    pub denied: bool,
-    pub detail: String,
-}
-
-impl ConfinementReport {
-    pub fn verdict(&self, _mode: SandboxMode) -> Result<Vec<String>, String> {
-        Ok(vec!["sandbox not built yet".into()])
+impl fmt::Display for SandboxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SandboxError::Profile(m) => write!(f, "sandbox profile: {m}"),
+            SandboxError::ThreadsRunning(n) => write!(
+                f,
+                "{n} threads running before confinement; a worker must confine itself before starting threads"
+            ),
+            SandboxError::ThreadCount(e) => write!(f, "counting threads in /proc/self/task: {e}"),
+            SandboxError::Capabilities(e) => write!(f, "clearing capabilities failed: {e}"),
+            SandboxError::Landlock(m) => write!(f, "landlock: {m}"),
+            SandboxError::NoNewPrivs(e) => write!(f, "PR_SET_NO_NEW_PRIVS failed: {e}"),
+            SandboxError::Seccomp(m) => write!(f, "seccomp: {m}"),
+        }
     }
 }
+
+impl std::error::Error for SandboxError {}

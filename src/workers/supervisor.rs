@@ -155,7 +155,7 @@ impl Supervisor {
                 serde_json::to_string(&w.spec.settings).map_err(std::io::Error::other)?;
             let theirs: OwnedFd = theirs.into();
             let theirs_raw = theirs.as_raw_fd();
-            let sandbox_cfg = self.sandbox.clone();
+            let mut confine_child = sandbox::child_pre_exec(theirs_raw, &self.sandbox);
             let mut cmd = Command::new(&self.exe);
             cmd.arg("worker")
                 .arg(w.spec.role.to_string())
@@ -171,7 +171,7 @@ impl Supervisor {
                     libc::sigemptyset(&mut empty);
                     // The gateway blocks signals for its signalfd; a worker must not inherit that.
                     libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-                    sandbox::child_pre_exec(theirs_raw, &sandbox_cfg)
+                    confine_child()
                 });
             }
             let child = cmd.spawn()?;

@@ -59,7 +59,7 @@ pub fn run(role: Role) -> i32 {
             return 3;
         }
     };
-    sandbox::attest(role, &grant, &mut report);
+    report.probes = sandbox::attest(&grant);
     // SAFETY: fd 3 is the RPC socket the gateway placed there; nothing else owns it.
     let std_stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(RPC_FD) };
     let mut hello = Vec::new();
@@ -258,7 +258,7 @@ fn handle(
             return;
         }
         Op::Attest => {
-            sandbox::attest(role, &settings.grant(), report);
+            report.probes = sandbox::attest(&settings.grant());
             response_ok(id, serde_json::to_string(report).unwrap_or_default(), None)
         }
         Op::CallTool => {

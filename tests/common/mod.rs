@@ -140,8 +140,11 @@ impl TestGateway {
     }
 
     pub fn ledger(&self) -> rusqlite::Connection {
-        rusqlite::Connection::open_with_flags(&self.ledger, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .expect("open ledger")
+        rusqlite::Connection::open_with_flags(
+            &self.ledger,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .expect("open ledger")
     }
 
     /// tool_calls rows as JSON objects, oldest first.
@@ -253,7 +256,12 @@ impl FramedClient {
     pub fn connect(path: &Path) -> FramedClient {
         let stream = UnixStream::connect(path).expect("connect framed socket");
         stream.set_read_timeout(Some(PATIENCE)).unwrap();
-        FramedClient { stream, next_sid: 1, buf: Vec::new(), name: "test-agent".into() }
+        FramedClient {
+            stream,
+            next_sid: 1,
+            buf: Vec::new(),
+            name: "test-agent".into(),
+        }
     }
 
     pub fn send_raw(&mut self, bytes: &[u8]) {
@@ -291,7 +299,9 @@ impl FramedClient {
         let id = json!(self.next_sid as u64 * 10);
         let sid = self.request(id.clone(), method, Some(params));
         loop {
-            let reply = self.recv().unwrap_or_else(|| panic!("no answer to {method}"));
+            let reply = self
+                .recv()
+                .unwrap_or_else(|| panic!("no answer to {method}"));
             if reply.stream == sid {
                 assert_eq!(reply.body["id"], id, "answer carries the request id");
                 return reply.body;
@@ -307,9 +317,18 @@ impl FramedClient {
     pub fn recv(&mut self) -> Option<Reply> {
         loop {
             match frame::decode_frame(&self.buf) {
-                Ok(Decoded::Frame { header, payload, consumed, .. }) => {
+                Ok(Decoded::Frame {
+                    header,
+                    payload,
+                    consumed,
+                    ..
+                }) => {
                     let body = serde_json::from_slice(payload).expect("gateway sends JSON");
-                    let reply = Reply { stream: header.stream_id, flags: header.flags, body };
+                    let reply = Reply {
+                        stream: header.stream_id,
+                        flags: header.flags,
+                        body,
+                    };
                     self.buf.drain(..consumed);
                     return Some(reply);
                 }
@@ -339,7 +358,11 @@ impl FramedClient {
 }
 
 /// Run `toolwall stdio` with the given config, feed it `lines`, return stdout lines.
-pub fn stdio_session(config_path: &Path, cwd: &Path, lines: &[String]) -> (Vec<Value>, std::process::ExitStatus, String) {
+pub fn stdio_session(
+    config_path: &Path,
+    cwd: &Path,
+    lines: &[String],
+) -> (Vec<Value>, std::process::ExitStatus, String) {
     let mut child = Command::new(BIN)
         .arg("stdio")
         .arg("--config")
@@ -358,13 +381,25 @@ pub fn stdio_session(config_path: &Path, cwd: &Path, lines: &[String]) -> (Vec<V
         }
     }
     let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     let status = wait_timeout(&mut child, PATIENCE).expect("stdio exits at EOF");
     let values = out
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}")))
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}"))
+        })
         .collect();
     (values, status, err)
 }

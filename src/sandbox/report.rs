@@ -1,0 +1,114 @@
+//! What a worker reports about its confinement, and the gateway's verdict on it.
+
+use serde::{Deserialize, Serialize};
+
+use super::SandboxMode;
+use super::attest::REQUIRED_PROBES;
+
+/// How much of the requested Landlock ruleset the kernel enforces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LandlockState {
+    FullyEnforced,
+    PartiallyEnforced,
+    NotEnforced,
+}
+
+impl LandlockState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LandlockState::FullyEnforced => "fully_enforced",
+            LandlockState::PartiallyEnforced => "partially_enforced",
+            LandlockState::NotEnforced => "not_enforced",
+        }
+    }
+}
+
+/// Sent by the worker in its ready message; shown by `toolwall status` and recorded.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ConfinementReport {
+    pub role: String,
+    /// The kernel's Landlock ABI (0: no Landlock).
+    pub landlock_abi: i32,
+    /// `fully_enforced`, `partially_enforced` or `not_enforced`.
+    pub landlock: String,
+    /// Both seccomp filters of the role are installed.
+    pub seccomp: bool,
+    pub no_new_privs: bool,
+    /// Effective, permitted and inheritable capabilities are empty.
+    #[serde(default)]
+    pub capabilities_cleared: bool,
+    /// `enforce` or `warn`: the mode the worker confined itself in.
+    pub mode: String,
+    pub probes: Vec<Probe>,
+    /// Facts worth knowing that are not failures (a missing read path, a warn-mode gap).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// One forbidden action tried after confinement.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub name: String,
+    pub denied: bool,
+    /// The errno seen (or what happened instead), and which layer it points to.
+    pub detail: String,
+}
+
+impl ConfinementReport {
+    /// Every gap in the confinement, one line each; empty when it is complete.
+    pub fn gaps(&self) -> Vec<String> {
+        let mut gaps = Vec::new();
+        if self.landlock != LandlockState::FullyEnforced.as_str() {
+            gaps.push(format!(
+                "landlock is {} (kernel ABI {})",
+                self.landlock, self.landlock_abi
+            ));
+        }
+        if !self.seccomp {
+            gaps.push("seccomp filter not installed".to_string());
+        }
+        if !self.no_new_privs {
+            gaps.push("no_new_privs not set".to_string());
+        }
+        if !self.capabilities_cleared {
+            gaps.push("capabilities not cleared".to_string());
+        }
+        for required in REQUIRED_PROBES {
+            let found: Vec<&Probe> = self.probes.iter().filter(|p| p.name == *required).collect();
+            match found.as_slice() {
+                [] => gaps.push(format!("probe {required} missing from the report")),
+                [probe] if probe.denied => {}
+                [probe] => gaps.push(format!("probe {required} was not denied: {}", probe.detail)),
+                _ => gaps.push(format!("probe {required} reported more than once")),
+            }
+        }
+        for probe in &self.probes {
+            if !REQUIRED_PROBES.contains(&probe.name.as_str()) && !probe.denied {
+                gaps.push(format!(
+                    "probe {} was not denied: {}",
+                    probe.name, probe.detail
+                ));
+            }
+        }
+        gaps
+    }
+
+    /// The gateway's decision. `enforce`: every required probe present and denied, Landlock
+    /// fully enforced, seccomp, no_new_privs and cleared capabilities, else `Err` naming
+    /// every gap (the worker must get no work). `warn`: `Ok` with one loud warning per gap.
+    pub fn verdict(&self, mode: SandboxMode) -> Result<Vec<String>, String> {
+        let gaps = self.gaps();
+        match mode {
+            SandboxMode::Enforce if gaps.is_empty() => Ok(Vec::new()),
+            SandboxMode::Enforce => Err(format!(
+                "{} worker is not confined: {}",
+                self.role,
+                gaps.join("; ")
+            )),
+            SandboxMode::Warn => Ok(gaps
+                .into_iter()
+                .map(|g| format!("UNCONFINED {} worker (sandbox mode warn): {g}", self.role))
+                .collect()),
+        }
+    }
+}

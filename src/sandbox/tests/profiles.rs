@@ -1,0 +1,327 @@
+//! The reviewed profiles: well-formed, explained, and free of what must never be allowed.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use super::super::profile::{landlock_profile, parse_landlock_profile, seccomp_json};
+use super::super::seccomp_filter::{ALLOW_LIST, ENOSYS_LIST, compile};
+use super::super::{Role, SandboxConfig, SandboxMode, role_grant_defaults};
+
+/// Never in any allow-list of these roles: process creation, exec, listening, unix and
+/// raw sockets, debugging, namespaces, mounts, module and key management, more filters.
+const NEVER_ALLOWED: &[&str] = &[
+    "fork",
+    "vfork",
+    "execve",
+    "execveat",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kill",
+    "bind",
+    "listen",
+    "accept",
+    "accept4",
+    "socketpair",
+    "open",
+    "openat2",
+    "creat",
+    "unlink",
+    "unlinkat",
+    "rename",
+    "renameat2",
+    "mkdir",
+    "mkdirat",
+    "symlink",
+    "link",
+    "chmod",
+    "fchmod",
+    "chown",
+    "truncate",
+    "ftruncate",
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "init_module",
+    "finit_module",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "seccomp",
+    "prlimit64",
+    "setrlimit",
+    "capset",
+    "setuid",
+    "setgid",
+    "landlock_create_ruleset",
+    "landlock_add_rule",
+    "landlock_restrict_self",
+    "memfd_create",
+    "pkey_mprotect",
+    "io_uring_setup",
+    "userfaultfd",
+];
+
+fn profile(role: Role) -> Value {
+    serde_json::from_str(seccomp_json(role)).expect("profile is JSON")
+}
+
+fn rules<'a>(profile: &'a Value, filter: &str) -> &'a Vec<Value> {
+    profile[filter]["filter"].as_array().expect("filter list")
+}
+
+#[test]
+fn seccomp_profiles_compile_for_this_architecture() {
+    for role in Role::ALL {
+        compile(role).unwrap_or_else(|e| panic!("{role}: {e}"));
+    }
+}
+
+#[test]
+fn seccomp_profiles_compile_for_x86_64_whatever_the_host() {
+    for role in Role::ALL {
+        seccompiler::compile_from_json(
+            seccomp_json(role).as_bytes(),
+            seccompiler::TargetArch::x86_64,
+        )
+        .unwrap_or_else(|e| panic!("{role}: {e}"));
+    }
+}
+
+#[test]
+fn every_seccomp_entry_and_condition_says_who_needs_it() {
+    for role in Role::ALL {
+        let p = profile(role);
+        for filter in [ALLOW_LIST, ENOSYS_LIST] {
+            for rule in rules(&p, filter) {
+                let comment = rule["comment"].as_str().unwrap_or_default();
+                assert!(
+                    !comment.trim().is_empty(),
+                    "{role}/{filter}: no comment on {rule}"
+                );
+                for arg in rule["args"].as_array().into_iter().flatten() {
+                    let c = arg["comment"].as_str().unwrap_or_default();
+                    assert!(
+                        !c.trim().is_empty(),
+                        "{role}/{filter}: condition without comment in {rule}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn seccomp_actions_are_an_allow_list_with_eperm_and_clone3_enosys() {
+    for role in Role::ALL {
+        let p = profile(role);
+        assert_eq!(
+            p[ALLOW_LIST]["mismatch_action"],
+            serde_json::json!({"errno": libc::EPERM})
+        );
+        assert_eq!(p[ALLOW_LIST]["match_action"], "allow");
+        assert_eq!(p[ENOSYS_LIST]["mismatch_action"], "allow");
+        assert_eq!(
+            p[ENOSYS_LIST]["match_action"],
+            serde_json::json!({"errno": libc::ENOSYS})
+        );
+        let enosys: Vec<&str> = rules(&p, ENOSYS_LIST)
+            .iter()
+            .filter_map(|r| r["syscall"].as_str())
+            .collect();
+        assert_eq!(enosys, vec!["clone3"], "{role}");
+        assert_eq!(
+            p.as_object().map(|o| o.len()),
+            Some(2),
+            "{role}: exactly two filters"
+        );
+    }
+}
+
+#[test]
+fn no_forbidden_syscall_is_allowed() {
+    for role in Role::ALL {
+        let p = profile(role);
+        for rule in rules(&p, ALLOW_LIST) {
+            let name = rule["syscall"].as_str().unwrap_or_default();
+            assert!(!NEVER_ALLOWED.contains(&name), "{role} allows {name}");
+        }
+    }
+}
+
+#[test]
+fn a_syscall_is_either_unconditional_or_conditional_never_both() {
+    // seccompiler drops the unconditional entry when conditional ones exist for the same
+    // syscall, which would silently change what a reviewer reads.
+    for role in Role::ALL {
+        let p = profile(role);
+        let mut kinds: BTreeMap<&str, BTreeSet<bool>> = BTreeMap::new();
+        for rule in rules(&p, ALLOW_LIST) {
+            let name = rule["syscall"].as_str().unwrap_or_default();
+            kinds
+                .entry(name)
+                .or_default()
+                .insert(rule.get("args").is_some());
+        }
+        for (name, k) in kinds {
+            assert_eq!(
+                k.len(),
+                1,
+                "{role}: {name} is listed both with and without conditions"
+            );
+        }
+    }
+}
+
+#[test]
+fn threads_only_clone_sockets_by_family_and_no_exec_or_write_mappings() {
+    const CLONE_THREAD: u64 = libc::CLONE_THREAD as u64;
+    for role in Role::ALL {
+        let p = profile(role);
+        for rule in rules(&p, ALLOW_LIST) {
+            let args = rule["args"].as_array();
+            match rule["syscall"].as_str().unwrap_or_default() {
+                "clone" => {
+                    let a = &args.expect("clone has conditions")[0];
+                    assert_eq!(a["index"], 0);
+                    let mask = a["op"]["masked_eq"].as_u64().expect("masked_eq");
+                    assert!(mask & CLONE_THREAD != 0);
+                    assert_eq!(a["val"].as_u64(), Some(CLONE_THREAD));
+                    for ns in [
+                        libc::CLONE_NEWUSER,
+                        libc::CLONE_NEWNS,
+                        libc::CLONE_NEWNET,
+                        libc::CLONE_NEWPID,
+                    ] {
+                        assert!(
+                            mask & ns as u64 != 0,
+                            "{role}: clone may create a namespace"
+                        );
+                    }
+                }
+                "socket" => {
+                    let family = &args.expect("socket has conditions")[0];
+                    assert_eq!(family["index"], 0);
+                    assert_eq!(family["op"], "eq");
+                    let f = family["val"].as_i64().unwrap_or(-1);
+                    assert!(
+                        f == i64::from(libc::AF_INET) || f == i64::from(libc::AF_INET6),
+                        "{role}: socket family {f} allowed"
+                    );
+                }
+                "mmap" | "mprotect" => {
+                    let a = &args.expect("mapping calls have conditions")[0];
+                    assert_eq!(a["index"], 2);
+                    assert_eq!(a["op"]["masked_eq"].as_u64(), Some(libc::PROT_EXEC as u64));
+                    assert_eq!(a["val"], 0);
+                }
+                "openat" => {
+                    let a = &args.expect("openat has conditions")[0];
+                    assert_eq!(a["index"], 2);
+                    let mask = a["op"]["masked_eq"].as_u64().unwrap_or(0);
+                    for flag in [libc::O_WRONLY, libc::O_RDWR, libc::O_CREAT, libc::O_TRUNC] {
+                        assert!(mask & flag as u64 != 0, "{role}: openat may write");
+                    }
+                    assert_eq!(a["val"], 0);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[test]
+fn aggregator_opens_no_file() {
+    let p = profile(Role::Aggregator);
+    let names: BTreeSet<&str> = rules(&p, ALLOW_LIST)
+        .iter()
+        .filter_map(|r| r["syscall"].as_str())
+        .collect();
+    for call in ["openat", "open", "newfstatat", "statx"] {
+        assert!(!names.contains(call), "aggregator allows {call}");
+    }
+    let grant = role_grant_defaults(Role::Aggregator);
+    assert!(grant.read_paths.is_empty() && grant.tcp_connect_ports.is_empty());
+}
+
+#[test]
+fn landlock_profiles_parse_and_builtin_grants_dns_files_and_web_ports() {
+    for role in Role::ALL {
+        let profile = landlock_profile(role).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(profile.abi, 7, "{role}");
+    }
+    let grant = role_grant_defaults(Role::Builtin);
+    for port in [80, 443] {
+        assert!(grant.tcp_connect_ports.contains(&port));
+    }
+    for path in ["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf"] {
+        assert!(grant.read_paths.contains(&PathBuf::from(path)), "{path}");
+    }
+}
+
+#[test]
+fn landlock_profile_parsing_refuses_unexplained_or_unknown_entries() {
+    let ok = "abi = 7\n[[read]]\npath = \"/etc/hosts\"\nwhy = \"names\"\n";
+    assert!(parse_landlock_profile(ok).is_ok());
+    let cases = [
+        ("abi = 7\n[[read]]\npath = \"/etc/hosts\"\n", "missing why"),
+        (
+            "abi = 7\n[[read]]\npath = \"/etc/hosts\"\nwhy = \"  \"\n",
+            "blank why",
+        ),
+        (
+            "abi = 7\n[[read]]\npath = \"etc/hosts\"\nwhy = \"x\"\n",
+            "relative path",
+        ),
+        (
+            "abi = 7\n[[write]]\npath = \"/tmp\"\nwhy = \"x\"\n",
+            "unknown key",
+        ),
+        (
+            "abi = 7\n[[connect_tcp]]\nport = 0\nwhy = \"x\"\n",
+            "port 0",
+        ),
+        (
+            "abi = 7\n[[connect_tcp]]\nport = 70000\nwhy = \"x\"\n",
+            "port out of range",
+        ),
+        ("abi = 99\n", "unknown abi"),
+        ("", "no abi"),
+    ];
+    for (text, case) in cases {
+        assert!(parse_landlock_profile(text).is_err(), "{case} accepted");
+    }
+}
+
+#[test]
+fn sandbox_config_defaults_and_keys() {
+    let cfg = SandboxConfig::default();
+    assert_eq!(cfg.mode, SandboxMode::Enforce);
+    assert_eq!(cfg.max_open_files, super::super::DEFAULT_MAX_OPEN_FILES);
+    assert_eq!(cfg.max_address_space_bytes, None);
+    let cfg: SandboxConfig = toml::from_str(
+        "mode = \"warn\"\nmax_open_files = 256\nmax_address_space_bytes = 1073741824\n",
+    )
+    .expect("config");
+    assert_eq!(cfg.mode, SandboxMode::Warn);
+    assert_eq!(cfg.max_open_files, 256);
+    assert_eq!(cfg.max_address_space_bytes, Some(1 << 30));
+    assert!(toml::from_str::<SandboxConfig>("mode = \"off\"\n").is_err());
+    assert!(toml::from_str::<SandboxConfig>("max_files = 3\n").is_err());
+}
+
+#[test]
+fn roles_and_modes_round_trip_as_text() {
+    for role in Role::ALL {
+        assert_eq!(role.to_string().parse::<Role>(), Ok(role));
+    }
+    assert!("workspace".parse::<Role>().is_err());
+    for mode in [SandboxMode::Enforce, SandboxMode::Warn] {
+        assert_eq!(mode.to_string().parse::<SandboxMode>(), Ok(mode));
+    }
+}
