@@ -45,7 +45,12 @@ pub fn check_report_with_corp_env(
 
 fn summary(policy: &Policy) -> String {
     let rules = policy.all_rules();
-    let count = |layer: Layer| rules.iter().filter(|r| r.enabled && r.layer == layer).count();
+    let count = |layer: Layer| {
+        rules
+            .iter()
+            .filter(|r| r.enabled && r.layer == layer)
+            .count()
+    };
     let disabled = rules.iter().filter(|r| !r.enabled).count();
     let mut out = String::new();
     let _ = writeln!(
@@ -84,8 +89,7 @@ fn summary(policy: &Policy) -> String {
             if !rule.enabled {
                 flags.push_str(" disabled");
             }
-            let _ = writeln!(
-                out,
+            let line = format!(
                 "  {:width$}  {:7}  {:8}  {:8}{}",
                 rule.id,
                 rule.action.map_or("-", |a| a.as_str()),
@@ -93,6 +97,7 @@ fn summary(policy: &Policy) -> String {
                 rule.layer.as_str(),
                 flags,
             );
+            let _ = writeln!(out, "{}", line.trim_end());
         }
     }
     if !policy.replacements().is_empty() {

@@ -83,9 +83,7 @@ impl Condition {
             ));
         }
         let path = match &cfg.path {
-            Some(p) => {
-                Some(ValuePath::parse(p).map_err(|e| format!("{what}.path: {e}"))?)
-            }
+            Some(p) => Some(ValuePath::parse(p).map_err(|e| format!("{what}.path: {e}"))?),
             None => None,
         };
         let test = if let Some(v) = &cfg.equals {
@@ -255,7 +253,10 @@ mod tests {
         assert!(cond("path = \"s\"\ncontains = \"lo wo\"").holds_in(&args));
         assert!(cond("path = \"s\"\nmatches = \"^hel+o\"").holds_in(&args));
         assert!(cond("path = \"s\"\nglob = \"hello *\"").holds_in(&args));
-        assert!(cond("path = \"n\"\nmatches = \"^5$\"").holds_in(&args), "numbers by JSON text");
+        assert!(
+            cond("path = \"n\"\nmatches = \"^5$\"").holds_in(&args),
+            "numbers by JSON text"
+        );
         assert!(cond("path = \"o\"\ncontains = '\"k\":\"v\"'").holds_in(&args));
         assert!(!cond("path = \"missing\"\ncontains = \"x\"").holds_in(&args));
     }
@@ -265,7 +266,10 @@ mod tests {
         let args = json!({"a": [{"b": {"c": "needle in here"}}], "n": 42});
         assert!(cond("contains = \"needle\"").holds_in(&args));
         assert!(cond("equals = 42").holds_in(&args));
-        assert!(!cond("equals = \"b\"").holds_in(&args), "keys are not tested");
+        assert!(
+            !cond("equals = \"b\"").holds_in(&args),
+            "keys are not tested"
+        );
     }
 
     #[test]
@@ -293,7 +297,6 @@ mod tests {
         }
         assert!(cond("equals = \"leaf\"").holds_in(&v));
         // Dropping a deep Value recurses in serde_json; unwind it here iteratively.
-        let mut v = v;
         while let Value::Array(mut items) = v {
             v = items.pop().unwrap_or(Value::Null);
         }

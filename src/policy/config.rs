@@ -9,6 +9,8 @@ use std::path::PathBuf;
 
 /// Default seconds an `ask` waits for a human before it is denied.
 pub const DEFAULT_ASK_TIMEOUT_SECS: u64 = 120;
+/// Largest `ask_timeout_secs` accepted (a week): a deadline must stay representable.
+pub const MAX_ASK_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
 /// Default compiled-size limit of one regex (`matches`), in bytes.
 pub const DEFAULT_MAX_REGEX_BYTES: usize = 2 * 1024 * 1024;
 

@@ -110,12 +110,7 @@ impl Policy {
     /// Judge one message. `result` is the MCP result object in the response phase. Every
     /// enabled matching rule of the phase counts; the most restrictive wins
     /// (block > ask > allow); rewrite rules are listed but never decide.
-    pub fn decide(
-        &self,
-        phase: Phase,
-        subject: &Subject<'_>,
-        result: Option<&Value>,
-    ) -> Decision {
+    pub fn decide(&self, phase: Phase, subject: &Subject<'_>, result: Option<&Value>) -> Decision {
         let view = result.map(ResultView::new);
         let mut matched = Vec::new();
         let mut decider: Option<(Verdict, &Rule)> = None;
@@ -141,9 +136,11 @@ impl Policy {
             Some((verdict, rule)) => Decision {
                 verdict,
                 rule: Some(rule.id.clone()),
-                reason: Some(rule.reason.clone().unwrap_or_else(|| {
-                    format!("{} by rule {}", verdict, rule.id)
-                })),
+                reason: Some(
+                    rule.reason
+                        .clone()
+                        .unwrap_or_else(|| format!("{} by rule {}", verdict, rule.id)),
+                ),
                 matched,
             },
             None => Decision {
@@ -216,7 +213,8 @@ impl Policy {
     /// `result: None`, without parsing the result.
     pub fn wants_result(&self, method: &str, tool: Option<&str>) -> bool {
         self.response.iter().any(|r| {
-            (r.inspects_result() || r.action == Some(Action::Rewrite)) && r.could_match(method, tool)
+            (r.inspects_result() || r.action == Some(Action::Rewrite))
+                && r.could_match(method, tool)
         })
     }
 

@@ -87,16 +87,14 @@ pub fn explain(policy: &Policy, q: &ExplainQuery) -> String {
     );
     let _ = writeln!(out, "decision: {}", decision.verdict);
     match &decision.rule {
-        Some(id) => {
-            match policy.rule(q.phase, id) {
-                Some(rule) => {
-                    let _ = writeln!(out, "deciding rule: {id} ({}, {})", rule.layer, rule.origin);
-                }
-                None => {
-                    let _ = writeln!(out, "deciding rule: {id}");
-                }
+        Some(id) => match policy.rule(q.phase, id) {
+            Some(rule) => {
+                let _ = writeln!(out, "deciding rule: {id} ({}, {})", rule.layer, rule.origin);
             }
-        }
+            None => {
+                let _ = writeln!(out, "deciding rule: {id}");
+            }
+        },
         None => {
             let source = policy.default_source();
             let _ = writeln!(
@@ -121,7 +119,12 @@ pub fn explain(policy: &Policy, q: &ExplainQuery) -> String {
             "matched rules ({}, in id order):",
             decision.matched.len()
         );
-        let width = decision.matched.iter().map(|m| m.id.len()).max().unwrap_or(0);
+        let width = decision
+            .matched
+            .iter()
+            .map(|m| m.id.len())
+            .max()
+            .unwrap_or(0);
         for m in &decision.matched {
             let marker = if decision.rule.as_deref() == Some(m.id.as_str()) {
                 "  <- decides"

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::builtin::{BUILTIN_ORIGIN, BUILTIN_RULES_TOML};
-use super::config::{CorpFile, PolicyConfig, RuleConfig, Verdict};
+use super::config::{Action, CorpFile, MAX_ASK_TIMEOUT_SECS, PolicyConfig, RuleConfig, Verdict};
 use super::error::PolicyError;
 use super::rule::{Layer, Rule};
 use crate::config::{MAX_CONFIG_BYTES, read_bounded};
@@ -146,9 +146,9 @@ pub(crate) fn resolve(
     let mut faults = Vec::new();
     let mut warnings = Vec::new();
 
-    if operator.ask_timeout_secs == 0 {
+    if !(1..=MAX_ASK_TIMEOUT_SECS).contains(&operator.ask_timeout_secs) {
         faults.push(format!(
-            "{origin}: policy.ask_timeout_secs must be greater than 0"
+            "{origin}: policy.ask_timeout_secs must be between 1 and {MAX_ASK_TIMEOUT_SECS}"
         ));
     }
     if operator.max_regex_bytes == 0 {
@@ -196,7 +196,12 @@ pub(crate) fn resolve(
                             "{name}: default_locked = true needs a default to lock"
                         ));
                     }
-                    sources.push(Source::new(Layer::Corp, name, Some(text), file.policy.rules));
+                    sources.push(Source::new(
+                        Layer::Corp,
+                        name,
+                        Some(text),
+                        file.policy.rules,
+                    ));
                 }
             },
         }
@@ -210,16 +215,41 @@ pub(crate) fn resolve(
                  locks the default to \"{corp}\"",
                 corp_file.as_deref().unwrap_or("?")
             ));
-            (corp, DefaultSource { layer: Layer::Corp, locked: true })
+            (
+                corp,
+                DefaultSource {
+                    layer: Layer::Corp,
+                    locked: true,
+                },
+            )
         }
-        (_, Some(corp)) if corp_default_locked => {
-            (corp, DefaultSource { layer: Layer::Corp, locked: true })
-        }
-        (Some(op), _) => (op, DefaultSource { layer: Layer::Operator, locked: false }),
-        (None, Some(corp)) => (corp, DefaultSource { layer: Layer::Corp, locked: false }),
+        (_, Some(corp)) if corp_default_locked => (
+            corp,
+            DefaultSource {
+                layer: Layer::Corp,
+                locked: true,
+            },
+        ),
+        (Some(op), _) => (
+            op,
+            DefaultSource {
+                layer: Layer::Operator,
+                locked: false,
+            },
+        ),
+        (None, Some(corp)) => (
+            corp,
+            DefaultSource {
+                layer: Layer::Corp,
+                locked: false,
+            },
+        ),
         (None, None) => (
             Verdict::Allow,
-            DefaultSource { layer: Layer::Builtin, locked: false },
+            DefaultSource {
+                layer: Layer::Builtin,
+                locked: false,
+            },
         ),
     };
 
@@ -285,7 +315,7 @@ pub(crate) fn resolve(
     let mut rules = Vec::with_capacity(winners.len());
     for w in winners {
         if let Some(rule) = compiled[w].take() {
-            if rule.enabled && rule.matches_everything() {
+            if rule.enabled && rule.action != Some(Action::Rewrite) && rule.matches_everything() {
                 warnings.push(format!(
                     "{}: rule \"{}\": no match fields, so it applies to every {} message",
                     entries[w].place(),

@@ -61,9 +61,7 @@ impl ValuePath {
                     }
                 }
                 _ if !key_expected => {
-                    return Err(format!(
-                        "expected '.' or '[' at byte {at} in {text:?}"
-                    ));
+                    return Err(format!("expected '.' or '[' at byte {at} in {text:?}"));
                 }
                 b'.' => return Err(format!("empty segment at byte {at} in {text:?}")),
                 b']' => return Err(format!("unexpected ']' at byte {at} in {text:?}")),
@@ -131,9 +129,7 @@ impl ValuePath {
         for segment in &self.segments {
             here = match (segment, here) {
                 (Segment::Key { name, .. }, Value::Object(map)) => map.get_mut(name)?,
-                (Segment::Key { index: Some(i), .. }, Value::Array(items)) => {
-                    items.get_mut(*i)?
-                }
+                (Segment::Key { index: Some(i), .. }, Value::Array(items)) => items.get_mut(*i)?,
                 (Segment::Index(i), Value::Array(items)) => items.get_mut(*i)?,
                 _ => return None,
             };
@@ -208,6 +204,16 @@ mod tests {
             assert!(ValuePath::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(ValuePath::parse(&"a.".repeat(600)).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_parses_or_is_refused_without_panic(text in "[a-z0-9.\\[\\]\"\\\\é]{0,24}") {
+            if let Ok(p) = ValuePath::parse(&text) {
+                let v = json!({"a": [{"b": 1}], "0": {"é": "x"}});
+                let _ = p.resolve(&v);
+            }
+        }
     }
 
     #[test]

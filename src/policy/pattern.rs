@@ -83,13 +83,28 @@ mod tests {
         assert!(m("*", "anything/at/all"));
         assert!(m("tools/call", "tools/call"));
         assert!(!m("tools/call", "tools/list"));
-        assert!(m("file:///etc/*", "file:///etc/ssh/sshd_config"), "* crosses /");
+        assert!(
+            m("file:///etc/*", "file:///etc/ssh/sshd_config"),
+            "* crosses /"
+        );
         assert!(m("{github,gitlab}__*", "gitlab__push"));
         assert!(m("uid:100?", "uid:1000"));
         assert!(!m("uid:100?", "uid:10000"));
         assert!(m("local__[!x]*", "local__echo"));
         assert!(m(r"a\*b", "a*b"));
         assert!(!m(r"a\*b", "axb"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_pattern_compiles_or_is_refused_without_panic(
+            pattern in "[a-z*?\\[\\]{},!\\\\/_é-]{0,16}",
+            name in "[a-z/_é-]{0,16}",
+        ) {
+            if let Ok(p) = Pattern::compile(&pattern) {
+                let _ = p.is_match(&name);
+            }
+        }
     }
 
     #[test]

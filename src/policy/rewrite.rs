@@ -41,7 +41,9 @@ impl Policy {
             if matched.action != Action::Rewrite || matched.phase != phase {
                 continue;
             }
-            let Some(rewrite) = self.rule(phase, &matched.id).and_then(|r| r.rewrite.as_ref())
+            let Some(rewrite) = self
+                .rule(phase, &matched.id)
+                .and_then(|r| r.rewrite.as_ref())
             else {
                 continue;
             };

@@ -234,7 +234,10 @@ impl Rule {
             && self.method.as_ref().is_none_or(|p| p.is_match(s.method))
             && optional(&self.tool, s.tool)
             && optional(&self.server, s.server)
-            && self.principal.as_ref().is_none_or(|p| p.is_match(s.principal))
+            && self
+                .principal
+                .as_ref()
+                .is_none_or(|p| p.is_match(s.principal))
             && self.process.as_ref().is_none_or(|p| p.is_match(s.process))
             && optional(&self.resource, s.resource)
     }

@@ -60,7 +60,8 @@ fn call<'a>(tool: &'a str, args: Option<&'a Value>) -> Subject<'a> {
 }
 
 fn verdict(p: &Policy, tool: &str, args: &Value) -> Verdict {
-    p.decide(Phase::Request, &call(tool, Some(args)), None).verdict
+    p.decide(Phase::Request, &call(tool, Some(args)), None)
+        .verdict
 }
 
 fn ids(d: &Decision) -> Vec<&str> {
@@ -75,7 +76,10 @@ fn no_rules_means_the_default() {
     assert_eq!(d.rule, None);
     assert_eq!(d.reason.as_deref(), Some("default"));
     assert!(d.matched.is_empty());
-    assert_eq!(load("[policy]\ndefault = \"ask\"").default_verdict(), Verdict::Ask);
+    assert_eq!(
+        load("[policy]\ndefault = \"ask\"").default_verdict(),
+        Verdict::Ask
+    );
     assert_eq!(p.ask_timeout().as_secs(), 120);
 }
 
@@ -162,10 +166,18 @@ arg_present = "headers.Authorization"
     );
     let with = json!({"url": "https://x", "headers": {"Authorization": null}});
     let without = json!({"url": "https://x", "headers": {"Accept": "*/*"}});
-    assert_eq!(verdict(&p, "local__http_get", &with), Verdict::Block, "null is present");
+    assert_eq!(
+        verdict(&p, "local__http_get", &with),
+        Verdict::Block,
+        "null is present"
+    );
     assert_eq!(verdict(&p, "local__http_get", &without), Verdict::Allow);
     let d = p.decide(Phase::Request, &call("local__http_get", None), None);
-    assert_eq!(d.verdict, Verdict::Allow, "no arguments: the condition does not hold");
+    assert_eq!(
+        d.verdict,
+        Verdict::Allow,
+        "no arguments: the condition does not hold"
+    );
 }
 
 #[test]
@@ -266,12 +278,27 @@ result = { path = "isError", equals = true }
     let fine = json!({"content": [{"type": "text", "text": "nothing here"}]});
     let structured = json!({"content": [], "structuredContent": {"k": "AKIAABCDEFGHIJKLMNOP"}});
     let failed = json!({"content": [], "isError": true});
-    assert_eq!(p.decide(Phase::Response, &s, Some(&leak)).verdict, Verdict::Block);
-    assert_eq!(p.decide(Phase::Response, &s, Some(&fine)).verdict, Verdict::Allow);
-    assert_eq!(p.decide(Phase::Response, &s, Some(&structured)).verdict, Verdict::Block);
-    assert_eq!(p.decide(Phase::Response, &s, Some(&failed)).verdict, Verdict::Ask);
+    assert_eq!(
+        p.decide(Phase::Response, &s, Some(&leak)).verdict,
+        Verdict::Block
+    );
+    assert_eq!(
+        p.decide(Phase::Response, &s, Some(&fine)).verdict,
+        Verdict::Allow
+    );
+    assert_eq!(
+        p.decide(Phase::Response, &s, Some(&structured)).verdict,
+        Verdict::Block
+    );
+    assert_eq!(
+        p.decide(Phase::Response, &s, Some(&failed)).verdict,
+        Verdict::Ask
+    );
     // Response rules never judge requests, and need a result.
-    assert_eq!(p.decide(Phase::Request, &s, Some(&leak)).verdict, Verdict::Allow);
+    assert_eq!(
+        p.decide(Phase::Request, &s, Some(&leak)).verdict,
+        Verdict::Allow
+    );
     assert_eq!(p.decide(Phase::Response, &s, None).verdict, Verdict::Allow);
 }
 
@@ -303,7 +330,10 @@ fn deny_over_allow_whatever_order_and_layer() {
         } else {
             Verdict::Block
         };
-        assert_eq!(d.verdict, want, "{op_action} {corp_action} {op_id} {corp_id}");
+        assert_eq!(
+            d.verdict, want,
+            "{op_action} {corp_action} {op_id} {corp_id}"
+        );
         assert_eq!(d.matched.len(), 2);
         let decider = if op_action == "allow" { corp_id } else { op_id };
         assert_eq!(d.rule.as_deref(), Some(decider));
@@ -358,12 +388,18 @@ locked = true
     let redefine =
         "[[policy.rules]]\nid = \"corp-no-exfil\"\naction = \"allow\"\ntool = \"*__upload\"\n";
     let err = load_err(redefine, "test.toml", Some(corp.path()));
-    assert!(err.contains("corp-no-exfil") && err.contains("locked"), "{err}");
+    assert!(
+        err.contains("corp-no-exfil") && err.contains("locked"),
+        "{err}"
+    );
 
     // Untouched, it holds.
     let p = load_with("", Some(corp.path()));
     let d = p.decide(Phase::Request, &call("s3__upload", None), None);
-    assert_eq!((d.verdict, d.matched[0].layer), (Verdict::Block, Layer::Corp));
+    assert_eq!(
+        (d.verdict, d.matched[0].layer),
+        (Verdict::Block, Layer::Corp)
+    );
 }
 
 #[test]
@@ -371,9 +407,13 @@ fn unlocked_corp_rule_can_be_overridden_on_purpose() {
     let corp = file(
         "[policy]\n[[policy.rules]]\nid = \"corp-ask-writes\"\naction = \"ask\"\ntool = \"*__write\"\n",
     );
-    let dup = "[[policy.rules]]\nid = \"corp-ask-writes\"\naction = \"allow\"\ntool = \"*__write\"\n";
+    let dup =
+        "[[policy.rules]]\nid = \"corp-ask-writes\"\naction = \"allow\"\ntool = \"*__write\"\n";
     let err = load_err(dup, "test.toml", Some(corp.path()));
-    assert!(err.contains("rule \"corp-ask-writes\": duplicate rule id"), "{err}");
+    assert!(
+        err.contains("rule \"corp-ask-writes\": duplicate rule id"),
+        "{err}"
+    );
     assert!(err.contains("override = true"), "{err}");
     assert!(err.contains(&corp.path().display().to_string()), "{err}");
 
@@ -404,12 +444,13 @@ fn override_marker_rules() {
         "test.toml",
         None,
     );
-    assert!(err.contains("built-in rules") && err.contains("test.toml"), "{err}");
+    assert!(
+        err.contains("built-in rules") && err.contains("test.toml"),
+        "{err}"
+    );
 
     // Both sides overriding: ambiguous.
-    let corp = file(
-        "[policy]\n[[policy.rules]]\nid = \"x\"\naction = \"ask\"\noverride = true\n",
-    );
+    let corp = file("[policy]\n[[policy.rules]]\nid = \"x\"\naction = \"ask\"\noverride = true\n");
     let err = load_err(
         "[[policy.rules]]\nid = \"x\"\naction = \"allow\"\noverride = true\n",
         "test.toml",
@@ -437,7 +478,11 @@ fn duplicate_id_in_one_file_names_both_lines() {
 #[test]
 fn corp_locked_default() {
     let corp = file("[policy]\ndefault = \"block\"\ndefault_locked = true\n");
-    let err = load_err("[policy]\ndefault = \"allow\"\n", "op.toml", Some(corp.path()));
+    let err = load_err(
+        "[policy]\ndefault = \"allow\"\n",
+        "op.toml",
+        Some(corp.path()),
+    );
     assert!(err.contains("default") && err.contains("locks"), "{err}");
     assert!(err.contains("op.toml"), "{err}");
     let p = load_with("", Some(corp.path()));
@@ -469,7 +514,9 @@ fn corp_file_faults_name_the_file_and_line() {
     assert!(err.contains(&corp.path().display().to_string()), "{err}");
     assert!(err.contains("bogus") && err.contains("line 5"), "{err}");
 
-    let corp = file("[policy]\n[[policy.rules]]\nid = \"a\"\naction = \"block\"\narg = { path = \"x\", like = \"y\" }\n");
+    let corp = file(
+        "[policy]\n[[policy.rules]]\nid = \"a\"\naction = \"block\"\narg = { path = \"x\", like = \"y\" }\n",
+    );
     let err = load_err("", "op.toml", Some(corp.path()));
     assert!(err.contains("like") && err.contains("line 5"), "{err}");
 
@@ -485,13 +532,19 @@ fn corp_file_faults_name_the_file_and_line() {
 fn corp_path_from_env_wins_over_config() {
     let env_corp = file("[policy]\ndefault = \"block\"\n");
     let cfg_corp = file("[policy]\ndefault = \"ask\"\n");
-    let text = format!("[policy]\ncorp = {:?}\n", cfg_corp.path().display().to_string());
+    let text = format!(
+        "[policy]\ncorp = {:?}\n",
+        cfg_corp.path().display().to_string()
+    );
     assert_eq!(load_with(&text, None).default_verdict(), Verdict::Ask);
     let p = load_with(&text, Some(env_corp.path()));
     assert_eq!(p.default_verdict(), Verdict::Block);
     assert!(p.warnings().iter().any(|w| w.contains(CORP_CONFIG_ENV)));
     // An empty environment value counts as unset.
-    assert_eq!(load_with(&text, Some(Path::new(""))).default_verdict(), Verdict::Ask);
+    assert_eq!(
+        load_with(&text, Some(Path::new(""))).default_verdict(),
+        Verdict::Ask
+    );
 }
 
 #[test]
@@ -515,7 +568,10 @@ enabled = false
             ..ExplainQuery::default()
         },
     );
-    assert!(text.contains("disabled rules that would match: off"), "{text}");
+    assert!(
+        text.contains("disabled rules that would match: off"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -571,7 +627,10 @@ replace = { matches = 'sk-[a-z0-9]+', with = "sk-***" }
     assert_eq!(d.rule, None, "rewrite rules never decide");
     let mut rewritten = args.clone();
     let applied = p.rewrite_arguments(&d, &mut rewritten);
-    assert_eq!(applied, vec!["a-lowercase-host", "b-strip-token", "c-everywhere"]);
+    assert_eq!(
+        applied,
+        vec!["a-lowercase-host", "b-strip-token", "c-everywhere"]
+    );
     assert_eq!(
         rewritten,
         json!({"url": "https://example.com/x",
@@ -638,7 +697,10 @@ replace = { path = "meta.owner", matches = '.+', with = "<owner>" }
     let d = p.decide(Phase::Response, &s, Some(&result));
     assert_eq!(d.verdict, Verdict::Allow);
     let mut r = result.clone();
-    assert_eq!(p.rewrite_result(&d, &mut r), vec!["redact-emails", "redact-meta"]);
+    assert_eq!(
+        p.rewrite_result(&d, &mut r),
+        vec!["redact-emails", "redact-meta"]
+    );
     assert_eq!(
         r,
         json!({
@@ -681,7 +743,10 @@ method = "resources/read"
         p.hides_tool(tool, server, principal, Transport::Unix, "agent")
     };
     assert!(hides("local__shell", "uid:1000"));
-    assert!(!hides("local__fs", "uid:1000"), "blocked only for some arguments");
+    assert!(
+        !hides("local__fs", "uid:1000"),
+        "blocked only for some arguments"
+    );
     assert!(hides("github__push", "uid:2000"));
     assert!(!hides("github__push", "uid:1000"));
     assert!(!hides("local__echo", "uid:1000"));
@@ -826,7 +891,11 @@ action = "block"
     let (out, code) = check_report_with_corp_env(&cfg(text), &origin, None);
     assert_eq!(code, CHECK_FAILED);
     let expect = [
-        ("bad-regex", "line 2", "arg.matches: bad regex \"(unclosed\": unclosed group at character 1"),
+        (
+            "bad-regex",
+            "line 2",
+            "arg.matches: bad regex \"(unclosed\": unclosed group at character 1",
+        ),
         ("bad-glob", "line 7", "tool: bad glob"),
         ("result-on-request", "line 12", "phase = \"response\""),
         ("replace-on-block", "line 17", "replace is only for"),
@@ -839,9 +908,9 @@ action = "block"
         ("bad-path", "line 48", "duplicate rule id"),
     ];
     for (id, line, what) in expect {
-        let found = out.lines().any(|l| {
-            l.contains(&format!("rule \"{id}\"")) && l.contains(line) && l.contains(what)
-        });
+        let found = out
+            .lines()
+            .any(|l| l.contains(&format!("rule \"{id}\"")) && l.contains(line) && l.contains(what));
         assert!(found, "no fault for {id} at {line} ({what}) in:\n{out}");
     }
 
@@ -857,14 +926,21 @@ fn check_report_on_locked_violation() {
     let text = "[[policy.rules]]\nid = \"c\"\nenabled = false\n";
     let (out, code) = check_report_with_corp_env(&cfg(text), "op.toml", Some(corp.path()));
     assert_eq!(code, CHECK_FAILED);
-    assert!(out.contains("rule \"c\": locked by the corp config"), "{out}");
+    assert!(
+        out.contains("rule \"c\": locked by the corp config"),
+        "{out}"
+    );
 }
 
 #[test]
 fn unknown_keys_are_refused_with_their_line() {
     for (text, key, line) in [
         ("[policy]\nbogus = 1\n", "bogus", "line 2"),
-        ("[[policy.rules]]\nid = \"a\"\naction = \"block\"\nwhen = 1\n", "when", "line 4"),
+        (
+            "[[policy.rules]]\nid = \"a\"\naction = \"block\"\nwhen = 1\n",
+            "when",
+            "line 4",
+        ),
         (
             "[[policy.rules]]\nid = \"a\"\naction = \"block\"\narg = [{ path = \"a\", eq = 1 }]\n",
             "eq",
@@ -875,8 +951,16 @@ fn unknown_keys_are_refused_with_their_line() {
             "to",
             "line 4",
         ),
-        ("[[policy.rules]]\nid = \"a\"\naction = \"deny\"\n", "deny", "line 3"),
-        ("[[policy.rules]]\nid = \"a\"\naction = \"block\"\ntransport = \"tcp\"\n", "tcp", "line 4"),
+        (
+            "[[policy.rules]]\nid = \"a\"\naction = \"deny\"\n",
+            "deny",
+            "line 3",
+        ),
+        (
+            "[[policy.rules]]\nid = \"a\"\naction = \"block\"\ntransport = \"tcp\"\n",
+            "tcp",
+            "line 4",
+        ),
     ] {
         let err = match toml::from_str::<Wrapper>(text) {
             Ok(_) => panic!("accepted: {text}"),
@@ -922,14 +1006,20 @@ replace = { path = "cmd", matches = "hunter2", with = "***" }
     assert!(out.contains("decision: block"), "{out}");
     assert!(out.contains("deciding rule: no-rm (operator"), "{out}");
     assert!(out.contains("reason: no deleting"), "{out}");
-    assert!(out.contains("corp-ask-shell") && out.contains("shell needs a human"), "{out}");
+    assert!(
+        out.contains("corp-ask-shell") && out.contains("shell needs a human"),
+        "{out}"
+    );
     assert!(out.contains("corp "), "{out}");
     assert!(!out.contains("rewritten"), "no rewrite on block: {out}");
 
     q.args = Some(json!({"cmd": "echo hunter2"}));
     let out = explain(&p, &q);
     assert!(out.contains("decision: ask"), "{out}");
-    assert!(out.contains("rewritten arguments (by redact, once approved)"), "{out}");
+    assert!(
+        out.contains("rewritten arguments (by redact, once approved)"),
+        "{out}"
+    );
     assert!(out.contains("echo ***"), "{out}");
     assert!(out.contains("tools/list: local__shell is listed"), "{out}");
 
@@ -970,10 +1060,14 @@ fn timing_100_rules() {
     for i in 0..100 {
         let body = match i % 5 {
             0 => format!("tool = \"server{i}__*\""),
-            1 => format!("tool = \"local__tool{i}\"\narg = {{ path = \"path\", glob = \"/secret{i}/*\" }}"),
+            1 => format!(
+                "tool = \"local__tool{i}\"\narg = {{ path = \"path\", glob = \"/secret{i}/*\" }}"
+            ),
             2 => format!("method = \"resources/read\"\nresource = \"file:///r{i}/*\""),
             3 => format!("tool = \"*__t{i}\"\nprincipal = \"uid:{i}\""),
-            _ => format!("tool = \"local__*\"\narg = {{ path = \"query\", matches = 'drop{i}\\b' }}"),
+            _ => {
+                format!("tool = \"local__*\"\narg = {{ path = \"query\", matches = 'drop{i}\\b' }}")
+            }
         };
         text.push_str(&format!(
             "[[policy.rules]]\nid = \"r{i:03}\"\naction = \"{}\"\n{body}\n\n",
@@ -982,8 +1076,9 @@ fn timing_100_rules() {
     }
     let p = load(&text);
     assert_eq!(p.rule_count(), 102);
-    let args = json!({"path": "/home/u/file.txt", "query": "select * from t", "n": 1});
-    let s = call("local__tool7", Some(&args));
+    // Matches r006 (allow, by glob on path) and r014 (block, by regex on query).
+    let args = json!({"path": "/secret6/file.txt", "query": "drop14 table t", "n": 1});
+    let s = call("local__tool6", Some(&args));
     let rounds = 200_000;
     let start = std::time::Instant::now();
     let mut blocks = 0;
@@ -1003,5 +1098,66 @@ fn timing_100_rules() {
     for _ in 0..rounds {
         std::hint::black_box(p.decide(Phase::Request, std::hint::black_box(&small), None));
     }
-    println!("no arguments, nothing matching: {:?} per decision", start.elapsed() / rounds);
+    println!(
+        "no arguments, nothing matching: {:?} per decision",
+        start.elapsed() / rounds
+    );
+}
+
+#[test]
+fn limits_and_shapes() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Policy>();
+    for bad in [
+        "ask_timeout_secs = 0",
+        "ask_timeout_secs = 99999999999",
+        "max_regex_bytes = 0",
+    ] {
+        let err = load_err(&format!("[policy]\n{bad}\n"), "op.toml", None);
+        assert!(err.contains(bad.split(' ').next().unwrap_or("?")), "{err}");
+    }
+    // One transport or a list; one arg table or a list; one arg_present or a list.
+    let p = load(
+        r#"[[policy.rules]]
+id = "http-only"
+action = "block"
+transport = "http"
+arg_present = ["a", "b"]
+
+[[policy.rules.arg]]
+path = "a"
+equals = 1
+"#,
+    );
+    let args = json!({"a": 1, "b": 2});
+    let mut s = call("x__y", Some(&args));
+    assert_eq!(p.decide(Phase::Request, &s, None).verdict, Verdict::Allow);
+    s.transport = Transport::Http;
+    assert_eq!(p.decide(Phase::Request, &s, None).verdict, Verdict::Block);
+    let only_a = json!({"a": 1});
+    s.arguments = Some(&only_a);
+    assert_eq!(p.decide(Phase::Request, &s, None).verdict, Verdict::Allow);
+}
+
+#[test]
+fn readme_examples_load() {
+    let readme = include_str!("README.md");
+    let blocks: Vec<&str> = readme
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .collect();
+    assert!(blocks.len() >= 5);
+    for block in blocks {
+        if block.contains("default_locked") {
+            let corp = file(block);
+            let p = load_with("", Some(corp.path()));
+            assert_eq!(p.default_verdict(), Verdict::Block);
+            let d = p.decide(Phase::Request, &call("s3__upload_file", None), None);
+            assert_eq!(d.rule.as_deref(), Some("corp-no-uploads"));
+        } else {
+            let p = load(block);
+            assert!(p.rule_count() >= 1, "{block}");
+        }
+    }
 }
