@@ -207,51 +207,14 @@ pub(crate) fn resolve(
         }
     }
 
-    // Default verdict.
-    let (default, default_source) = match (operator.default, corp_default) {
-        (Some(op), Some(corp)) if corp_default_locked && op != corp => {
-            faults.push(format!(
-                "{origin}: policy.default = \"{op}\" conflicts with the corp config {}, which \
-                 locks the default to \"{corp}\"",
-                corp_file.as_deref().unwrap_or("?")
-            ));
-            (
-                corp,
-                DefaultSource {
-                    layer: Layer::Corp,
-                    locked: true,
-                },
-            )
-        }
-        (_, Some(corp)) if corp_default_locked => (
-            corp,
-            DefaultSource {
-                layer: Layer::Corp,
-                locked: true,
-            },
-        ),
-        (Some(op), _) => (
-            op,
-            DefaultSource {
-                layer: Layer::Operator,
-                locked: false,
-            },
-        ),
-        (None, Some(corp)) => (
-            corp,
-            DefaultSource {
-                layer: Layer::Corp,
-                locked: false,
-            },
-        ),
-        (None, None) => (
-            Verdict::Allow,
-            DefaultSource {
-                layer: Layer::Builtin,
-                locked: false,
-            },
-        ),
-    };
+    let (default, default_source) = resolve_default(
+        operator.default,
+        origin,
+        corp_default,
+        corp_default_locked,
+        corp_file.as_deref(),
+        &mut faults,
+    );
 
     // Compile every definition (a replaced one must still be valid config).
     let mut entries: Vec<Entry<'_>> = Vec::new();
@@ -335,6 +298,33 @@ pub(crate) fn resolve(
         warnings,
         replacements,
     })
+}
+
+/// The default verdict and where it comes from: the operator's when set, else the corp's,
+/// else allow; a locked corp default wins and a differing operator default is a fault.
+fn resolve_default(
+    operator: Option<Verdict>,
+    origin: &str,
+    corp: Option<Verdict>,
+    corp_locked: bool,
+    corp_file: Option<&str>,
+    faults: &mut Vec<String>,
+) -> (Verdict, DefaultSource) {
+    let source = |layer, locked| DefaultSource { layer, locked };
+    match (operator, corp) {
+        (Some(op), Some(corp)) if corp_locked && op != corp => {
+            faults.push(format!(
+                "{origin}: policy.default = \"{op}\" conflicts with the corp config {}, which \
+                 locks the default to \"{corp}\"",
+                corp_file.unwrap_or("?")
+            ));
+            (corp, source(Layer::Corp, true))
+        }
+        (_, Some(corp)) if corp_locked => (corp, source(Layer::Corp, true)),
+        (Some(op), _) => (op, source(Layer::Operator, false)),
+        (None, Some(corp)) => (corp, source(Layer::Corp, false)),
+        (None, None) => (Verdict::Allow, source(Layer::Builtin, false)),
+    }
 }
 
 /// The definition that stands for `id`, or None after recording why none can.
