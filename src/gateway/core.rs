@@ -830,7 +830,14 @@ impl Core {
             );
             return;
         };
-        let Some(entry) = self.catalog.get(kind, &key).cloned() else {
+        // Policy first: a refused URI or prompt is refused whether or not it exists.
+        let entry = self.catalog.get(kind, &key).cloned();
+        let resource = (kind == Kind::Resources).then_some(key.as_str());
+        let server = entry.as_ref().map(|e| e.server.clone());
+        if !self.method_allowed(ctx, method, server.as_deref(), resource) {
+            return;
+        }
+        let Some(entry) = entry else {
             let (code, message) = match kind {
                 Kind::Resources => (-32002, format!("resource not found: {key}")),
                 _ => (jsonrpc::INVALID_PARAMS, format!("unknown prompt: {key}")),
@@ -838,10 +845,6 @@ impl Core {
             self.reply_error(ctx.conn, ctx.stream, ctx.id, code, &message, None);
             return;
         };
-        let resource = (kind == Kind::Resources).then_some(key.as_str());
-        if !self.method_allowed(ctx, method, Some(&entry.server), resource) {
-            return;
-        }
         if !self.workers[entry.worker].ready {
             let message = format!(
                 "worker {} is not available",
