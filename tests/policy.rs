@@ -19,7 +19,9 @@ fn refusal_code(r: &Value) -> Option<&str> {
 }
 
 fn echoed(r: &Value) -> Option<&str> {
-    r["result"]["content"][0]["text"].as_str().filter(|_| r["result"]["isError"] != true)
+    r["result"]["content"][0]["text"]
+        .as_str()
+        .filter(|_| r["result"]["isError"] != true)
 }
 
 #[test]
@@ -59,15 +61,26 @@ arg_present = "extra"
 "#,
     );
     let mut c = gw.connect();
-    for (text, rule) in [("exactly this", "eq"), ("please rm -rf /", "contains"), ("DROP  TABLE x", "regex"), ("key.pem", "glob")] {
+    for (text, rule) in [
+        ("exactly this", "eq"),
+        ("please rm -rf /", "contains"),
+        ("DROP  TABLE x", "regex"),
+        ("key.pem", "glob"),
+    ] {
         let r = echo(&mut c, text);
         assert_eq!(refusal_code(&r), Some("policy_blocked"), "{text}: {r}");
         assert_eq!(r["result"]["structuredContent"]["error"]["rule"], rule);
         // The refusal carries nothing of the arguments.
-        assert!(!r.to_string().contains(text), "no echo of the blocked argument: {r}");
+        assert!(
+            !r.to_string().contains(text),
+            "no echo of the blocked argument: {r}"
+        );
     }
     let r = c.tool("local__echo", json!({"text": "fine", "extra": 1}));
-    assert_eq!(r["result"]["structuredContent"]["error"]["rule"], "presence");
+    assert_eq!(
+        r["result"]["structuredContent"]["error"]["rule"],
+        "presence"
+    );
     for text in ["exactly this!", "rm -r", "table drop", "key.pem.txt"] {
         assert_eq!(echoed(&echo(&mut c, text)), Some(text));
     }
@@ -79,7 +92,11 @@ arg_present = "extra"
     assert_eq!(rows[5]["policy_reason"], "default");
     let n: i64 = gw
         .ledger()
-        .query_row("SELECT count(*) FROM security_rule_events WHERE rule_id = 'regex'", [], |r| r.get(0))
+        .query_row(
+            "SELECT count(*) FROM security_rule_events WHERE rule_id = 'regex'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(n, 1, "one security_rule_events row per matched rule");
 }
@@ -99,7 +116,10 @@ arg = { path = "text", contains = "NEEDLE" }
     let mut text = "x".repeat(900_000);
     text.push_str("NEEDLE");
     let r = echo(&mut c, &text);
-    assert_eq!(r["result"]["structuredContent"]["error"]["rule"], "tail-secret");
+    assert_eq!(
+        r["result"]["structuredContent"]["error"]["rule"],
+        "tail-secret"
+    );
 }
 
 #[test]
@@ -115,10 +135,18 @@ reason = "echo is off today"
     );
     let mut c = gw.connect();
     let list = c.call("tools/list", json!({}));
-    assert!(!list.to_string().contains("local__echo"), "hidden from tools/list: {list}");
+    assert!(
+        !list.to_string().contains("local__echo"),
+        "hidden from tools/list: {list}"
+    );
     let r = echo(&mut c, "hello");
     assert_eq!(refusal_code(&r), Some("policy_blocked"));
-    assert!(r["result"]["content"][0]["text"].as_str().unwrap().contains("echo is off today"));
+    assert!(
+        r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("echo is off today")
+    );
 }
 
 #[test]
@@ -163,10 +191,16 @@ tool = "local__echo"
     let gw = TestGateway::start_with(dir, &config);
     let mut c = gw.connect();
     let r = echo(&mut c, "bad thing");
-    assert_eq!(r["result"]["structuredContent"]["error"]["rule"], "z-block", "{r}");
+    assert_eq!(
+        r["result"]["structuredContent"]["error"]["rule"], "z-block",
+        "{r}"
+    );
     assert_eq!(echoed(&echo(&mut c, "good")), Some("good"));
     let rows = gw.wait_rows("two rows", |r| r.len() == 2);
-    assert_eq!(rows[1]["policy_rule"], "a-allow", "the first allow by id names the decision");
+    assert_eq!(
+        rows[1]["policy_rule"], "a-allow",
+        "the first allow by id names the decision"
+    );
 }
 
 #[test]
@@ -200,7 +234,10 @@ arg = { contains = "secret" }
         .unwrap();
     assert!(!out.status.success(), "the gateway refuses to start");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("corp-no-echo-secrets"), "names the rule: {err}");
+    assert!(
+        err.contains("corp-no-echo-secrets"),
+        "names the rule: {err}"
+    );
     let check = std::process::Command::new(BIN)
         .args(["policy", "check", "--config"])
         .arg(&config_path)
@@ -241,14 +278,19 @@ replace = { matches = '\d{4}-\d{4}-\d{4}-\d{4}', with = "[card]" }
     assert_eq!(refusal_code(&r), Some("policy_blocked"));
     let raw = r.to_string();
     for leak in ["TOPSECRET", "attack at dawn", "dawn"] {
-        assert!(!raw.contains(leak), "blocked response leaked {leak:?}: {raw}");
+        assert!(
+            !raw.contains(leak),
+            "blocked response leaked {leak:?}: {raw}"
+        );
     }
     // Rewrite of an argument (the tool sees the masked text) and of a result.
     let r = echo(&mut c, "login password=hunter2 ok");
     assert_eq!(echoed(&r), Some("login password=*** ok"));
     let r = echo(&mut c, "card 1234-5678-9012-3456 end");
     assert_eq!(echoed(&r), Some("card [card] end"));
-    let rows = gw.wait_rows("3 finished rows", |r| r.len() == 3 && r.iter().all(|x| !x["duration_us"].is_null()));
+    let rows = gw.wait_rows("3 finished rows", |r| {
+        r.len() == 3 && r.iter().all(|x| !x["duration_us"].is_null())
+    });
     assert_eq!(rows[0]["decision"], "denied");
     assert_eq!(rows[0]["policy_rule"], "no-secret-results");
     // The ledger keeps the original for the operator.
@@ -256,9 +298,18 @@ replace = { matches = '\d{4}-\d{4}-\d{4}-\d{4}', with = "[card]" }
         .iter()
         .map(Value::to_string)
         .collect();
-    assert!(all.iter().any(|b| b.contains("attack at dawn")), "original kept in the ledger");
-    assert!(all.iter().any(|b| b.contains("hunter2")), "original arguments kept");
-    assert!(all.iter().any(|b| b.contains("password=***")), "rewritten arguments kept");
+    assert!(
+        all.iter().any(|b| b.contains("attack at dawn")),
+        "original kept in the ledger"
+    );
+    assert!(
+        all.iter().any(|b| b.contains("hunter2")),
+        "original arguments kept"
+    );
+    assert!(
+        all.iter().any(|b| b.contains("password=***")),
+        "rewritten arguments kept"
+    );
 }
 
 #[test]
@@ -274,7 +325,11 @@ arg = { contains = "MARKER-7731" }
     );
     let mut c = gw.connect();
     // Read raw bytes: nothing of the argument comes back.
-    c.request(json!(1), "tools/call", Some(json!({"name": "local__echo", "arguments": {"text": "MARKER-7731 payload"}})));
+    c.request(
+        json!(1),
+        "tools/call",
+        Some(json!({"name": "local__echo", "arguments": {"text": "MARKER-7731 payload"}})),
+    );
     let r = c.recv().unwrap();
     let raw = r.body.to_string();
     assert!(!raw.contains("MARKER") && !raw.contains("payload"), "{raw}");
@@ -306,7 +361,11 @@ resource = "file:///etc/*"
 
 fn cli_json(gw: &TestGateway, args: &[&str]) -> Value {
     let out = gw.cli(args);
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -326,7 +385,11 @@ reason = "a human looks at every echo"
     );
     let mut c = gw.connect();
     // Approved.
-    let sid = c.request(json!("a"), "tools/call", Some(json!({"name": "local__echo", "arguments": {"text": "approve me"}})));
+    let sid = c.request(
+        json!("a"),
+        "tools/call",
+        Some(json!({"name": "local__echo", "arguments": {"text": "approve me"}})),
+    );
     let pending = loop {
         let p = cli_json(&gw, &["approvals", "--json"]);
         if !p["pending"].as_array().unwrap().is_empty() {
@@ -341,7 +404,11 @@ reason = "a human looks at every echo"
     assert_eq!(c.call("ping", json!({}))["result"], json!({}));
     let id = item["id"].to_string();
     let out = gw.cli(&["approve", &id]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r = loop {
         let r = c.recv().unwrap();
         if r.stream == sid {
@@ -350,7 +417,11 @@ reason = "a human looks at every echo"
     };
     assert_eq!(echoed(&r), Some("approve me"));
     // Denied, with a reason.
-    let sid = c.request(json!("d"), "tools/call", Some(json!({"name": "local__echo", "arguments": {"text": "deny me"}})));
+    let sid = c.request(
+        json!("d"),
+        "tools/call",
+        Some(json!({"name": "local__echo", "arguments": {"text": "deny me"}})),
+    );
     let id = loop {
         let p = cli_json(&gw, &["approvals", "--json"]);
         if let Some(first) = p["pending"].as_array().unwrap().first() {
@@ -358,7 +429,11 @@ reason = "a human looks at every echo"
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert!(gw.cli(&["deny", &id, "--reason", "not today"]).status.success());
+    assert!(
+        gw.cli(&["deny", &id, "--reason", "not today"])
+            .status
+            .success()
+    );
     let r = c.recv().unwrap();
     assert_eq!(r.stream, sid);
     assert_eq!(refusal_code(&r.body), Some("ask_denied"));
@@ -366,9 +441,18 @@ reason = "a human looks at every echo"
     // Timed out.
     let r = echo(&mut c, "nobody answers");
     assert_eq!(refusal_code(&r), Some("ask_timeout"), "{r}");
-    let rows = gw.wait_rows("3 ended rows", |r| r.len() == 3 && r.iter().all(|x| !x["duration_us"].is_null()));
+    let rows = gw.wait_rows("3 ended rows", |r| {
+        r.len() == 3 && r.iter().all(|x| !x["duration_us"].is_null())
+    });
     assert_eq!(rows[0]["decision"], "allowed");
-    assert!(rows[0]["approved_by"].as_str().unwrap_or("").contains("admin uid:"), "{}", rows[0]);
+    assert!(
+        rows[0]["approved_by"]
+            .as_str()
+            .unwrap_or("")
+            .contains("admin uid:"),
+        "{}",
+        rows[0]
+    );
     assert_eq!(rows[1]["decision"], "denied");
     assert_eq!(rows[2]["decision"], "denied");
     // Approving something that is not pending is an error, not a crash.
@@ -386,9 +470,16 @@ fn live_reload_changes_the_next_message_on_an_open_connection() {
     );
     std::fs::write(&gw.config_path, blocked).unwrap();
     let out = gw.cli(&["reload"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r = echo(&mut c, "after");
-    assert_eq!(r["result"]["structuredContent"]["error"]["rule"], "now-blocked");
+    assert_eq!(
+        r["result"]["structuredContent"]["error"]["rule"],
+        "now-blocked"
+    );
     // An invalid config leaves the old policy in force and says why (file, line, rule).
     std::fs::write(
         &gw.config_path,
@@ -402,7 +493,10 @@ fn live_reload_changes_the_next_message_on_an_open_connection() {
     let log = gw.log();
     assert!(log.contains("bad"), "{log}");
     let r = echo(&mut c, "still blocked");
-    assert_eq!(r["result"]["structuredContent"]["error"]["rule"], "now-blocked");
+    assert_eq!(
+        r["result"]["structuredContent"]["error"]["rule"],
+        "now-blocked"
+    );
     let reloads = gw.events("reload");
     assert_eq!(reloads.len(), 2);
 }
@@ -424,8 +518,21 @@ arg = { path = "text", contains = "curl" }
 reason = "no curl"
 "#,
     );
-    let out = gw.cli(&["policy", "explain", "--tool", "local__echo", "--args", r#"{"text":"curl x"}"#]);
+    let out = gw.cli(&[
+        "policy",
+        "explain",
+        "--tool",
+        "local__echo",
+        "--args",
+        r#"{"text":"curl x"}"#,
+    ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    assert!(text.contains("block") && text.contains("block-curl") && text.contains("allow-local") && text.contains("no curl"), "{text}");
+    assert!(
+        text.contains("block")
+            && text.contains("block-curl")
+            && text.contains("allow-local")
+            && text.contains("no curl"),
+        "{text}"
+    );
 }

@@ -114,6 +114,8 @@ struct Call {
     started: Instant,
     deadline: Instant,
     timeout_key: &'static str,
+    /// Who approved a held call, and when (ms since the epoch).
+    approved: Option<(String, i64)>,
 }
 
 /// A call held for approval, as the admin socket lists it.
@@ -329,6 +331,7 @@ impl Core {
                 started: now,
                 deadline,
                 timeout_key: "gateway.request_timeout_secs",
+                approved: None,
             },
         );
         self.deadlines.push(Reverse((deadline, key)));
@@ -889,6 +892,7 @@ impl Core {
                 started: now,
                 deadline,
                 timeout_key: "gateway.request_timeout_secs",
+                approved: None,
             },
         );
         self.deadlines.push(Reverse((deadline, key)));
@@ -906,20 +910,12 @@ impl Core {
     }
 
     fn tool_call(&mut self, ctx: &RequestCtx, params: Option<&RawValue>, now: Instant) {
-        let Some(p) = params.and_then(|p| serde_json::from_str::<ToolCallParams>(p.get()).ok())
-        else {
-            self.reply_error(
-                ctx.conn,
-                ctx.stream,
-                ctx.id,
-                jsonrpc::INVALID_PARAMS,
-                "invalid params: tools/call needs a name",
-                None,
-            );
-            return;
+        let parsed_params =
+            params.and_then(|p| serde_json::from_str::<ToolCallParams>(p.get()).ok());
+        let (name, arguments): (&str, &str) = match &parsed_params {
+            Some(p) => (&p.name, p.arguments.map(RawValue::get).unwrap_or("{}")),
+            None => ("", params.map(RawValue::get).unwrap_or("{}")),
         };
-        let arguments = p.arguments.map(RawValue::get).unwrap_or("{}");
-        let name: &str = &p.name;
         self.counters.calls_total += 1;
         let ledger_id = self.ledger.new_call_id();
         let (server, bare_tool) = split_namespaced(name).unwrap_or(("", name));
@@ -939,6 +935,19 @@ impl Core {
             bytes_received: ctx.bytes_received,
             arguments: arguments.as_bytes(),
         };
+        if parsed_params.is_none() {
+            // Still one row: every tools/call is in the ledger, even a malformed one.
+            self.refuse_at_start(
+                ctx,
+                start,
+                "error",
+                None,
+                None,
+                jsonrpc::INVALID_PARAMS,
+                "invalid params: tools/call needs a name",
+            );
+            return;
+        }
         if !arguments.starts_with('{') {
             self.refuse_at_start(
                 ctx,
@@ -1035,6 +1044,7 @@ impl Core {
             started: now,
             deadline: now,
             timeout_key: "gateway.tool_call_timeout_secs",
+            approved: None,
         };
         match decision.verdict {
             Verdict::Block => {
@@ -1187,6 +1197,8 @@ impl Core {
         else {
             return;
         };
+        let approved_owned = call.approved.clone();
+        let approved = approved.or(approved_owned.as_ref().map(|(w, t)| (w.as_str(), *t)));
         let bytes = jsonrpc::result_response(&call.id, result_json);
         match decision {
             "allowed" => self.counters.calls_allowed += 1,
@@ -1313,7 +1325,7 @@ impl Core {
 
     fn complete_tool(
         &mut self,
-        call: Call,
+        mut call: Call,
         ok: Option<String>,
         error: Option<rpc::RpcError>,
         facts: Option<String>,
@@ -1431,6 +1443,10 @@ impl Core {
                         &message,
                         decision.rule.as_deref(),
                     );
+                    // The row names the rule that refused the result.
+                    if let CallKind::Tool { decision: d, .. } = &mut call.kind {
+                        *d = decision.clone();
+                    }
                     self.finish_tool(
                         call,
                         "denied",
@@ -1553,6 +1569,7 @@ impl Core {
             );
             return Ok(());
         }
+        call.approved = Some((who.to_owned(), decided));
         let Stage::AwaitingApproval { arguments } =
             std::mem::replace(&mut call.stage, Stage::AtWorker)
         else {
