@@ -960,7 +960,8 @@ impl Core {
             );
             return;
         }
-        let Some(entry) = self.catalog.get(Kind::Tools, name).cloned() else {
+        // Only what routing needs; the definition text stays in the catalog.
+        let Some(entry) = self.catalog.get(Kind::Tools, name).map(Route::from) else {
             let message = format!("unknown tool: {name}");
             self.refuse_at_start(
                 ctx,
@@ -1032,8 +1033,8 @@ impl Core {
             worker: entry.worker,
             kind: CallKind::Tool {
                 ledger_id,
-                server: entry.server.clone(),
-                tool: entry.upstream.clone(),
+                server: entry.server,
+                tool: entry.upstream,
                 decision: decision.clone(),
                 rewritten: false,
             },
@@ -1750,6 +1751,23 @@ fn refused_bytes(method: &str, id: &str) -> Vec<u8> {
         jsonrpc::result_response(id, &r)
     } else {
         jsonrpc::error_response(Some(id), jsonrpc::LEDGER_UNAVAILABLE, message, None)
+    }
+}
+
+/// Where a tool call goes.
+struct Route {
+    worker: WorkerId,
+    server: String,
+    upstream: String,
+}
+
+impl From<&crate::mcp::catalog::Entry> for Route {
+    fn from(e: &crate::mcp::catalog::Entry) -> Route {
+        Route {
+            worker: e.worker,
+            server: e.server.clone(),
+            upstream: e.upstream.clone(),
+        }
     }
 }
 
