@@ -11,6 +11,7 @@
 //! most about `max_depth` deep, whatever the input.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt::Write;
 
 use html5ever::tendril::StrTendril;
@@ -119,9 +120,79 @@ const HEADINGS: &[&str] = &["h1", "h2", "h3", "h4", "h5", "h6"];
 /// Attributes the converters read; all others are dropped.
 const KEPT_ATTRIBUTES: &[&str] = &["href", "src", "alt", "title", "colspan", "rowspan", "start"];
 
+/// An implied-end rule: the nearest open element among `targets`, unless one of `stops`
+/// is open inside it.
+struct Rule {
+    targets: &'static [&'static str],
+    stops: &'static [&'static str],
+}
+
+const RULE_P: usize = 0;
+const RULE_LI: usize = 1;
+const RULE_DD_DT: usize = 2;
+const RULE_TR: usize = 3;
+const RULE_CELL: usize = 4;
+const RULE_SECTION: usize = 5;
+const RULE_TR_IN_TABLE: usize = 6;
+const RULE_OPTION: usize = 7;
+const RULE_A: usize = 8;
+const RULE_HEAD: usize = 9;
+
+const RULES: [Rule; 10] = [
+    Rule {
+        targets: &["p"],
+        stops: SCOPE_BOUNDARY,
+    },
+    Rule {
+        targets: &["li"],
+        stops: &["ul", "ol", "menu", "dl", "table", "td", "th"],
+    },
+    Rule {
+        targets: &["dd", "dt"],
+        stops: &["dl", "ul", "ol", "table", "td", "th"],
+    },
+    Rule {
+        targets: &["tr"],
+        stops: &["table", "tbody", "thead", "tfoot"],
+    },
+    Rule {
+        targets: &["td", "th"],
+        stops: &["tr", "table"],
+    },
+    Rule {
+        targets: &["tbody", "thead", "tfoot"],
+        stops: &["table"],
+    },
+    Rule {
+        targets: &["tr"],
+        stops: &["table"],
+    },
+    Rule {
+        targets: &["option"],
+        stops: &["select", "datalist"],
+    },
+    Rule {
+        targets: &["a"],
+        stops: SCOPE_BOUNDARY,
+    },
+    Rule {
+        targets: &["head"],
+        stops: &[],
+    },
+];
+
+/// One open element, with what each rule would close from here, so no tag ever scans the
+/// stack (that scan is the cost this module exists to avoid).
+struct Open {
+    name: String,
+    nearest: [Option<usize>; RULES.len()],
+}
+
 struct Builder {
     out: String,
-    stack: Vec<String>,
+    stack: Vec<Open>,
+    /// Stack indices of the open elements of each name, innermost last.
+    open_by_name: HashMap<String, Vec<usize>>,
     max_depth: usize,
     flattened: bool,
     /// Inside a dropped raw-text element: its name.
@@ -135,6 +206,7 @@ impl Builder {
         Builder {
             out,
             stack: Vec::new(),
+            open_by_name: HashMap::new(),
             max_depth,
             flattened: false,
             dropping: None,
@@ -169,7 +241,7 @@ impl Builder {
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         if name == "body"
-            && let Some(i) = self.find_open(&["head"], &[])
+            && let Some(i) = self.nearest(RULE_HEAD)
         {
             self.close_to(i);
         }
@@ -210,8 +282,35 @@ impl Builder {
             let _ = write!(self.out, "</{name}>");
             return TokenSinkResult::Continue;
         }
-        self.stack.push(name.to_string());
+        self.push(name);
         self.raw_kind_for(name)
+    }
+
+    fn push(&mut self, name: &str) {
+        let index = self.stack.len();
+        let parent = self.stack.last().map(|o| o.nearest).unwrap_or([None; RULES.len()]);
+        let mut nearest = [None; RULES.len()];
+        for (r, rule) in RULES.iter().enumerate() {
+            nearest[r] = if rule.targets.contains(&name) {
+                Some(index)
+            } else if rule.stops.contains(&name) {
+                None
+            } else {
+                parent[r]
+            };
+        }
+        self.stack.push(Open {
+            name: name.to_string(),
+            nearest,
+        });
+        self.open_by_name
+            .entry(name.to_string())
+            .or_default()
+            .push(index);
+    }
+
+    fn nearest(&self, rule: usize) -> Option<usize> {
+        self.stack.last().and_then(|o| o.nearest[rule])
     }
 
     /// `title` and `textarea` hold text only, whether or not we keep the element.
@@ -237,7 +336,11 @@ impl Builder {
             self.out.push_str("<br>");
             return;
         }
-        if let Some(i) = self.stack.iter().rposition(|n| n == name) {
+        let innermost = self
+            .open_by_name
+            .get(name)
+            .and_then(|indices| indices.last().copied());
+        if let Some(i) = innermost {
             self.close_to(i);
         }
     }
@@ -245,46 +348,36 @@ impl Builder {
     /// Close the element at stack index `i` and everything opened inside it.
     fn close_to(&mut self, i: usize) {
         while self.stack.len() > i {
-            if let Some(n) = self.stack.pop() {
-                let _ = write!(self.out, "</{n}>");
+            if let Some(open) = self.stack.pop() {
+                let _ = write!(self.out, "</{}>", open.name);
+                if let Some(indices) = self.open_by_name.get_mut(&open.name) {
+                    indices.pop();
+                }
             }
         }
-    }
-
-    /// Find, from the innermost element out, one of `targets` before any of `stops`.
-    fn find_open(&self, targets: &[&str], stops: &[&str]) -> Option<usize> {
-        for (i, n) in self.stack.iter().enumerate().rev() {
-            if targets.contains(&n.as_str()) {
-                return Some(i);
-            }
-            if stops.contains(&n.as_str()) {
-                return None;
-            }
-        }
-        None
     }
 
     /// The commonest implied end tags, so sloppy pages keep their shape and depth.
     fn close_implied_by(&mut self, name: &str) {
         if CLOSES_P.contains(&name)
-            && let Some(i) = self.find_open(&["p"], SCOPE_BOUNDARY)
+            && let Some(i) = self.nearest(RULE_P)
         {
             self.close_to(i);
         }
         let implied = match name {
-            "li" => self.find_open(&["li"], &["ul", "ol", "menu", "dl", "table", "td", "th"]),
-            "dd" | "dt" => self.find_open(&["dd", "dt"], &["dl", "ul", "ol", "table", "td", "th"]),
-            "tr" => self.find_open(&["tr", "td", "th"], &["table", "tbody", "thead", "tfoot"]),
-            "td" | "th" => self.find_open(&["td", "th"], &["tr", "table"]),
-            "tbody" | "thead" | "tfoot" => {
-                self.find_open(&["tbody", "thead", "tfoot", "tr", "td", "th"], &["table"])
-            }
-            "option" | "optgroup" => self.find_open(&["option"], &["select", "datalist"]),
-            "a" => self.find_open(&["a"], SCOPE_BOUNDARY),
+            "li" => self.nearest(RULE_LI),
+            "dd" | "dt" => self.nearest(RULE_DD_DT),
+            "tr" => self.nearest(RULE_TR),
+            "td" | "th" => self.nearest(RULE_CELL),
+            "tbody" | "thead" | "tfoot" => self
+                .nearest(RULE_SECTION)
+                .or_else(|| self.nearest(RULE_TR_IN_TABLE)),
+            "option" | "optgroup" => self.nearest(RULE_OPTION),
+            "a" => self.nearest(RULE_A),
             h if HEADINGS.contains(&h) => self
                 .stack
                 .last()
-                .filter(|top| HEADINGS.contains(&top.as_str()))
+                .filter(|top| HEADINGS.contains(&top.name.as_str()))
                 .map(|_| self.stack.len() - 1),
             _ => None,
         };

@@ -131,9 +131,15 @@ mod tests {
         let addr: SocketAddr = "93.184.216.34:8080".parse().unwrap();
         let r = PinnedResolver::new(&uri, addr);
         let config = Config::default();
-        let got = r.resolve(&uri, &config, NextTimeout::default()).unwrap();
+        let timeout = NextTimeout {
+            after: ureq::unversioned::transport::time::Duration::NotHappening,
+            reason: ureq::Timeout::Global,
+            per_read: None,
+            per_write: None,
+        };
+        let got = r.resolve(&uri, &config, timeout).unwrap();
         assert_eq!(&got[..], &[addr]);
         let other: Uri = "http://evil.example:8080/".parse().unwrap();
-        assert!(r.resolve(&other, &config, NextTimeout::default()).is_err());
+        assert!(r.resolve(&other, &config, timeout).is_err());
     }
 }

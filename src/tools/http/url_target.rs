@@ -249,7 +249,6 @@ mod tests {
             "http://256.1.1.1/",
             "http://1.2.3.4.5/",
             "http://1.2.3.09/",
-            "http://0x1g/",
             "http://foo.0x10/",
             "http://foo.123/",
             "http://1.2.65536/",
@@ -277,6 +276,9 @@ mod tests {
             host_of("http://a_b.example/"),
             Ok(TargetHost::Name("a_b.example".into()))
         );
+        // A last label that is not a number (in any base) makes a name, as in the URL
+        // standard and inet_aton.
+        assert_eq!(host_of("http://0x1g/"), Ok(TargetHost::Name("0x1g".into())));
         // A label that starts with digits but is not all digits is a name.
         assert_eq!(
             host_of("http://1.2.3.4a/"),
