@@ -174,9 +174,10 @@ impl AddressPolicy {
             }
         }
         let addr = addr.to_canonical();
-        let exact = self.allow.iter().any(|e| {
-            matches!(e, AllowEntry::Socket { ip, port: p } if *ip == addr && *p == port)
-        });
+        let exact = self
+            .allow
+            .iter()
+            .any(|e| matches!(e, AllowEntry::Socket { ip, port: p } if *ip == addr && *p == port));
         if exact {
             return Ok(());
         }
@@ -187,9 +188,9 @@ impl AddressPolicy {
     }
 
     fn in_allowed_net(&self, addr: IpAddr) -> bool {
-        self.allow.iter().any(
-            |e| matches!(e, AllowEntry::Net { net, prefix } if in_net(addr, *net, *prefix)),
-        )
+        self.allow
+            .iter()
+            .any(|e| matches!(e, AllowEntry::Net { net, prefix } if in_net(addr, *net, *prefix)))
     }
 
     fn check_address(&self, addr: IpAddr) -> Result<(), String> {

@@ -23,7 +23,8 @@ use super::resolver::{MAX_ADDRESSES_TRIED, PinnedResolver, resolve_name};
 use super::url_target::{Target, TargetError, TargetHost, parse_target};
 
 /// What toolwall asks for: documents first, anything else accepted.
-const ACCEPT: &str = "text/html,application/xhtml+xml,text/plain;q=0.9,application/json;q=0.9,*/*;q=0.8";
+const ACCEPT: &str =
+    "text/html,application/xhtml+xml,text/plain;q=0.9,application/json;q=0.9,*/*;q=0.8";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
@@ -139,7 +140,8 @@ impl<'a> Client<'a> {
         self.policy
             .check_port(&target.host, target.port)
             .map_err(|m| ToolError::new(ErrorCode::AddressRefused, m))?;
-        let connect_budget = Duration::from_secs(self.cfg.connect_timeout_secs).min(self.remaining()?);
+        let connect_budget =
+            Duration::from_secs(self.cfg.connect_timeout_secs).min(self.remaining()?);
         let connect_deadline = Instant::now() + connect_budget;
         let addrs: Vec<SocketAddr> = match &target.host {
             TargetHost::Ip(ip) => vec![SocketAddr::new(*ip, target.port)],
@@ -147,7 +149,9 @@ impl<'a> Client<'a> {
         };
         for addr in &addrs {
             if let Err(why) = self.policy.check(&target.host, target.port, addr.ip()) {
-                facts.resolved.extend(addrs.iter().map(SocketAddr::to_string));
+                facts
+                    .resolved
+                    .extend(addrs.iter().map(SocketAddr::to_string));
                 return Err(ToolError::new(
                     ErrorCode::AddressRefused,
                     format!("{} refused: {why}", host_text(&target.host)),
@@ -162,11 +166,21 @@ impl<'a> Client<'a> {
                 break;
             }
             let is_last = i + 1 == tried.len();
-            let attempt_budget = if is_last { connect_left } else { connect_left / 2 };
+            let attempt_budget = if is_last {
+                connect_left
+            } else {
+                connect_left / 2
+            };
             let agent = self.agent_for(&target.uri, *addr, attempt_budget, self.remaining()?);
             let request = match method {
-                Method::Get => agent.get(target.uri.clone()).header("accept", ACCEPT).call(),
-                Method::Head => agent.head(target.uri.clone()).header("accept", ACCEPT).call(),
+                Method::Get => agent
+                    .get(target.uri.clone())
+                    .header("accept", ACCEPT)
+                    .call(),
+                Method::Head => agent
+                    .head(target.uri.clone())
+                    .header("accept", ACCEPT)
+                    .call(),
             };
             match request {
                 Ok(response) => {
@@ -180,7 +194,9 @@ impl<'a> Client<'a> {
                 }
             }
         }
-        facts.resolved.extend(tried.iter().map(SocketAddr::to_string));
+        facts
+            .resolved
+            .extend(tried.iter().map(SocketAddr::to_string));
         Err(match last_error {
             Some(e) => map_error(&e, self.cfg),
             None => ToolError::new(
@@ -207,7 +223,11 @@ impl<'a> Client<'a> {
             .max_idle_connections(0)
             .max_idle_connections_per_host(0)
             .build();
-        Agent::with_parts(config, DefaultConnector::default(), PinnedResolver::new(uri, addr))
+        Agent::with_parts(
+            config,
+            DefaultConnector::default(),
+            PinnedResolver::new(uri, addr),
+        )
     }
 }
 

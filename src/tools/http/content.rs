@@ -128,8 +128,8 @@ pub fn decode_text(body: &[u8], charset: Option<&str>) -> (String, Option<String
         }
         "utf-16" | "utf-16le" => (decode_utf16(body, false), None),
         "utf-16be" => (decode_utf16(body, true), None),
-        "iso-8859-1" | "iso8859-1" | "latin1" | "l1" | "windows-1252" | "cp1252"
-        | "x-cp1252" | "us-ascii" | "ascii" | "cp819" | "ibm819" | "iso_8859-1" => {
+        "iso-8859-1" | "iso8859-1" | "latin1" | "l1" | "windows-1252" | "cp1252" | "x-cp1252"
+        | "us-ascii" | "ascii" | "cp819" | "ibm819" | "iso_8859-1" => {
             (decode_windows_1252(body), None)
         }
         other => (
@@ -154,18 +154,16 @@ fn decode_utf16(body: &[u8], big_endian: bool) -> String {
 
 /// Windows-1252: Latin-1 with printable characters in 0x80..0xA0.
 const WINDOWS_1252_HIGH: [u16; 32] = [
-    0x20AC, 0x0081, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021, 0x02C6, 0x2030, 0x0160,
-    0x2039, 0x0152, 0x008D, 0x017D, 0x008F, 0x0090, 0x2018, 0x2019, 0x201C, 0x201D, 0x2022,
-    0x2013, 0x2014, 0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x009D, 0x017E, 0x0178,
+    0x20AC, 0x0081, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021, 0x02C6, 0x2030, 0x0160, 0x2039,
+    0x0152, 0x008D, 0x017D, 0x008F, 0x0090, 0x2018, 0x2019, 0x201C, 0x201D, 0x2022, 0x2013, 0x2014,
+    0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x009D, 0x017E, 0x0178,
 ];
 
 fn decode_windows_1252(body: &[u8]) -> String {
     body.iter()
         .map(|&b| match b {
-            0x80..=0x9f => {
-                char::from_u32(u32::from(WINDOWS_1252_HIGH[usize::from(b - 0x80)]))
-                    .unwrap_or(char::REPLACEMENT_CHARACTER)
-            }
+            0x80..=0x9f => char::from_u32(u32::from(WINDOWS_1252_HIGH[usize::from(b - 0x80)]))
+                .unwrap_or(char::REPLACEMENT_CHARACTER),
             _ => char::from(b),
         })
         .collect()
@@ -212,9 +210,15 @@ mod tests {
 
     #[test]
     fn charsets() {
-        assert_eq!(charset_param("text/html; Charset=\"ISO-8859-1\""), Some("iso-8859-1".into()));
+        assert_eq!(
+            charset_param("text/html; Charset=\"ISO-8859-1\""),
+            Some("iso-8859-1".into())
+        );
         assert_eq!(charset_param("text/html"), None);
-        assert_eq!(decode_text(b"caf\xe9 \x80", Some("iso-8859-1")).0, "caf\u{e9} \u{20ac}");
+        assert_eq!(
+            decode_text(b"caf\xe9 \x80", Some("iso-8859-1")).0,
+            "caf\u{e9} \u{20ac}"
+        );
         assert_eq!(decode_text("café".as_bytes(), None).0, "café");
         assert_eq!(decode_text(b"\xef\xbb\xbfhi", Some("iso-8859-1")).0, "hi");
         assert_eq!(decode_text(b"\xff\xfeh\0i\0", None).0, "hi");

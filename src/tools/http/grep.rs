@@ -163,7 +163,13 @@ mod tests {
             r.output,
             "1:line 1\n2:line 2\n3-line 3\n4:line 4\n5:line 5\n"
         );
-        let r = grep("a\r\nb\r\n", &compile_pattern("b", 10).unwrap(), 0, 50, 1000);
+        let r = grep(
+            "a\r\nb\r\n",
+            &compile_pattern("b", 10).unwrap(),
+            0,
+            50,
+            1000,
+        );
         assert_eq!(r.output, "2:b\n");
     }
 
@@ -188,7 +194,9 @@ mod tests {
         let lines: Vec<&str> = r.output.lines().collect();
         assert_eq!(lines.len(), 2);
         assert!(lines[0].starts_with("1-ccc") && lines[0].ends_with('…'));
-        assert!(lines[1].starts_with("2:…x") && lines[1].contains("NEEDLE") && lines[1].ends_with("y…"));
+        assert!(
+            lines[1].starts_with("2:…x") && lines[1].contains("NEEDLE") && lines[1].ends_with("y…")
+        );
         assert!(lines[1].chars().count() < 110);
     }
 

@@ -29,7 +29,11 @@ pub struct Converted {
 }
 
 /// Convert `html` to `format`, nesting kept to `max_depth`.
-pub fn convert_html(html: &str, format: HtmlFormat, max_depth: usize) -> Result<Converted, ToolError> {
+pub fn convert_html(
+    html: &str,
+    format: HtmlFormat,
+    max_depth: usize,
+) -> Result<Converted, ToolError> {
     std::thread::scope(|scope| {
         let worker = std::thread::Builder::new()
             .name("http-convert".into())
@@ -122,7 +126,11 @@ mod tests {
         let c = convert_html(PAGE, HtmlFormat::Markdown, 256).unwrap();
         assert!(c.text.contains("# Title here"), "{}", c.text);
         assert!(c.text.contains("**bold**"), "{}", c.text);
-        assert!(c.text.contains("[a link](https://example.com/x)"), "{}", c.text);
+        assert!(
+            c.text.contains("[a link](https://example.com/x)"),
+            "{}",
+            c.text
+        );
         assert!(c.text.contains("one"), "{}", c.text);
         assert!(!c.text.contains("alert"), "{}", c.text);
         assert!(!c.text.contains("color:red"), "{}", c.text);

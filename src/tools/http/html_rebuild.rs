@@ -288,7 +288,11 @@ impl Builder {
 
     fn push(&mut self, name: &str) {
         let index = self.stack.len();
-        let parent = self.stack.last().map(|o| o.nearest).unwrap_or([None; RULES.len()]);
+        let parent = self
+            .stack
+            .last()
+            .map(|o| o.nearest)
+            .unwrap_or([None; RULES.len()]);
         let mut nearest = [None; RULES.len()];
         for (r, rule) in RULES.iter().enumerate() {
             nearest[r] = if rule.targets.contains(&name) {
@@ -456,7 +460,10 @@ mod tests {
         );
         assert_eq!(body("<p>x<div>y</div>", 64), "<p>x</p><div>y</div>");
         assert_eq!(body("<b>x</i>y</b>", 64), "<b>xy</b>");
-        assert_eq!(body("<div><span>x</div>y", 64), "<div><span>x</span></div>y");
+        assert_eq!(
+            body("<div><span>x</div>y", 64),
+            "<div><span>x</span></div>y"
+        );
     }
 
     #[test]
@@ -474,7 +481,10 @@ mod tests {
 
     #[test]
     fn raw_text_is_not_markup() {
-        let got = body("<style>p{}</style><textarea><b>x</b></textarea><noscript><p>js</p></noscript>ok", 64);
+        let got = body(
+            "<style>p{}</style><textarea><b>x</b></textarea><noscript><p>js</p></noscript>ok",
+            64,
+        );
         assert_eq!(got, "<textarea>&lt;b&gt;x&lt;/b&gt;</textarea>ok");
         let got = body("<script></div></div><p>hidden</script><p>shown", 64);
         assert_eq!(got, "<p>shown</p>");

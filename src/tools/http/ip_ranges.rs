@@ -11,18 +11,38 @@ const REFUSED_V4: &[(Ipv4Addr, u8, &str)] = &[
     (Ipv4Addr::new(255, 255, 255, 255), 32, "broadcast"),
     (Ipv4Addr::new(0, 0, 0, 0), 8, "unspecified (0.0.0.0/8)"),
     (Ipv4Addr::new(10, 0, 0, 0), 8, "private (10.0.0.0/8)"),
-    (Ipv4Addr::new(100, 64, 0, 0), 10, "shared CGNAT (100.64.0.0/10)"),
+    (
+        Ipv4Addr::new(100, 64, 0, 0),
+        10,
+        "shared CGNAT (100.64.0.0/10)",
+    ),
     (Ipv4Addr::new(127, 0, 0, 0), 8, "loopback (127.0.0.0/8)"),
-    (Ipv4Addr::new(169, 254, 0, 0), 16, "link-local (169.254.0.0/16)"),
+    (
+        Ipv4Addr::new(169, 254, 0, 0),
+        16,
+        "link-local (169.254.0.0/16)",
+    ),
     (Ipv4Addr::new(172, 16, 0, 0), 12, "private (172.16.0.0/12)"),
     (
         Ipv4Addr::new(192, 0, 0, 0),
         24,
         "IETF protocol assignments (192.0.0.0/24)",
     ),
-    (Ipv4Addr::new(192, 0, 2, 0), 24, "documentation (192.0.2.0/24)"),
-    (Ipv4Addr::new(192, 168, 0, 0), 16, "private (192.168.0.0/16)"),
-    (Ipv4Addr::new(198, 18, 0, 0), 15, "benchmarking (198.18.0.0/15)"),
+    (
+        Ipv4Addr::new(192, 0, 2, 0),
+        24,
+        "documentation (192.0.2.0/24)",
+    ),
+    (
+        Ipv4Addr::new(192, 168, 0, 0),
+        16,
+        "private (192.168.0.0/16)",
+    ),
+    (
+        Ipv4Addr::new(198, 18, 0, 0),
+        15,
+        "benchmarking (198.18.0.0/15)",
+    ),
     (
         Ipv4Addr::new(198, 51, 100, 0),
         24,
@@ -119,7 +139,9 @@ pub fn in_net(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
 }
 
 fn v4_in(ip: Ipv4Addr, net: Ipv4Addr, prefix: u8) -> bool {
-    let mask = u32::MAX.checked_shl(32 - u32::from(prefix.min(32))).unwrap_or(0);
+    let mask = u32::MAX
+        .checked_shl(32 - u32::from(prefix.min(32)))
+        .unwrap_or(0);
     u32::from(ip) & mask == u32::from(net) & mask
 }
 
@@ -278,7 +300,11 @@ mod tests {
 
     #[test]
     fn public_v6() {
-        for s in ["2606:4700::1111", "2a00:1450:4001::200e", "2001:4860:4860::8888"] {
+        for s in [
+            "2606:4700::1111",
+            "2a00:1450:4001::200e",
+            "2001:4860:4860::8888",
+        ] {
             assert_eq!(classify_v6(v6(s)), V6Class::Public, "{s}");
         }
     }
@@ -296,7 +322,11 @@ mod tests {
             ("2002:c0a8:0101::", "6to4", "192.168.1.1"),
             ("2002:0808:0808::1", "6to4", "8.8.8.8"),
             // Teredo client 127.0.0.1 is stored inverted: 0x80ff:fffe.
-            ("2001:0:4136:e378:8000:63bf:80ff:fffe", "Teredo", "127.0.0.1"),
+            (
+                "2001:0:4136:e378:8000:63bf:80ff:fffe",
+                "Teredo",
+                "127.0.0.1",
+            ),
             ("2001:0:4136:e378:8000:63bf:f7f7:f7f7", "Teredo", "8.8.8.8"),
         ];
         for (addr, form, inner) in cases {

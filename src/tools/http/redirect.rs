@@ -54,7 +54,11 @@ pub fn resolve_location(base: &Uri, location: &str) -> Result<String, String> {
         None if ref_path.is_empty() => base.query(),
         None => None,
     };
-    let path = if path.is_empty() { "/".to_string() } else { path };
+    let path = if path.is_empty() {
+        "/".to_string()
+    } else {
+        path
+    };
     Ok(match query {
         Some(q) => format!("{scheme}://{authority}{path}?{q}"),
         None => format!("{scheme}://{authority}{path}"),

@@ -26,7 +26,11 @@ pub const MAX_ADDRESSES_TRIED: usize = 16;
 const MAX_ADDRESSES_READ: usize = 256;
 
 /// Resolve `name` for `port` with the system resolver, within `timeout`.
-pub fn resolve_name(name: &str, port: u16, timeout: Duration) -> Result<Vec<SocketAddr>, ToolError> {
+pub fn resolve_name(
+    name: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<Vec<SocketAddr>, ToolError> {
     let (tx, rx) = mpsc::sync_channel(1);
     let query = name.to_string();
     // The lookup thread is detached: when the lookup outlives the timeout it finishes on
@@ -39,7 +43,12 @@ pub fn resolve_name(name: &str, port: u16, timeout: Duration) -> Result<Vec<Sock
                 .map(|addrs| addrs.take(MAX_ADDRESSES_READ).collect::<Vec<_>>());
             let _ = tx.send(answer);
         })
-        .map_err(|e| ToolError::new(ErrorCode::InternalError, format!("cannot start a lookup: {e}")))?;
+        .map_err(|e| {
+            ToolError::new(
+                ErrorCode::InternalError,
+                format!("cannot start a lookup: {e}"),
+            )
+        })?;
     match rx.recv_timeout(timeout) {
         Ok(Ok(mut addrs)) => {
             let mut seen = Vec::with_capacity(addrs.len());
@@ -63,7 +72,10 @@ pub fn resolve_name(name: &str, port: u16, timeout: Duration) -> Result<Vec<Sock
         )),
         Err(mpsc::RecvTimeoutError::Timeout) => Err(ToolError::new(
             ErrorCode::Timeout,
-            format!("resolving {name} took longer than {} ms", timeout.as_millis()),
+            format!(
+                "resolving {name} took longer than {} ms",
+                timeout.as_millis()
+            ),
         )),
         Err(mpsc::RecvTimeoutError::Disconnected) => Err(ToolError::new(
             ErrorCode::InternalError,
@@ -82,7 +94,10 @@ pub struct PinnedResolver {
 impl PinnedResolver {
     pub fn new(uri: &Uri, addr: SocketAddr) -> PinnedResolver {
         PinnedResolver {
-            authority: uri.authority().map(|a| a.as_str().to_string()).unwrap_or_default(),
+            authority: uri
+                .authority()
+                .map(|a| a.as_str().to_string())
+                .unwrap_or_default(),
             addr,
         }
     }

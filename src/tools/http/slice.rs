@@ -93,7 +93,9 @@ mod tests {
 
     #[test]
     fn windows_cover_the_text_exactly() {
-        let text: String = (0..1000).map(|i| char::from_u32(0x61 + i % 26).unwrap()).collect::<String>()
+        let text: String = (0..1000)
+            .map(|i| char::from_u32(0x61 + i % 26).unwrap())
+            .collect::<String>()
             + "\u{3042}\u{3044}\u{3046}";
         let mut joined = String::new();
         let mut start = 0;

@@ -230,7 +230,8 @@ fn binary_refused(ct: Option<&str>) -> ToolError {
         ErrorCode::UnsupportedContent,
         format!(
             "the body is binary ({}); fetch_http with format \"raw\" returns it base64-encoded",
-            ct.map(media_type).unwrap_or_else(|| "undeclared type".into())
+            ct.map(media_type)
+                .unwrap_or_else(|| "undeclared type".into())
         ),
     )
 }
@@ -312,7 +313,11 @@ fn window_or_error<'t>(
     })
 }
 
-fn fetch(args: FetchArgs, cfg: &HttpToolsConfig, facts: &mut HttpFacts) -> Result<Value, ToolError> {
+fn fetch(
+    args: FetchArgs,
+    cfg: &HttpToolsConfig,
+    facts: &mut HttpFacts,
+) -> Result<Value, ToolError> {
     let max_length = check_max_length(args.max_length, cfg)?;
     let (readable, answer, ct) = fetch_readable(&args.url, args.format, cfg, facts)?;
     let w = window_or_error(&readable.text, args.start_index, max_length)?;
@@ -320,7 +325,9 @@ fn fetch(args: FetchArgs, cfg: &HttpToolsConfig, facts: &mut HttpFacts) -> Resul
     if readable.base64 {
         text.push_str(&format!(
             "[Binary body ({}), base64-encoded.]\n",
-            ct.as_deref().map(media_type).unwrap_or_else(|| "undeclared type".into())
+            ct.as_deref()
+                .map(media_type)
+                .unwrap_or_else(|| "undeclared type".into())
         ));
     }
     text.push_str(&render_with_note(&w, FETCH_HTTP));
@@ -354,7 +361,11 @@ fn kind_name(kind: BodyKind) -> &'static str {
     }
 }
 
-fn grep_tool(args: GrepArgs, cfg: &HttpToolsConfig, facts: &mut HttpFacts) -> Result<Value, ToolError> {
+fn grep_tool(
+    args: GrepArgs,
+    cfg: &HttpToolsConfig,
+    facts: &mut HttpFacts,
+) -> Result<Value, ToolError> {
     let max_length = check_max_length(args.max_length, cfg)?;
     if args.max_matches == 0 {
         return Err(ToolError::new(
@@ -368,7 +379,13 @@ fn grep_tool(args: GrepArgs, cfg: &HttpToolsConfig, facts: &mut HttpFacts) -> Re
     let (readable, answer, _) = fetch_readable(&args.url, Format::Text, cfg, facts)?;
     let context = args.context_lines.min(MAX_CONTEXT_LINES);
     let max_matches = args.max_matches.min(MAX_MATCHES_LIMIT);
-    let report = grep(&readable.text, &re, context, max_matches, cfg.max_grep_line_chars);
+    let report = grep(
+        &readable.text,
+        &re,
+        context,
+        max_matches,
+        cfg.max_grep_line_chars,
+    );
     let w = window_or_error(&report.output, args.start_index, max_length)?;
     let numbered = if readable.kind == BodyKind::Html {
         "1-based line numbers of the page's plain-text rendering"
@@ -406,7 +423,11 @@ fn grep_tool(args: GrepArgs, cfg: &HttpToolsConfig, facts: &mut HttpFacts) -> Re
     Ok(super::outcome::success_result(text, structured))
 }
 
-fn headers(args: HeadersArgs, cfg: &HttpToolsConfig, facts: &mut HttpFacts) -> Result<Value, ToolError> {
+fn headers(
+    args: HeadersArgs,
+    cfg: &HttpToolsConfig,
+    facts: &mut HttpFacts,
+) -> Result<Value, ToolError> {
     let client = Client::new(cfg)?;
     let method = match args.method {
         HeadersMethod::Head => Method::Head,

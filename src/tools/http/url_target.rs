@@ -55,6 +55,25 @@ pub fn parse_target(url: &str, max_bytes: usize) -> Result<Target, TargetError> 
                 .into(),
         ));
     }
+    // A scheme other than http(s) is a policy refusal, even where the rest of the URL
+    // (file:///x, data:...) would not parse as an http URI.
+    if let Some((scheme, _)) = url.split_once(':') {
+        let is_scheme = scheme
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic())
+            && scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+        if is_scheme
+            && !scheme.eq_ignore_ascii_case("http")
+            && !scheme.eq_ignore_ascii_case("https")
+        {
+            return Err(TargetError::Refused(format!(
+                "scheme {scheme:?} is not allowed: only http and https"
+            )));
+        }
+    }
     let uri: Uri = url
         .parse()
         .map_err(|e| TargetError::Invalid(format!("not a valid URL: {e}")))?;
@@ -156,16 +175,14 @@ fn parse_ipv4_part(part: &str) -> Option<u32> {
     if part.is_empty() {
         return None;
     }
-    let (digits, radix) = if let Some(hex) = part
-        .strip_prefix("0x")
-        .or_else(|| part.strip_prefix("0X"))
-    {
-        (hex, 16)
-    } else if part.len() > 1 && part.starts_with('0') {
-        (&part[1..], 8)
-    } else {
-        (part, 10)
-    };
+    let (digits, radix) =
+        if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+            (hex, 16)
+        } else if part.len() > 1 && part.starts_with('0') {
+            (&part[1..], 8)
+        } else {
+            (part, 10)
+        };
     let mut value: u32 = 0;
     for c in digits.chars() {
         let d = c.to_digit(radix)?;
@@ -311,10 +328,19 @@ mod tests {
             host_of("ftp://example.com/"),
             Err(TargetError::Refused(_))
         ));
-        assert!(matches!(
-            host_of("file:///etc/passwd"),
-            Err(TargetError::Refused(_)) | Err(TargetError::Invalid(_))
-        ));
+        for url in [
+            "file:///etc/passwd",
+            "javascript:alert(1)",
+            "data:text/html,<p>x",
+            "gopher://127.0.0.1:70/",
+            "HTTPX://example.com/",
+        ] {
+            assert!(
+                matches!(host_of(url), Err(TargetError::Refused(_))),
+                "{url}: {:?}",
+                host_of(url)
+            );
+        }
         assert!(matches!(
             host_of("http://user:pw@example.com/"),
             Err(TargetError::Refused(_))
