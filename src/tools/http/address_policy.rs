@@ -187,6 +187,17 @@ impl AddressPolicy {
         self.check_address(addr)
     }
 
+    /// Check every address a host resolved to: all must be allowed, or the first refusal
+    /// is the answer (see the module comment for why one refused address refuses all).
+    pub fn check_all(&self, host: &TargetHost, port: u16, addrs: &[IpAddr]) -> Result<(), String> {
+        if addrs.is_empty() {
+            return Err("no addresses to check".into());
+        }
+        addrs
+            .iter()
+            .try_for_each(|addr| self.check(host, port, *addr))
+    }
+
     fn in_allowed_net(&self, addr: IpAddr) -> bool {
         self.allow
             .iter()
@@ -340,6 +351,29 @@ mod tests {
         assert!(decide(&p, "http://localhost/", Some("::1")).is_err());
         assert!(decide(&p, "http://rebind.example/", Some("10.0.0.5")).is_err());
         assert!(decide(&p, "http://x.example/", Some("::ffff:192.168.0.1")).is_err());
+    }
+
+    #[test]
+    fn one_refused_address_refuses_the_name() {
+        let p = policy(&[], &[]);
+        let host = TargetHost::Name("mixed.example".into());
+        let ips = |list: &[&str]| {
+            list.iter()
+                .map(|s| s.parse().unwrap())
+                .collect::<Vec<IpAddr>>()
+        };
+        assert_eq!(
+            p.check_all(&host, 443, &ips(&["93.184.216.34", "2606:2800:220:1::1"])),
+            Ok(())
+        );
+        for mixed in [
+            &["93.184.216.34", "127.0.0.1"][..],
+            &["10.0.0.1", "93.184.216.34"],
+            &["2606:2800:220:1::1", "::ffff:169.254.169.254"],
+        ] {
+            assert!(p.check_all(&host, 443, &ips(mixed)).is_err(), "{mixed:?}");
+        }
+        assert!(p.check_all(&host, 443, &[]).is_err());
     }
 
     #[test]

@@ -147,16 +147,15 @@ impl<'a> Client<'a> {
             TargetHost::Ip(ip) => vec![SocketAddr::new(*ip, target.port)],
             TargetHost::Name(name) => resolve_name(name, target.port, connect_budget)?,
         };
-        for addr in &addrs {
-            if let Err(why) = self.policy.check(&target.host, target.port, addr.ip()) {
-                facts
-                    .resolved
-                    .extend(addrs.iter().map(SocketAddr::to_string));
-                return Err(ToolError::new(
-                    ErrorCode::AddressRefused,
-                    format!("{} refused: {why}", host_text(&target.host)),
-                ));
-            }
+        let ips: Vec<_> = addrs.iter().map(SocketAddr::ip).collect();
+        if let Err(why) = self.policy.check_all(&target.host, target.port, &ips) {
+            facts
+                .resolved
+                .extend(addrs.iter().map(SocketAddr::to_string));
+            return Err(ToolError::new(
+                ErrorCode::AddressRefused,
+                format!("{} refused: {why}", host_text(&target.host)),
+            ));
         }
         let tried = &addrs[..addrs.len().min(MAX_ADDRESSES_TRIED)];
         let mut last_error = None;
