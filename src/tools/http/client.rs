@@ -54,10 +54,19 @@ impl<'a> Client<'a> {
                 format!("builtin.http config: {e}"),
             )
         })?;
+        // `validate` bounds the timeout; a config that skipped it must not panic here.
+        let deadline = Instant::now()
+            .checked_add(Duration::from_secs(cfg.timeout_secs))
+            .ok_or_else(|| {
+                ToolError::new(
+                    ErrorCode::InternalError,
+                    "builtin.http.timeout_secs is too large",
+                )
+            })?;
         Ok(Client {
             cfg,
             policy,
-            deadline: Instant::now() + Duration::from_secs(cfg.timeout_secs),
+            deadline,
         })
     }
 
