@@ -330,10 +330,12 @@ fn run_job(settings: &WorkerSettings, job: Job) -> Message {
             );
         }
     };
-    let is_http = tools::http::tool_definitions()
-        .iter()
-        .any(|d| d.get("name").and_then(|n| n.as_str()) == Some(job.name.as_str()));
-    if !is_http {
+    let http_tools = [
+        tools::http::FETCH_HTTP,
+        tools::http::GREP_HTTP,
+        tools::http::HTTP_HEADERS,
+    ];
+    if !http_tools.contains(&job.name.as_str()) {
         return response_err(
             job.id,
             "unknown_tool",

@@ -1,40 +1,51 @@
-//! TEMPORARY interface shim until the HTTP tools branch lands (replaced wholesale on merge).
+//! The built-in HTTP tools `fetch_http`, `grep_http` and `http_headers` (served as
+//! `local__…`). They run inside the confined builtin worker; `call_tool` blocks, so the
+//! worker runs it on its pool. Where they may connect is decided by `address_policy`
+//! before any connection; see README.md in this directory.
 
-use serde::{Deserialize, Serialize};
+mod address_policy;
+mod client;
+mod config;
+mod content;
+mod grep;
+mod html_convert;
+mod html_rebuild;
+mod ip_ranges;
+mod outcome;
+mod redirect;
+mod resolver;
+mod slice;
+mod tools;
+mod url_target;
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HttpToolsConfig {
-    pub extra_ports: Vec<u16>,
-}
+#[cfg(test)]
+mod test_server;
+#[cfg(test)]
+mod tests;
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default)]
-pub struct HttpFacts {
-    pub url: String,
-    pub resolved: Vec<String>,
-    pub status: Option<u16>,
-    pub outcome: String,
-    pub redirects: Vec<String>,
-}
+pub use address_policy::{AddressPolicy, AllowEntry};
+pub use config::{HttpToolsConfig, tool_ports};
+pub use outcome::{ErrorCode, HttpFacts, ToolOutcome};
+pub use tools::{FETCH_HTTP, GREP_HTTP, HTTP_HEADERS};
 
-pub struct ToolOutcome {
-    pub result: serde_json::Value,
-    pub facts: HttpFacts,
-}
-
+/// The MCP `Tool` objects of the HTTP tools (names without the `local__` prefix).
 pub fn tool_definitions() -> Vec<serde_json::Value> {
-    vec![]
+    tools::tool_definitions()
 }
 
-pub fn call_tool(name: &str, _args: &serde_json::Value, _cfg: &HttpToolsConfig) -> ToolOutcome {
-    ToolOutcome {
-        result: serde_json::json!({"content":[{"type":"text","text":format!("{name} not built")}],"isError":true}),
-        facts: HttpFacts::default(),
-    }
-}
-
-pub fn tool_ports(cfg: &HttpToolsConfig) -> Vec<u16> {
-    let mut p = vec![80, 443];
-    p.extend(&cfg.extra_ports);
-    p
+/// Run one HTTP tool to completion (blocking: network, then conversion). Every refusal is
+/// a result with `isError: true` and a code; the facts are filled in either way.
+pub fn call_tool(name: &str, args: &serde_json::Value, cfg: &HttpToolsConfig) -> ToolOutcome {
+    let mut facts = HttpFacts::default();
+    let result = match tools::run_tool(name, args, cfg, &mut facts) {
+        Ok(result) => {
+            facts.outcome = "ok".into();
+            result
+        }
+        Err(err) => {
+            facts.outcome = err.code.as_str().into();
+            outcome::error_result(&err)
+        }
+    };
+    ToolOutcome { result, facts }
 }
