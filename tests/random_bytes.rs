@@ -24,7 +24,10 @@ fn rss_kib(pid: u32) -> u64 {
 fn framed_door_survives_random_bytes() {
     let gw = TestGateway::start("[gateway]\nframe_timeout_secs = 1\n");
     let sock = gw.sock.clone();
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 48, ..ProptestConfig::default() });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    });
     runner
         .run(&proptest::collection::vec(any::<u8>(), 0..4096), |bytes| {
             let mut s = UnixStream::connect(&sock).unwrap();
@@ -35,10 +38,17 @@ fn framed_door_survives_random_bytes() {
         })
         .unwrap();
     // Valid-looking frames with random inner headers and payloads.
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 48, ..ProptestConfig::default() });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    });
     runner
         .run(
-            &(any::<u32>(), any::<u16>(), proptest::collection::vec(any::<u8>(), 0..2048)),
+            &(
+                any::<u32>(),
+                any::<u16>(),
+                proptest::collection::vec(any::<u8>(), 0..2048),
+            ),
             |(sid, flags, payload)| {
                 let mut s = UnixStream::connect(&sock).unwrap();
                 let mut b = ((16 + payload.len()) as u32).to_be_bytes().to_vec();
@@ -57,7 +67,9 @@ fn framed_door_survives_random_bytes() {
     // Unbounded growth would show after a flood of garbage on one connection.
     let before = rss_kib(gw.pid());
     let mut s = UnixStream::connect(&sock).unwrap();
-    let junk: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 7919 % 251) as u8).collect();
+    let junk: Vec<u8> = (0..(1usize << 20))
+        .map(|i| (i * 7919 % 251) as u8)
+        .collect();
     for _ in 0..64 {
         if s.write_all(&junk).is_err() {
             break; // closed: the first bad length ends it
@@ -68,7 +80,10 @@ fn framed_door_survives_random_bytes() {
     let r = c.tool("local__echo", json!({"text": "alive"}));
     assert_eq!(r["result"]["content"][0]["text"], "alive");
     let after = rss_kib(gw.pid());
-    assert!(after < before + 32 * 1024, "peak RSS grew from {before} KiB to {after} KiB");
+    assert!(
+        after < before + 32 * 1024,
+        "peak RSS grew from {before} KiB to {after} KiB"
+    );
     assert!(!gw.log().contains("panicked"), "{}", gw.log());
 }
 
@@ -77,7 +92,10 @@ fn stdio_door_survives_random_lines() {
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("toolwall.toml");
     std::fs::write(&config_path, base_config(dir.path(), "")).unwrap();
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 8, ..ProptestConfig::default() });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 8,
+        ..ProptestConfig::default()
+    });
     runner
         .run(&proptest::collection::vec(any::<u8>(), 0..8192), |bytes| {
             let mut child = Command::new(BIN)
@@ -92,15 +110,26 @@ fn stdio_door_survives_random_lines() {
             {
                 let mut stdin = child.stdin.take().unwrap();
                 let _ = stdin.write_all(&bytes);
-                let _ = stdin.write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":\"last\",\"method\":\"ping\"}\n");
+                let _ = stdin
+                    .write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":\"last\",\"method\":\"ping\"}\n");
             }
             let out = child.wait_with_output().unwrap();
-            prop_assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+            prop_assert!(
+                out.status.success(),
+                "stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let stdout = String::from_utf8_lossy(&out.stdout);
             for line in stdout.lines() {
-                prop_assert!(serde_json::from_str::<serde_json::Value>(line).is_ok(), "stdout carries JSON only: {line}");
+                prop_assert!(
+                    serde_json::from_str::<serde_json::Value>(line).is_ok(),
+                    "stdout carries JSON only: {line}"
+                );
             }
-            prop_assert!(stdout.contains("\"id\":\"last\""), "the ping after the garbage is answered");
+            prop_assert!(
+                stdout.contains("\"id\":\"last\""),
+                "the ping after the garbage is answered"
+            );
             Ok(())
         })
         .unwrap();

@@ -1,7 +1,7 @@
 //! The admin socket: owner-only (0600), JSON lines, one request and one answer per line.
 //! It is the only place a held (`ask`) call can be approved: no agent door can reach it.
 //!
-//! Requests: `{"op":"status"}`, `{"op":"reload"}`, `{"op":"approvals"}`,
+//! Requests: `{"op":"status"}`, `{"op":"reload"}`, `{"op":"approvals"}`, `{"op":"attest"}`,
 //! `{"op":"approve","id":N}`, `{"op":"deny","id":N,"reason":"..."}`.
 
 use mio::net::UnixListener;
@@ -31,6 +31,8 @@ enum Request {
     Status,
     Reload,
     Approvals,
+    /// Re-run every ready worker's confinement probes inside the live worker.
+    Attest,
     Approve {
         id: u64,
     },
@@ -57,6 +59,13 @@ pub fn handle(gw: &mut Gateway, principal: &str, line: &[u8]) -> Value {
             Err(e) => json!({"ok": false, "error": e}),
         },
         Request::Approvals => json!({"ok": true, "pending": gw.core().pending_approvals(now)}),
+        Request::Attest => {
+            let workers = gw.core().workers().len();
+            let asked = (0..workers)
+                .filter(|w| gw.core_mut().request_attest(*w, now))
+                .count();
+            json!({"ok": true, "asked": asked, "message": format!("{asked} workers re-attesting; see the ledger's worker_reattested events")})
+        }
         Request::Approve { id } => decide(gw, id, true, principal, None, now),
         Request::Deny { id, reason } => decide(gw, id, false, principal, reason.as_deref(), now),
     }

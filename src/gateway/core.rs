@@ -97,6 +97,8 @@ enum CallKind {
     Other,
     /// list_tools / list_resources / list_prompts sent by the gateway itself.
     Listing { kind: Kind, server: String },
+    /// A fresh confinement report asked of a live worker.
+    Attest,
 }
 
 #[derive(Debug)]
@@ -346,6 +348,48 @@ impl Core {
                 target: None,
             },
         });
+    }
+
+    /// Ask a live worker to run its confinement probes again (with its threads running).
+    /// The fresh report lands in the ledger as a `worker_reattested` event.
+    pub fn request_attest(&mut self, worker: WorkerId, now: Instant) -> bool {
+        if !self.workers[worker].ready {
+            return false;
+        }
+        let key = self.new_key();
+        let deadline = now + Duration::from_secs(self.limits.request_timeout_secs);
+        self.calls.insert(
+            key,
+            Call {
+                conn: None,
+                stream: 0,
+                id: String::new(),
+                method: "attest".into(),
+                worker,
+                kind: CallKind::Attest,
+                stage: Stage::AtWorker,
+                principal: String::new(),
+                process: String::new(),
+                transport: Transport::Stdio,
+                started: now,
+                deadline,
+                timeout_key: "gateway.request_timeout_secs",
+                approved: None,
+            },
+        );
+        self.deadlines.push(Reverse((deadline, key)));
+        self.actions.push(Action::ToWorker {
+            worker,
+            call: Some(key),
+            msg: rpc::Message::Request {
+                id: key,
+                op: Op::Attest,
+                name: None,
+                args: None,
+                target: None,
+            },
+        });
+        true
     }
 
     /// A worker is gone (exited, or broke the protocol): every call it held fails now.
@@ -1255,6 +1299,10 @@ impl Core {
             CallKind::Listing { server, .. } => {
                 crate::warn!("listing of server {server} failed: {message}");
             }
+            CallKind::Attest => {
+                let name = self.workers[call.worker].name.clone();
+                crate::warn!("re-attestation of worker {name} failed: {message}");
+            }
         }
     }
 
@@ -1321,6 +1369,23 @@ impl Core {
                 }
             }
             CallKind::Tool { .. } => self.complete_tool(call, ok, error, facts),
+            CallKind::Attest => {
+                let name = self.workers[call.worker].name.clone();
+                let report: Value = ok
+                    .as_deref()
+                    .and_then(|t| serde_json::from_str(t).ok())
+                    .unwrap_or(Value::Null);
+                let all_denied = report["probes"]
+                    .as_array()
+                    .is_some_and(|p| !p.is_empty() && p.iter().all(|p| p["denied"] == true));
+                if !all_denied {
+                    crate::error!("worker {name}: a live re-attestation found a probe not denied");
+                }
+                self.event(
+                    "worker_reattested",
+                    json!({"worker": name, "all_denied": all_denied, "report": report}),
+                );
+            }
         }
     }
 

@@ -1213,6 +1213,12 @@ impl Gateway {
             );
             self.serving = true;
         }
+        if !self.serving && self.supervisor.all_settled() && !self.supervisor.all_ready() {
+            crate::warn!(
+                "serving agents while a worker is down; its tools answer worker_unavailable"
+            );
+            self.serving = true;
+        }
         if self.announced_ready || !self.supervisor.all_ready() || self.core.listings_pending() > 0
         {
             return;

@@ -1,6 +1,6 @@
-//! What the gateway tells a worker at start, through one environment variable: the role's
-//! grant and tool settings. Never a secret: upstream credentials travel over the RPC
-//! channel after the worker is confined.
+//! What the gateway tells a worker at start, through a pipe on its stdin (read to EOF
+//! before confinement; the environment stays empty): the role's grant and tool settings.
+//! Never a secret: upstream credentials travel over the RPC channel after confinement.
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

@@ -14,7 +14,7 @@ use crate::mcp::catalog::WorkerId;
 use crate::sandbox::{self, ConfinementReport, Role, SandboxConfig};
 use crate::workers::rpc::{self, Message, RpcReader};
 use crate::workers::settings::WorkerSettings;
-use crate::workers::worker_main::SETTINGS_ENV;
+use crate::workers::worker_main::MAX_SETTINGS_BYTES;
 
 /// Time a worker has to send `ready`.
 pub const START_TIMEOUT: Duration = Duration::from_secs(15);
@@ -80,6 +80,8 @@ pub struct WorkerProc {
     pub report: Option<ConfinementReport>,
     pub warnings: Vec<String>,
     pub restarts: u32,
+    /// Starts tried, successful or not.
+    pub attempts: u32,
     pub last_exit: Option<String>,
     backoff: Duration,
     started_at: Instant,
@@ -89,6 +91,40 @@ pub struct WorkerProc {
     gone: bool,
     /// Do not restart (shutdown).
     retired: bool,
+}
+
+/// A pipe already holding the worker's settings, its write end closed: the worker reads
+/// stdin to EOF before it confines itself. Bounded by [`MAX_SETTINGS_BYTES`]; the pipe is
+/// grown to hold them whole, so nothing here can block.
+fn settings_pipe(settings: &[u8]) -> std::io::Result<OwnedFd> {
+    use std::io::Write as _;
+    if settings.len() > MAX_SETTINGS_BYTES {
+        return Err(std::io::Error::other(format!(
+            "worker settings of {} bytes exceed {MAX_SETTINGS_BYTES}",
+            settings.len()
+        )));
+    }
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| std::io::Error::other(format!("pipe: {e}")))?;
+    if settings.len() >= 64 * 1024 {
+        // SAFETY: F_SETPIPE_SZ on a pipe we own; the result is checked.
+        let size = unsafe {
+            libc::fcntl(
+                write.as_raw_fd(),
+                libc::F_SETPIPE_SZ,
+                settings.len() as libc::c_int,
+            )
+        };
+        if size < 0 || (size as usize) < settings.len() {
+            return Err(std::io::Error::other(format!(
+                "cannot grow a pipe to {} bytes for the worker settings (fs.pipe-max-size)",
+                settings.len()
+            )));
+        }
+    }
+    let mut write = std::fs::File::from(write);
+    write.write_all(settings)?;
+    Ok(read)
 }
 
 pub struct Supervisor {
@@ -121,6 +157,7 @@ impl Supervisor {
             report: None,
             warnings: Vec::new(),
             restarts: 0,
+            attempts: 0,
             last_exit: None,
             backoff: MIN_BACKOFF,
             started_at: Instant::now(),
@@ -149,10 +186,11 @@ impl Supervisor {
     ) {
         let w = &mut self.workers[i];
         w.restart_at = None;
+        w.attempts += 1;
         let result = (|| -> std::io::Result<(Child, UnixStream)> {
             let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
-            let settings =
-                serde_json::to_string(&w.spec.settings).map_err(std::io::Error::other)?;
+            let settings = serde_json::to_vec(&w.spec.settings).map_err(std::io::Error::other)?;
+            let settings_pipe = settings_pipe(&settings)?;
             let theirs: OwnedFd = theirs.into();
             let theirs_raw = theirs.as_raw_fd();
             let mut confine_child = sandbox::child_pre_exec(theirs_raw, &self.sandbox);
@@ -160,8 +198,7 @@ impl Supervisor {
             cmd.arg("worker")
                 .arg(w.spec.role.to_string())
                 .env_clear()
-                .env(SETTINGS_ENV, settings)
-                .stdin(Stdio::null())
+                .stdin(Stdio::from(settings_pipe))
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit());
             // SAFETY: only async-signal-safe calls run between fork and exec.
@@ -481,6 +518,14 @@ impl Supervisor {
 
     pub fn all_ready(&self) -> bool {
         self.workers.iter().all(|w| w.state == WorkerState::Ready)
+    }
+
+    /// Every worker either attested or has been refused or failed at least once: agents
+    /// can be served (calls to a worker that is down get `worker_unavailable`).
+    pub fn all_settled(&self) -> bool {
+        self.workers.iter().all(|w| {
+            w.state == WorkerState::Ready || (w.attempts > 0 && w.state == WorkerState::Down)
+        })
     }
 
     /// Stop every worker: close channels, SIGTERM, then SIGKILL after `grace`; reap all.

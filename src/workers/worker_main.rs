@@ -20,8 +20,8 @@ use crate::workers::settings::WorkerSettings;
 
 /// The RPC socket's fd in a worker.
 pub const RPC_FD: i32 = 3;
-/// The environment variable carrying the worker's settings (JSON, no secrets).
-pub const SETTINGS_ENV: &str = "TOOLWALL_WORKER_SETTINGS";
+/// Largest settings document a worker reads from stdin.
+pub const MAX_SETTINGS_BYTES: usize = 1024 * 1024;
 
 const RPC: Token = Token(0);
 const WAKE: Token = Token(1);
@@ -41,13 +41,10 @@ pub fn run(role: Role) -> i32 {
         crate::error!("worker {role}: cannot close inherited fds: {e}");
         return 3;
     }
-    let settings = match std::env::var(SETTINGS_ENV)
-        .map_err(|e| e.to_string())
-        .and_then(|s| serde_json::from_str::<WorkerSettings>(&s).map_err(|e| e.to_string()))
-    {
+    let settings = match read_settings() {
         Ok(s) => s,
         Err(e) => {
-            crate::error!("worker {role}: bad or missing {SETTINGS_ENV}: {e}");
+            crate::error!("worker {role}: bad or missing settings on stdin: {e}");
             return 2;
         }
     };
@@ -82,6 +79,21 @@ pub fn run(role: Role) -> i32 {
             5
         }
     }
+}
+
+/// The settings the gateway wrote into our stdin pipe (JSON, no secrets), read to EOF
+/// before confinement.
+fn read_settings() -> Result<WorkerSettings, String> {
+    let mut text = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(MAX_SETTINGS_BYTES as u64 + 1)
+        .read_to_end(&mut text)
+        .map_err(|e| e.to_string())?;
+    if text.len() > MAX_SETTINGS_BYTES {
+        return Err(format!("more than {MAX_SETTINGS_BYTES} bytes"));
+    }
+    serde_json::from_slice(&text).map_err(|e| e.to_string())
 }
 
 fn serve(
