@@ -24,7 +24,7 @@ pub struct Migration {
 
 /// Applied in order; the version of a file is how many of these it has had.
 pub const MIGRATIONS: &[Migration] = &[Migration {
-    what: "tool_calls, security_rule_events, event_body_blobs, events",
+    what: "tool_calls, security_rule_events, event_body_blobs, events, tool_call_bodies",
     sql: MIGRATION_1,
 }];
 
@@ -92,6 +92,20 @@ CREATE TABLE events (
 );
 CREATE INDEX events_ts ON events(ts_ms);
 CREATE INDEX events_kind ON events(kind, ts_ms);
+
+CREATE VIEW tool_call_bodies AS
+SELECT c.id                                             AS id,
+       COALESCE(CAST(req.body AS TEXT), c.arguments)        AS request_body,
+       COALESCE(req.truncated, 0)                           AS request_truncated,
+       COALESCE(CAST(res.body AS TEXT), c.response_preview) AS response_body,
+       COALESCE(res.truncated, 0)                           AS response_truncated,
+       CAST(rew.body AS TEXT)                               AS rewritten_arguments,
+       CAST(orig.body AS TEXT)                              AS original_response
+FROM tool_calls c
+LEFT JOIN event_body_blobs req  ON req.hash  = c.request_body_hash
+LEFT JOIN event_body_blobs res  ON res.hash  = c.response_body_hash
+LEFT JOIN event_body_blobs rew  ON rew.hash  = c.rewritten_arguments_hash
+LEFT JOIN event_body_blobs orig ON orig.hash = c.original_response_hash;
 ";
 
 fn read_i64(conn: &Connection, sql: &str, path: &Path) -> Result<i64, LedgerError> {

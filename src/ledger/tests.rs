@@ -235,9 +235,23 @@ fn bad_limits_are_config_errors() {
 
 #[test]
 fn a_full_call_lifecycle_fills_every_column() {
+    call_lifecycle(false);
+}
+
+#[test]
+fn a_full_call_lifecycle_with_every_body_as_blob() {
+    call_lifecycle(true);
+}
+
+fn call_lifecycle(blob_every_body: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
+    let cfg = LedgerConfig {
+        blob_every_body,
+        ..config(dir.path())
+    };
     let mut ledger = Ledger::open(&cfg).unwrap();
+    // Arguments and response fit their previews: blobs only with blob_every_body.
+    let small_blobs = if blob_every_body { 1 } else { 0 };
     let id = ledger.new_call_id();
     let arguments = br#"{"text":"rm -rf /"}"#;
     let rewritten = br#"{"text":"ls /"}"#;
@@ -253,8 +267,9 @@ fn a_full_call_lifecycle_fills_every_column() {
     ledger.stage_call(&call);
     ledger.stage_rule_event(id, "ask-shell", "ask", "request", "config");
     ledger.stage_rule_event(id, "rewrite-rm", "rewrite", "request", "corp");
-    assert_eq!(ledger.staged(), 4); // arguments blob, call row, two rule events
-    assert_eq!(ledger.commit().unwrap(), 4);
+    // Call row, two rule events, maybe the arguments blob.
+    assert_eq!(ledger.staged(), 3 + small_blobs);
+    assert_eq!(ledger.commit().unwrap(), 3 + small_blobs);
     assert_eq!(ledger.staged(), 0);
 
     let conn = raw(&cfg.path);
@@ -283,9 +298,9 @@ fn a_full_call_lifecycle_fills_every_column() {
             decided_at_ms: Some(1_700_000_000_500),
         },
     );
-    // Three body blobs and the update.
-    assert_eq!(ledger.staged(), 4);
-    assert_eq!(ledger.commit().unwrap(), 4);
+    // The update, rewritten and original bodies, maybe the response blob.
+    assert_eq!(ledger.staged(), 3 + small_blobs);
+    assert_eq!(ledger.commit().unwrap(), 3 + small_blobs);
 
     let row = conn
         .query_row("SELECT * FROM tool_calls WHERE id = ?1", [id], |r| {
@@ -351,8 +366,13 @@ fn a_full_call_lifecycle_fills_every_column() {
     let columns = count(&conn, "SELECT count(*) FROM pragma_table_info('tool_calls')");
     assert_eq!(columns as usize, expected.len());
 
-    // Each body is stored whole under its hash.
-    for body in [&arguments[..], rewritten, response, original] {
+    // Bodies without a preview column, and with blob_every_body all bodies, are stored
+    // whole under their hash.
+    let mut blobbed = vec![rewritten.as_slice(), original];
+    if blob_every_body {
+        blobbed.extend([&arguments[..], response]);
+    }
+    for body in &blobbed {
         let (stored, size, truncated): (Vec<u8>, i64, bool) = conn
             .query_row(
                 "SELECT body, size, truncated FROM event_body_blobs WHERE hash = ?1",
@@ -360,9 +380,26 @@ fn a_full_call_lifecycle_fills_every_column() {
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .unwrap();
-        assert_eq!((stored.as_slice(), size, truncated), (body, body.len() as i64, false));
+        assert_eq!((stored.as_slice(), size, truncated), (*body, body.len() as i64, false));
     }
-    assert_eq!(count(&conn, "SELECT count(*) FROM event_body_blobs"), 4);
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM event_body_blobs"),
+        blobbed.len() as i64
+    );
+    // The view gives every body whole, wherever it is stored.
+    let bodies: (String, i64, String, i64, String, String) = conn
+        .query_row(
+            "SELECT request_body, request_truncated, response_body, response_truncated, \
+             rewritten_arguments, original_response FROM tool_call_bodies WHERE id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+        )
+        .unwrap();
+    let utf8 = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+    assert_eq!(
+        bodies,
+        (utf8(arguments), 0, utf8(response), 0, utf8(rewritten), utf8(original))
+    );
 
     let rules: Vec<(i64, String, String, String, String)> = conn
         .prepare("SELECT call_id, rule_id, action, phase, layer FROM security_rule_events ORDER BY id")
@@ -407,9 +444,12 @@ fn an_end_without_rule_keeps_the_rule_recorded_at_start() {
 #[test]
 fn identical_bodies_are_stored_once() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
+    let cfg = LedgerConfig {
+        preview_bytes: 8,
+        ..config(dir.path())
+    };
     let mut ledger = Ledger::open(&cfg).unwrap();
-    let body = br#"{"text":"same"}"#;
+    let body = br#"{"text":"same, and longer than the preview"}"#;
     for _ in 0..3 {
         let id = ledger.new_call_id();
         ledger.stage_call(&start(id, body));
@@ -448,6 +488,9 @@ fn long_bodies_are_capped_and_flagged() {
     ledger.stage_call(&start(id, long.as_bytes()));
     let id2 = ledger.new_call_id();
     ledger.stage_call(&start(id2, short));
+    let medium = format!(r#"{{"text":"{}"}}"#, "m".repeat(500));
+    let id3 = ledger.new_call_id();
+    ledger.stage_call(&start(id3, medium.as_bytes()));
     ledger.commit().unwrap();
     let conn = raw(&cfg.path);
     let (body, size, truncated): (Vec<u8>, i64, bool) = conn
@@ -461,14 +504,42 @@ fn long_bodies_are_capped_and_flagged() {
     assert_eq!(body.as_slice(), &long.as_bytes()[..1000]);
     assert_eq!(size, long.len() as i64);
     assert!(truncated);
-    let short_truncated: bool = conn
+    // Fits the preview: kept there only, whole.
+    assert_eq!(
+        count(
+            &conn,
+            &format!(
+                "SELECT count(*) FROM event_body_blobs WHERE hash = '{}'",
+                sha_hex(short)
+            )
+        ),
+        0
+    );
+    let (short_body, short_truncated): (String, bool) = conn
         .query_row(
-            "SELECT truncated FROM event_body_blobs WHERE hash = ?1",
-            [sha_hex(short)],
+            "SELECT request_body, request_truncated FROM tool_call_bodies WHERE id = ?1",
+            [id2],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((short_body.as_bytes(), short_truncated), (&short[..], false));
+    // Longer than the preview, shorter than the cap: a whole blob.
+    let (medium_size, medium_truncated): (i64, bool) = conn
+        .query_row(
+            "SELECT size, truncated FROM event_body_blobs WHERE hash = ?1",
+            [sha_hex(medium.as_bytes())],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((medium_size, medium_truncated), (medium.len() as i64, false));
+    let long_truncated: bool = conn
+        .query_row(
+            "SELECT request_truncated FROM tool_call_bodies WHERE id = ?1",
+            [id],
             |r| r.get(0),
         )
         .unwrap();
-    assert!(!short_truncated);
+    assert!(long_truncated);
     let preview: String = conn
         .query_row("SELECT arguments FROM tool_calls WHERE id = ?1", [id], |r| r.get(0))
         .unwrap();
@@ -548,11 +619,12 @@ fn a_failed_commit_keeps_the_rows_for_the_next_one() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = LedgerConfig {
         busy_timeout_ms: 20,
+        preview_bytes: 4,
         ..config(dir.path())
     };
     let mut ledger = Ledger::open(&cfg).unwrap();
     let id = ledger.new_call_id();
-    ledger.stage_call(&start(id, br#"{"a":1}"#));
+    ledger.stage_call(&start(id, br#"{"a":1}"#)); // longer than the preview: a blob too
     ledger.stage_event("connect", &serde_json::json!({ "conn": 1 }));
     let blocker = hold_write_lock(&cfg.path);
 
@@ -853,29 +925,47 @@ fn rows_survive_kill_9() {
 }
 
 /// Prints what a commit costs on a real file: `cargo test --release --lib
-/// ledger::tests::measure_commit_cost -- --ignored --nocapture`.
+/// ledger::tests::measure_commit_cost -- --ignored --nocapture`. Each workload gets a fresh
+/// ledger; `LEDGER_MEASURE_ROUNDS=N` repeats the whole set.
 #[test]
 #[ignore = "measurement, run by hand"]
 fn measure_commit_cost() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut ledger = measure::open_in(dir.path()).unwrap();
-    measure::commit_one_row(&mut ledger, 500).unwrap();
-    let one = measure::commit_one_row(&mut ledger, 20_000).unwrap();
-    println!(
-        "1 row per commit: {:.1} us/commit, {:.0} commits/s",
-        one.us_per_turn(),
-        1e6 / one.us_per_turn()
-    );
-    measure::commit_calls(&mut ledger, 64, 50).unwrap();
-    for calls in [1usize, 16, 64, 256] {
-        let commits = (200_000 / calls).clamp(200, 5000) as u64;
-        let m = measure::commit_calls(&mut ledger, calls, commits).unwrap();
+    let rounds: u64 = std::env::var("LEDGER_MEASURE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for round in 0..rounds {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = measure::open_in(dir.path(), false).unwrap();
+        measure::commit_one_row(&mut ledger, 500).unwrap();
+        let one = measure::commit_one_row(&mut ledger, 20_000).unwrap();
         println!(
-            "{calls} calls per commit (start+end+2 blobs each): {:.1} us/commit, \
-             {:.1} us/turn with staging, {:.0} calls/s",
-            m.us_per_commit(),
-            m.us_per_turn(),
-            m.calls_per_sec()
+            "round {round}: 1 row per commit: {:.1} us/commit ({:.1} us CPU), {:.0} commits/s",
+            one.us_per_turn(),
+            one.cpu_us_per_turn(),
+            1e6 / one.us_per_turn()
         );
+        for (label, blob_every_body, body_bytes) in [
+            ("small bodies, kept in previews", false, 0),
+            ("small bodies, blob_every_body", true, 0),
+            ("4 KiB bodies, blobbed", false, 4096),
+        ] {
+            for calls in [1usize, 64, 256] {
+                let dir = tempfile::tempdir().unwrap();
+                let mut ledger = measure::open_in(dir.path(), blob_every_body).unwrap();
+                let commits = (100_000 / calls).clamp(200, 5000) as u64;
+                let m = measure::commit_calls(&mut ledger, calls, commits, body_bytes).unwrap();
+                println!(
+                    "round {round}: {label}: {calls} calls per commit: {:.1} us/commit, \
+                     {:.1} us/turn with staging ({:.1} us CPU): {:.0} calls/s ({:.0} calls per \
+                     CPU second)",
+                    m.us_per_commit(),
+                    m.us_per_turn(),
+                    m.cpu_us_per_turn(),
+                    m.calls_per_sec(),
+                    m.calls as f64 / m.cpu.as_secs_f64().max(1e-9)
+                );
+            }
+        }
     }
 }
