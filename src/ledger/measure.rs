@@ -61,10 +61,7 @@ pub fn open_in(dir: &Path, blob_every_body: bool) -> Result<Ledger, LedgerError>
 }
 
 /// `commits` commits of one `events` row each.
-pub fn commit_one_row(
-    ledger: &mut Ledger,
-    commits: u64,
-) -> Result<CommitMeasurement, LedgerError> {
+pub fn commit_one_row(ledger: &mut Ledger, commits: u64) -> Result<CommitMeasurement, LedgerError> {
     let mut m = CommitMeasurement {
         commits,
         calls: 0,

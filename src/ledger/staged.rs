@@ -372,6 +372,9 @@ mod tests {
         event(&mut staged, "b");
         assert_eq!(staged.dropped_rows(), 1);
         staged.clear_committed();
-        assert_eq!((staged.len(), staged.live_bytes(), staged.dropped_rows()), (0, 0, 0));
+        assert_eq!(
+            (staged.len(), staged.live_bytes(), staged.dropped_rows()),
+            (0, 0, 0)
+        );
     }
 }

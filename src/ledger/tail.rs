@@ -82,7 +82,12 @@ fn text_line(row: &Row, out: &mut String) -> rusqlite::Result<()> {
     let id: i64 = row.get("id")?;
     let ts_ms: i64 = row.get("ts_ms")?;
     let decision = text("decision")?.unwrap_or_default();
-    let _ = write!(out, "{} #{id} {:<7}", format_utc_ms(ts_ms), escape(&decision));
+    let _ = write!(
+        out,
+        "{} #{id} {:<7}",
+        format_utc_ms(ts_ms),
+        escape(&decision)
+    );
     for name in ["transport", "principal", "process_name"] {
         let _ = write!(out, " {}", escape(&text(name)?.unwrap_or_default()));
     }

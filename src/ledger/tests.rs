@@ -81,14 +81,25 @@ fn open_creates_private_dir_and_file_with_current_schema() {
     assert_eq!(mode(&wal), 0o600);
 
     let conn = raw(&cfg.path);
-    let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    let version: u32 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(version, schema_version());
     assert_eq!(version as usize, MIGRATIONS.len());
-    let app: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0)).unwrap();
+    let app: i32 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(app, APPLICATION_ID);
-    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(mode, "wal");
-    for table in ["tool_calls", "security_rule_events", "event_body_blobs", "events"] {
+    for table in [
+        "tool_calls",
+        "security_rule_events",
+        "event_body_blobs",
+        "events",
+    ] {
         let n = conn
             .query_row(
                 "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?1",
@@ -128,7 +139,9 @@ fn reopen_keeps_rows_and_continues_call_ids() {
     drop(ledger);
     let conn = raw(&cfg.path);
     assert_eq!(count(&conn, "SELECT count(*) FROM tool_calls"), 2);
-    let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    let version: u32 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(version, schema_version());
 }
 
@@ -155,7 +168,9 @@ fn a_newer_schema_is_refused() {
     raw(&cfg.path)
         .execute_batch(&format!("PRAGMA user_version = {newer}"))
         .unwrap();
-    let err = Ledger::open(&cfg).err().expect("newer schema must be refused");
+    let err = Ledger::open(&cfg)
+        .err()
+        .expect("newer schema must be refused");
     assert_eq!(err.kind(), LedgerErrorKind::SchemaTooNew);
     let text = err.to_string();
     assert!(text.contains(&cfg.path.display().to_string()), "{text}");
@@ -175,7 +190,9 @@ fn another_applications_database_is_refused() {
     raw(&cfg.path)
         .execute_batch("CREATE TABLE photos (id INTEGER PRIMARY KEY, name TEXT)")
         .unwrap();
-    let err = Ledger::open(&cfg).err().expect("foreign database must be refused");
+    let err = Ledger::open(&cfg)
+        .err()
+        .expect("foreign database must be refused");
     assert_eq!(err.kind(), LedgerErrorKind::Open);
     assert!(err.to_string().contains("not a toolwall ledger"), "{err}");
     assert_eq!(
@@ -203,7 +220,9 @@ fn a_second_writer_is_refused_until_the_first_closes() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     let first = Ledger::open(&cfg).unwrap();
-    let err = Ledger::open(&cfg).err().expect("second writer must be refused");
+    let err = Ledger::open(&cfg)
+        .err()
+        .expect("second writer must be refused");
     assert_eq!(err.kind(), LedgerErrorKind::Locked);
     assert!(err.to_string().contains("another process"), "{err}");
     drop(first);
@@ -321,7 +340,10 @@ fn call_lifecycle(blob_every_body: bool) {
                 ("policy_reason", s("policy_reason")?),
                 ("duration_us", i("duration_us")?.map(|v| v.to_string())),
                 ("error_message", s("error_message")?),
-                ("bytes_received", i("bytes_received")?.map(|v| v.to_string())),
+                (
+                    "bytes_received",
+                    i("bytes_received")?.map(|v| v.to_string()),
+                ),
                 ("bytes_sent", i("bytes_sent")?.map(|v| v.to_string())),
                 ("arguments", s("arguments")?),
                 ("response_preview", s("response_preview")?),
@@ -363,7 +385,10 @@ fn call_lifecycle(blob_every_body: bool) {
     ];
     assert_eq!(row, expected);
     // Every column of the table is covered above.
-    let columns = count(&conn, "SELECT count(*) FROM pragma_table_info('tool_calls')");
+    let columns = count(
+        &conn,
+        "SELECT count(*) FROM pragma_table_info('tool_calls')",
+    );
     assert_eq!(columns as usize, expected.len());
 
     // Bodies without a preview column, and with blob_every_body all bodies, are stored
@@ -380,7 +405,10 @@ fn call_lifecycle(blob_every_body: bool) {
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .unwrap();
-        assert_eq!((stored.as_slice(), size, truncated), (*body, body.len() as i64, false));
+        assert_eq!(
+            (stored.as_slice(), size, truncated),
+            (*body, body.len() as i64, false)
+        );
     }
     assert_eq!(
         count(&conn, "SELECT count(*) FROM event_body_blobs"),
@@ -392,30 +420,65 @@ fn call_lifecycle(blob_every_body: bool) {
             "SELECT request_body, request_truncated, response_body, response_truncated, \
              rewritten_arguments, original_response FROM tool_call_bodies WHERE id = ?1",
             [id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            },
         )
         .unwrap();
     let utf8 = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
     assert_eq!(
         bodies,
-        (utf8(arguments), 0, utf8(response), 0, utf8(rewritten), utf8(original))
+        (
+            utf8(arguments),
+            0,
+            utf8(response),
+            0,
+            utf8(rewritten),
+            utf8(original)
+        )
     );
 
     let rules: Vec<(i64, String, String, String, String)> = conn
-        .prepare("SELECT call_id, rule_id, action, phase, layer FROM security_rule_events ORDER BY id")
+        .prepare(
+            "SELECT call_id, rule_id, action, phase, layer FROM security_rule_events ORDER BY id",
+        )
         .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
     assert_eq!(
         rules,
         [
-            (id, "ask-shell".into(), "ask".into(), "request".into(), "config".into()),
-            (id, "rewrite-rm".into(), "rewrite".into(), "request".into(), "corp".into()),
+            (
+                id,
+                "ask-shell".into(),
+                "ask".into(),
+                "request".into(),
+                "config".into()
+            ),
+            (
+                id,
+                "rewrite-rm".into(),
+                "rewrite".into(),
+                "request".into(),
+                "corp".into()
+            ),
         ]
     );
-    let stamped = count(&conn, "SELECT count(*) FROM security_rule_events WHERE ts_ms > 0");
+    let stamped = count(
+        &conn,
+        "SELECT count(*) FROM security_rule_events WHERE ts_ms > 0",
+    );
     assert_eq!(stamped, 2);
 }
 
@@ -522,7 +585,10 @@ fn long_bodies_are_capped_and_flagged() {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .unwrap();
-    assert_eq!((short_body.as_bytes(), short_truncated), (&short[..], false));
+    assert_eq!(
+        (short_body.as_bytes(), short_truncated),
+        (&short[..], false)
+    );
     // Longer than the preview, shorter than the cap: a whole blob.
     let (medium_size, medium_truncated): (i64, bool) = conn
         .query_row(
@@ -531,7 +597,10 @@ fn long_bodies_are_capped_and_flagged() {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .unwrap();
-    assert_eq!((medium_size, medium_truncated), (medium.len() as i64, false));
+    assert_eq!(
+        (medium_size, medium_truncated),
+        (medium.len() as i64, false)
+    );
     let long_truncated: bool = conn
         .query_row(
             "SELECT request_truncated FROM tool_call_bodies WHERE id = ?1",
@@ -541,7 +610,11 @@ fn long_bodies_are_capped_and_flagged() {
         .unwrap();
     assert!(long_truncated);
     let preview: String = conn
-        .query_row("SELECT arguments FROM tool_calls WHERE id = ?1", [id], |r| r.get(0))
+        .query_row(
+            "SELECT arguments FROM tool_calls WHERE id = ?1",
+            [id],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(preview, long[..100]);
 }
@@ -586,8 +659,14 @@ fn oversized_event_details_are_replaced_by_a_bounded_prefix() {
         ..config(dir.path())
     };
     let mut ledger = Ledger::open(&cfg).unwrap();
-    ledger.stage_event("worker_log", &serde_json::json!({ "line": "y".repeat(1000) }));
-    ledger.stage_event("connect", &serde_json::json!({ "transport": "unix", "conn": 3 }));
+    ledger.stage_event(
+        "worker_log",
+        &serde_json::json!({ "line": "y".repeat(1000) }),
+    );
+    ledger.stage_event(
+        "connect",
+        &serde_json::json!({ "transport": "unix", "conn": 3 }),
+    );
     ledger.commit().unwrap();
     let details: Vec<(String, String)> = raw(&cfg.path)
         .prepare("SELECT kind, detail FROM events ORDER BY id")
@@ -628,7 +707,7 @@ fn a_failed_commit_keeps_the_rows_for_the_next_one() {
     ledger.stage_event("connect", &serde_json::json!({ "conn": 1 }));
     let blocker = hold_write_lock(&cfg.path);
 
-    let err = ledger.commit().err().expect("commit must fail while locked");
+    let err = ledger.commit().expect_err("commit must fail while locked");
     assert_eq!(err.kind(), LedgerErrorKind::Write);
     assert_eq!(err.dropped_rows(), 0);
     let text = err.to_string();
@@ -669,7 +748,7 @@ fn the_staging_bound_drops_the_oldest_rows_and_says_so() {
     assert!(err.to_string().contains("7 dropped"), "{err}");
 
     blocker.execute_batch("ROLLBACK").unwrap();
-    let err = ledger.commit().err().expect("lost rows must be reported");
+    let err = ledger.commit().expect_err("lost rows must be reported");
     assert_eq!(err.kind(), LedgerErrorKind::RowsLost);
     assert_eq!(err.dropped_rows(), 7);
     assert_eq!(ledger.staged(), 0);
@@ -726,7 +805,9 @@ fn a_row_sqlite_refuses_is_skipped_not_retried_forever() {
     ledger.stage_call(&start(id, b"{}"));
     ledger.stage_call(&start(id, b"{}")); // a gateway bug: the same id twice
     ledger.stage_event("connect", &serde_json::json!({}));
-    let err = ledger.commit().err().expect("the refused row must be reported");
+    let err = ledger
+        .commit()
+        .expect_err("the refused row must be reported");
     assert_eq!(err.kind(), LedgerErrorKind::RowsLost);
     assert_eq!(err.rejected_rows(), 1);
     assert!(err.to_string().contains("UNIQUE"), "{err}");
@@ -734,10 +815,16 @@ fn a_row_sqlite_refuses_is_skipped_not_retried_forever() {
     let conn = raw(&cfg.path);
     assert_eq!(count(&conn, "SELECT count(*) FROM tool_calls"), 1);
     assert_eq!(
-        count(&conn, "SELECT count(*) FROM events WHERE kind = 'ledger_rows_rejected'"),
+        count(
+            &conn,
+            "SELECT count(*) FROM events WHERE kind = 'ledger_rows_rejected'"
+        ),
         1
     );
-    assert_eq!(count(&conn, "SELECT count(*) FROM events WHERE kind = 'connect'"), 1);
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM events WHERE kind = 'connect'"),
+        1
+    );
     let id = ledger.new_call_id();
     ledger.stage_call(&start(id, b"{}"));
     assert_eq!(ledger.commit().unwrap(), 1); // the call row; its blob was already there
@@ -757,7 +844,10 @@ fn checkpoint_empties_the_wal() {
     assert!(std::fs::metadata(&wal).unwrap().len() > 0);
     ledger.checkpoint().unwrap();
     assert_eq!(std::fs::metadata(&wal).unwrap().len(), 0);
-    assert_eq!(count(&raw(&cfg.path), "SELECT count(*) FROM tool_calls"), 50);
+    assert_eq!(
+        count(&raw(&cfg.path), "SELECT count(*) FROM tool_calls"),
+        50
+    );
 }
 
 #[test]
@@ -776,7 +866,11 @@ fn tail_prints_the_newest_calls_last() {
             ledger.stage_call_end(
                 id,
                 &CallEnd {
-                    decision: if n == 1 { decision::ERROR } else { decision::ALLOWED },
+                    decision: if n == 1 {
+                        decision::ERROR
+                    } else {
+                        decision::ALLOWED
+                    },
                     error_message: (n == 1).then_some("worker builtin exited"),
                     ..end(br#"{"content":[]}"#)
                 },
@@ -791,11 +885,17 @@ fn tail_prints_the_newest_calls_last() {
     assert!(lines[0].contains("#2 error"), "{text}");
     assert!(lines[0].contains("local__echo"), "{text}");
     assert!(lines[0].contains("1.234ms"), "{text}");
-    assert!(lines[0].contains(r#"error="worker builtin exited""#), "{text}");
+    assert!(
+        lines[0].contains(r#"error="worker builtin exited""#),
+        "{text}"
+    );
     assert!(lines[0].starts_with("2023-11-14T22:13:20.002Z"), "{text}");
     assert!(lines[1].contains("#3 allowed"), "{text}");
     assert!(lines[1].contains(r#""evil\u{1b}[2J""#), "{text}");
-    assert!(!text.contains('\u{1b}'), "raw escape reached the terminal: {text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "raw escape reached the terminal: {text}"
+    );
 
     let json = tail(&cfg.path, 10, true).unwrap();
     let rows: Vec<serde_json::Value> = json
@@ -805,7 +905,10 @@ fn tail_prints_the_newest_calls_last() {
     assert_eq!(rows.len(), 3);
     let ids: Vec<i64> = rows.iter().map(|r| r["id"].as_i64().unwrap()).collect();
     assert_eq!(ids, [1, 2, 3]);
-    let columns = count(&raw(&cfg.path), "SELECT count(*) FROM pragma_table_info('tool_calls')");
+    let columns = count(
+        &raw(&cfg.path),
+        "SELECT count(*) FROM pragma_table_info('tool_calls')",
+    );
     for row in &rows {
         assert_eq!(row.as_object().unwrap().len() as i64, columns);
     }
@@ -898,7 +1001,10 @@ fn rows_survive_kill_9() {
             }
         }
     }
-    assert!(reported >= 2000, "child stopped early after {reported} calls");
+    assert!(
+        reported >= 2000,
+        "child stopped early after {reported} calls"
+    );
     child.kill().unwrap(); // SIGKILL: no destructor, no checkpoint, maybe mid-commit
     let status = child.wait().unwrap();
     assert!(!status.success());
@@ -910,14 +1016,29 @@ fn rows_survive_kill_9() {
     })
     .unwrap();
     let conn = raw(&path);
-    let integrity: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+    let integrity: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(integrity, "ok");
     let rows = count(&conn, "SELECT count(*) FROM tool_calls");
-    assert!(rows as u64 >= reported, "{rows} rows, {reported} reported committed");
+    assert!(
+        rows as u64 >= reported,
+        "{rows} rows, {reported} reported committed"
+    );
     // Every committed call has its outcome: starts and ends were in the same transactions.
-    assert_eq!(count(&conn, "SELECT count(*) FROM tool_calls WHERE duration_us IS NULL"), 0);
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT count(*) FROM tool_calls WHERE duration_us IS NULL"
+        ),
+        0
+    );
     let last_reported: Option<i64> = conn
-        .query_row("SELECT id FROM tool_calls WHERE id = ?1", [reported as i64], |r| r.get(0))
+        .query_row(
+            "SELECT id FROM tool_calls WHERE id = ?1",
+            [reported as i64],
+            |r| r.get(0),
+        )
         .optional()
         .unwrap();
     assert_eq!(last_reported, Some(reported as i64));

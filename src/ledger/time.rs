@@ -69,7 +69,10 @@ mod tests {
             let next_day = (y, m, d) == (py, pm, pd + 1);
             let next_month = (y, m, d) == (py, pm + 1, 1);
             let next_year = (y, m, d) == (py + 1, 1, 1) && (pm, pd) == (12, 31);
-            assert!(next_day || next_month || next_year, "{previous:?} -> {y}-{m}-{d}");
+            assert!(
+                next_day || next_month || next_year,
+                "{previous:?} -> {y}-{m}-{d}"
+            );
             previous = (y, m, d);
         }
     }

@@ -123,7 +123,10 @@ impl Ledger {
         let found = schema::migrate(&mut conn, path)?;
         let version = schema::current_version();
         if found == 0 {
-            crate::info!("ledger {}: created (schema version {version})", path.display());
+            crate::info!(
+                "ledger {}: created (schema version {version})",
+                path.display()
+            );
         } else if found != version {
             crate::info!(
                 "ledger {}: schema migrated from version {found} to {version}",
@@ -352,14 +355,17 @@ impl Ledger {
                 if dropped == 0 && rejected == 0 {
                     return Ok(written);
                 }
-                let mut what =
-                    format!("rows lost: {written} rows committed, {dropped} dropped by the staging bound");
+                let mut what = format!(
+                    "rows lost: {written} rows committed, {dropped} dropped by the staging bound"
+                );
                 what.push_str(&format!(", {rejected} refused by SQLite"));
                 if let Some(first) = first_refusal {
                     what.push_str(&format!(" (first: {first})"));
                 }
-                Err(LedgerError::new(LedgerErrorKind::RowsLost, &self.path, what)
-                    .with_losses(dropped, rejected))
+                Err(
+                    LedgerError::new(LedgerErrorKind::RowsLost, &self.path, what)
+                        .with_losses(dropped, rejected),
+                )
             }
             Err(e) => Err(LedgerError::new(
                 LedgerErrorKind::Write,
@@ -509,9 +515,8 @@ impl Ledger {
                 written += insert_event.execute(params![now, EVENT_ROWS_DROPPED, detail])?;
             }
             if rejected > 0 {
-                let detail =
-                    serde_json::json!({ "rows": rejected, "first_error": first_refusal })
-                        .to_string();
+                let detail = serde_json::json!({ "rows": rejected, "first_error": first_refusal })
+                    .to_string();
                 written += insert_event.execute(params![now, EVENT_ROWS_REJECTED, detail])?;
             }
         }
@@ -528,7 +533,11 @@ impl Ledger {
                 Ok((row.get(0)?, row.get(1)?, row.get(2)?))
             })
             .map_err(|e| {
-                LedgerError::new(LedgerErrorKind::Checkpoint, &self.path, format!("checkpoint: {e}"))
+                LedgerError::new(
+                    LedgerErrorKind::Checkpoint,
+                    &self.path,
+                    format!("checkpoint: {e}"),
+                )
             })?;
         if busy != 0 {
             return Err(LedgerError::new(
