@@ -170,18 +170,15 @@ pub fn commit_calls(
     Ok(m)
 }
 
-/// User + system CPU time of the calling thread.
+/// User + system CPU time of the calling thread (zero if the kernel will not say).
 pub fn thread_cpu_time() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a whole rusage into the pointer it is given.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    // SAFETY: zeroed is a valid rusage, and getrusage succeeded.
-    let usage = unsafe { usage.assume_init() };
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
-    };
-    tv(usage.ru_utime) + tv(usage.ru_stime)
+    use nix::sys::resource::{UsageWho, getrusage};
+    use nix::sys::time::TimeValLike;
+    getrusage(UsageWho::RUSAGE_THREAD)
+        .map(|usage| {
+            let micros =
+                usage.user_time().num_microseconds() + usage.system_time().num_microseconds();
+            Duration::from_micros(u64::try_from(micros).unwrap_or(0))
+        })
+        .unwrap_or(Duration::ZERO)
 }

@@ -195,6 +195,11 @@ fn another_applications_database_is_refused() {
         .expect("foreign database must be refused");
     assert_eq!(err.kind(), LedgerErrorKind::Open);
     assert!(err.to_string().contains("not a toolwall ledger"), "{err}");
+    // Refused before anything was changed, journal mode included.
+    let mode: String = raw(&cfg.path)
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
     assert_eq!(
         count(
             &raw(&cfg.path),

@@ -105,6 +105,8 @@ impl Ledger {
         let mut conn = Connection::open_with_flags(path, flags).map_err(|e| open_err("open", e))?;
         conn.busy_timeout(Duration::from_millis(cfg.busy_timeout_ms))
             .map_err(|e| open_err("busy_timeout", e))?;
+        // Before changing anything: is this a ledger, and one we understand?
+        let found = schema::inspect(&conn, path)?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
             .map_err(|e| open_err("journal_mode=WAL", e))?;
@@ -120,7 +122,7 @@ impl Ledger {
             cfg.wal_size_limit_bytes
         ))
         .map_err(|e| open_err("pragmas", e))?;
-        let found = schema::migrate(&mut conn, path)?;
+        schema::migrate(&mut conn, path, found)?;
         let version = schema::current_version();
         if found == 0 {
             crate::info!(
