@@ -836,6 +836,21 @@ fn a_row_sqlite_refuses_is_skipped_not_retried_forever() {
 }
 
 #[test]
+fn an_outcome_without_its_call_row_is_reported_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let mut ledger = Ledger::open(&cfg).unwrap();
+    ledger.stage_call_end(99, &end(b"{}"));
+    let err = ledger
+        .commit()
+        .expect_err("a lost outcome must be reported");
+    assert_eq!(err.kind(), LedgerErrorKind::RowsLost);
+    assert_eq!(err.rejected_rows(), 1);
+    assert!(err.to_string().contains("no tool_calls row 99"), "{err}");
+    assert_eq!(ledger.commit().unwrap(), 0);
+}
+
+#[test]
 fn checkpoint_empties_the_wal() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());

@@ -320,12 +320,14 @@ impl Ledger {
         });
         let size = self.staged.bytes(detail_span).len();
         if size > self.body_cap_bytes {
-            let full = String::from_utf8_lossy(self.staged.bytes(detail_span)).into_owned();
+            // serde_json writes UTF-8; cut before copying.
+            let written = std::str::from_utf8(self.staged.bytes(detail_span)).unwrap_or_default();
+            let prefix = body::cut_str(written, self.text_cap_bytes).to_owned();
             self.staged.truncate_to(detail_span);
             let short = serde_json::json!({
                 "truncated": true,
                 "size": size,
-                "prefix": body::cut_str(&full, self.text_cap_bytes),
+                "prefix": prefix,
             });
             detail_span = self.staged.push_with(|out| {
                 let _ = serde_json::to_writer(&mut *out, &short);
@@ -501,6 +503,16 @@ impl Ledger {
                     } => insert_event.execute(params![ts_ms, text(kind), text(detail)]),
                 };
                 match result {
+                    // An outcome whose call row does not exist (its start was dropped, or
+                    // the id is wrong) is lost too: say so.
+                    Ok(0) if matches!(op, Op::CallEnd { .. }) => {
+                        rejected += 1;
+                        if first_refusal.is_none()
+                            && let Op::CallEnd { id, .. } = op
+                        {
+                            first_refusal = Some(format!("no tool_calls row {id} for its outcome"));
+                        }
+                    }
                     Ok(changed) => written += changed,
                     Err(e) if is_row_refusal(&e) => {
                         rejected += 1;
@@ -589,9 +601,9 @@ fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
             return bad(format!("ledger.{key} {value} is above {MAX_TEXT_BYTES}"));
         }
     }
-    // The largest single staged op must fit: a capped body, or a call row's texts.
-    let largest_op = cfg
-        .body_cap_bytes
+    // The largest single staged op must fit: a capped body (blob, or an event's detail
+    // and kind), or a call row's texts, digests and preview.
+    let largest_op = (cfg.body_cap_bytes + cfg.text_cap_bytes)
         .max(cfg.preview_bytes + 16 * cfg.text_cap_bytes)
         + 1024;
     if cfg.max_staged_bytes < largest_op || cfg.max_staged_bytes > MAX_STAGED_BYTES {
