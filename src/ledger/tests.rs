@@ -1067,7 +1067,8 @@ fn rows_survive_kill_9() {
 
 /// Prints what a commit costs on a real file: `cargo test --release --lib
 /// ledger::tests::measure_commit_cost -- --ignored --nocapture`. Each workload gets a fresh
-/// ledger; `LEDGER_MEASURE_ROUNDS=N` repeats the whole set.
+/// ledger; `LEDGER_MEASURE_ROUNDS=N` repeats the whole set, `LEDGER_MEASURE_ONLY=4 KiB`
+/// keeps the call workloads whose label contains that text.
 #[test]
 #[ignore = "measurement, run by hand"]
 fn measure_commit_cost() {
@@ -1091,6 +1092,11 @@ fn measure_commit_cost() {
             ("small bodies, blob_every_body", true, 0),
             ("4 KiB bodies, blobbed", false, 4096),
         ] {
+            if let Ok(only) = std::env::var("LEDGER_MEASURE_ONLY")
+                && !label.contains(only.as_str())
+            {
+                continue;
+            }
             for calls in [1usize, 64, 256] {
                 let dir = tempfile::tempdir().unwrap();
                 let mut ledger = measure::open_in(dir.path(), blob_every_body).unwrap();
