@@ -19,6 +19,9 @@ pub struct CommitMeasurement {
     pub staging: Duration,
     /// Time spent in `commit`.
     pub committing: Duration,
+    /// CPU time (user + system) this thread used, staging and committing: unlike wall
+    /// time, it does not count waiting for the disk or for other processes.
+    pub cpu: Duration,
 }
 
 impl CommitMeasurement {
@@ -32,6 +35,11 @@ impl CommitMeasurement {
         (self.staging + self.committing).as_secs_f64() * 1e6 / self.commits.max(1) as f64
     }
 
+    /// CPU microseconds per commit, staging included.
+    pub fn cpu_us_per_turn(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.commits.max(1) as f64
+    }
+
     /// Calls per second the ledger sustains, staging included.
     pub fn calls_per_sec(&self) -> f64 {
         let secs = (self.staging + self.committing).as_secs_f64();
@@ -43,10 +51,11 @@ impl CommitMeasurement {
     }
 }
 
-/// A ledger at `dir/ledger.db` with the default limits.
-pub fn open_in(dir: &Path) -> Result<Ledger, LedgerError> {
+/// A ledger at `dir/ledger.db` with the default limits, or storing every body as a blob.
+pub fn open_in(dir: &Path, blob_every_body: bool) -> Result<Ledger, LedgerError> {
     Ledger::open(&LedgerConfig {
         path: dir.join("ledger.db"),
+        blob_every_body,
         ..LedgerConfig::default()
     })
 }
@@ -58,7 +67,9 @@ pub fn commit_one_row(ledger: &mut Ledger, commits: u64) -> Result<CommitMeasure
         calls: 0,
         staging: Duration::ZERO,
         committing: Duration::ZERO,
+        cpu: Duration::ZERO,
     };
+    let cpu_before = thread_cpu_time();
     let detail = serde_json::json!({ "conn": 1, "transport": "unix" });
     for _ in 0..commits {
         let started = Instant::now();
@@ -68,23 +79,29 @@ pub fn commit_one_row(ledger: &mut Ledger, commits: u64) -> Result<CommitMeasure
         m.staging += staged - started;
         m.committing += staged.elapsed();
     }
+    m.cpu = thread_cpu_time().saturating_sub(cpu_before);
     Ok(m)
 }
 
 /// The gateway's steady state: each commit holds the starts of `calls_per_commit` new calls
-/// (row + arguments blob) and the ends of the previous turn's calls (update + response
-/// blob). Every body is distinct, so no blob insert is deduplicated away.
+/// (row insert) and the ends of the previous turn's calls (row update). Arguments and
+/// responses are distinct JSON bodies of at least `body_bytes`: bodies longer than the
+/// preview (or every body, with `blob_every_body`) add a blob insert each.
 pub fn commit_calls(
     ledger: &mut Ledger,
     calls_per_commit: usize,
     commits: u64,
+    body_bytes: usize,
 ) -> Result<CommitMeasurement, LedgerError> {
+    let padding = "p".repeat(body_bytes.saturating_sub(60));
     let mut m = CommitMeasurement {
         commits,
         calls: 0,
         staging: Duration::ZERO,
         committing: Duration::ZERO,
+        cpu: Duration::ZERO,
     };
+    let cpu_before = thread_cpu_time();
     let mut arguments = Vec::with_capacity(128);
     let mut response = Vec::with_capacity(256);
     let mut in_flight: Vec<i64> = Vec::with_capacity(calls_per_commit);
@@ -95,6 +112,7 @@ pub fn commit_calls(
             response.clear();
             response.extend_from_slice(br#"{"content":[{"type":"text","text":"hello from call "#);
             response.extend_from_slice(id.to_string().as_bytes());
+            response.extend_from_slice(padding.as_bytes());
             response.extend_from_slice(br#""}],"isError":false}"#);
             ledger.stage_call_end(
                 id,
@@ -121,6 +139,7 @@ pub fn commit_calls(
             arguments.clear();
             arguments.extend_from_slice(br#"{"text":"hello from call "#);
             arguments.extend_from_slice(id.to_string().as_bytes());
+            arguments.extend_from_slice(padding.as_bytes());
             arguments.extend_from_slice(br#""}"#);
             let request_id = id.to_string();
             ledger.stage_call(&CallStart {
@@ -147,5 +166,19 @@ pub fn commit_calls(
         m.staging += staged - started;
         m.committing += staged.elapsed();
     }
+    m.cpu = thread_cpu_time().saturating_sub(cpu_before);
     Ok(m)
+}
+
+/// User + system CPU time of the calling thread (zero if the kernel will not say).
+pub fn thread_cpu_time() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    use nix::sys::time::TimeValLike;
+    getrusage(UsageWho::RUSAGE_THREAD)
+        .map(|usage| {
+            let micros =
+                usage.user_time().num_microseconds() + usage.system_time().num_microseconds();
+            Duration::from_micros(u64::try_from(micros).unwrap_or(0))
+        })
+        .unwrap_or(Duration::ZERO)
 }

@@ -43,6 +43,10 @@ pub struct LedgerConfig {
     /// Bytes of a full body kept in `event_body_blobs`; longer bodies are cut here and
     /// flagged `truncated`. Also the largest `events.detail` kept whole.
     pub body_cap_bytes: usize,
+    /// Also store bodies that fit whole in their preview column as blobs. Off by default:
+    /// every small body would then be written twice, and each blob insert touches a random
+    /// page of the hash index, which costs about one 4 KiB page write per call.
+    pub blob_every_body: bool,
     /// Bytes kept of every other text column (names, rule ids, reasons, error messages).
     pub text_cap_bytes: usize,
     /// Rows waiting for a commit (e.g. while the disk fails); beyond it the oldest are
@@ -63,6 +67,7 @@ impl Default for LedgerConfig {
             path: PathBuf::from("toolwall-data/ledger.db"),
             preview_bytes: 2048,
             body_cap_bytes: (1 << 20) + 4096,
+            blob_every_body: false,
             text_cap_bytes: 4096,
             max_staged_rows: 100_000,
             max_staged_bytes: 256 << 20,

@@ -24,7 +24,7 @@ pub struct Migration {
 
 /// Applied in order; the version of a file is how many of these it has had.
 pub const MIGRATIONS: &[Migration] = &[Migration {
-    what: "tool_calls, security_rule_events, event_body_blobs, events",
+    what: "tool_calls, security_rule_events, event_body_blobs, events, tool_call_bodies",
     sql: MIGRATION_1,
 }];
 
@@ -92,6 +92,20 @@ CREATE TABLE events (
 );
 CREATE INDEX events_ts ON events(ts_ms);
 CREATE INDEX events_kind ON events(kind, ts_ms);
+
+CREATE VIEW tool_call_bodies AS
+SELECT c.id                                             AS id,
+       COALESCE(CAST(req.body AS TEXT), c.arguments)        AS request_body,
+       COALESCE(req.truncated, 0)                           AS request_truncated,
+       COALESCE(CAST(res.body AS TEXT), c.response_preview) AS response_body,
+       COALESCE(res.truncated, 0)                           AS response_truncated,
+       CAST(rew.body AS TEXT)                               AS rewritten_arguments,
+       CAST(orig.body AS TEXT)                              AS original_response
+FROM tool_calls c
+LEFT JOIN event_body_blobs req  ON req.hash  = c.request_body_hash
+LEFT JOIN event_body_blobs res  ON res.hash  = c.response_body_hash
+LEFT JOIN event_body_blobs rew  ON rew.hash  = c.rewritten_arguments_hash
+LEFT JOIN event_body_blobs orig ON orig.hash = c.original_response_hash;
 ";
 
 fn read_i64(conn: &Connection, sql: &str, path: &Path) -> Result<i64, LedgerError> {
@@ -99,8 +113,9 @@ fn read_i64(conn: &Connection, sql: &str, path: &Path) -> Result<i64, LedgerErro
         .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, format!("{sql}: {e}")))
 }
 
-/// Brings the file to [`current_version`]. Returns the version found before migrating.
-pub fn migrate(conn: &mut Connection, path: &Path) -> Result<u32, LedgerError> {
+/// Reads which schema version the file has, without changing anything. Refuses a file
+/// that is some other application's database, or was written by a newer toolwall.
+pub fn inspect(conn: &Connection, path: &Path) -> Result<u32, LedgerError> {
     let application_id = read_i64(conn, "PRAGMA application_id", path)?;
     let found = read_i64(conn, "PRAGMA user_version", path)?;
     let objects = read_i64(conn, "SELECT count(*) FROM sqlite_schema", path)?;
@@ -133,7 +148,22 @@ pub fn migrate(conn: &mut Connection, path: &Path) -> Result<u32, LedgerError> {
             ),
         ));
     }
-    for (index, step) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+    Ok(found)
+}
+
+/// Brings a file at version `found` (from [`inspect`]) to [`current_version`].
+pub fn migrate(conn: &mut Connection, path: &Path, found: u32) -> Result<(), LedgerError> {
+    apply(conn, path, found, MIGRATIONS)
+}
+
+/// Applies `steps[found..]`, each in its own transaction with its version bump.
+fn apply(
+    conn: &mut Connection,
+    path: &Path,
+    found: u32,
+    steps: &[Migration],
+) -> Result<(), LedgerError> {
+    for (index, step) in steps.iter().enumerate().skip(found as usize) {
         let target = index + 1;
         let fail = |e: rusqlite::Error| {
             LedgerError::new(
@@ -153,5 +183,74 @@ pub fn migrate(conn: &mut Connection, path: &Path) -> Result<u32, LedgerError> {
         .map_err(fail)?;
         tx.commit().map_err(fail)?;
     }
-    Ok(found)
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(conn: &Connection) -> i64 {
+        conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    fn has_table(conn: &Connection, name: &str) -> bool {
+        conn.query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+            [name],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+            == 1
+    }
+
+    #[test]
+    fn an_appended_migration_runs_once_and_a_failing_one_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let mut conn = Connection::open(&path).unwrap();
+        let found = inspect(&conn, &path).unwrap();
+        assert_eq!(found, 0);
+        migrate(&mut conn, &path, found).unwrap();
+        assert_eq!(version(&conn), i64::from(current_version()));
+
+        // A later release appends a step: only that step runs on an existing file.
+        let later: Vec<Migration> = MIGRATIONS
+            .iter()
+            .map(|m| Migration {
+                what: m.what,
+                sql: m.sql,
+            })
+            .chain([Migration {
+                what: "pins",
+                sql: "CREATE TABLE pins (tool TEXT PRIMARY KEY, digest TEXT NOT NULL);",
+            }])
+            .collect();
+        let found = inspect(&conn, &path).unwrap();
+        apply(&mut conn, &path, found, &later).unwrap();
+        assert_eq!(version(&conn), later.len() as i64);
+        assert!(has_table(&conn, "pins"));
+        // This build does not know that version: the file is now refused.
+        let err = inspect(&conn, &path).unwrap_err();
+        assert_eq!(err.kind(), LedgerErrorKind::SchemaTooNew);
+
+        // A step that fails half-way leaves the previous version intact.
+        let broken: Vec<Migration> = later
+            .iter()
+            .map(|m| Migration {
+                what: m.what,
+                sql: m.sql,
+            })
+            .chain([Migration {
+                what: "tokens",
+                sql: "CREATE TABLE tokens (name TEXT); CREATE TABLE pins (again TEXT);",
+            }])
+            .collect();
+        let err = apply(&mut conn, &path, later.len() as u32, &broken).unwrap_err();
+        assert_eq!(err.kind(), LedgerErrorKind::Migrate);
+        assert!(err.to_string().contains("tokens"), "{err}");
+        assert_eq!(version(&conn), later.len() as i64);
+        assert!(!has_table(&conn, "tokens"));
+    }
 }

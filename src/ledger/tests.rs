@@ -195,6 +195,11 @@ fn another_applications_database_is_refused() {
         .expect("foreign database must be refused");
     assert_eq!(err.kind(), LedgerErrorKind::Open);
     assert!(err.to_string().contains("not a toolwall ledger"), "{err}");
+    // Refused before anything was changed, journal mode included.
+    let mode: String = raw(&cfg.path)
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
     assert_eq!(
         count(
             &raw(&cfg.path),
@@ -254,9 +259,23 @@ fn bad_limits_are_config_errors() {
 
 #[test]
 fn a_full_call_lifecycle_fills_every_column() {
+    call_lifecycle(false);
+}
+
+#[test]
+fn a_full_call_lifecycle_with_every_body_as_blob() {
+    call_lifecycle(true);
+}
+
+fn call_lifecycle(blob_every_body: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
+    let cfg = LedgerConfig {
+        blob_every_body,
+        ..config(dir.path())
+    };
     let mut ledger = Ledger::open(&cfg).unwrap();
+    // Arguments and response fit their previews: blobs only with blob_every_body.
+    let small_blobs = if blob_every_body { 1 } else { 0 };
     let id = ledger.new_call_id();
     let arguments = br#"{"text":"rm -rf /"}"#;
     let rewritten = br#"{"text":"ls /"}"#;
@@ -272,8 +291,9 @@ fn a_full_call_lifecycle_fills_every_column() {
     ledger.stage_call(&call);
     ledger.stage_rule_event(id, "ask-shell", "ask", "request", "config");
     ledger.stage_rule_event(id, "rewrite-rm", "rewrite", "request", "corp");
-    assert_eq!(ledger.staged(), 4); // arguments blob, call row, two rule events
-    assert_eq!(ledger.commit().unwrap(), 4);
+    // Call row, two rule events, maybe the arguments blob.
+    assert_eq!(ledger.staged(), 3 + small_blobs);
+    assert_eq!(ledger.commit().unwrap(), 3 + small_blobs);
     assert_eq!(ledger.staged(), 0);
 
     let conn = raw(&cfg.path);
@@ -302,9 +322,9 @@ fn a_full_call_lifecycle_fills_every_column() {
             decided_at_ms: Some(1_700_000_000_500),
         },
     );
-    // Three body blobs and the update.
-    assert_eq!(ledger.staged(), 4);
-    assert_eq!(ledger.commit().unwrap(), 4);
+    // The update, rewritten and original bodies, maybe the response blob.
+    assert_eq!(ledger.staged(), 3 + small_blobs);
+    assert_eq!(ledger.commit().unwrap(), 3 + small_blobs);
 
     let row = conn
         .query_row("SELECT * FROM tool_calls WHERE id = ?1", [id], |r| {
@@ -376,8 +396,13 @@ fn a_full_call_lifecycle_fills_every_column() {
     );
     assert_eq!(columns as usize, expected.len());
 
-    // Each body is stored whole under its hash.
-    for body in [&arguments[..], rewritten, response, original] {
+    // Bodies without a preview column, and with blob_every_body all bodies, are stored
+    // whole under their hash.
+    let mut blobbed = vec![rewritten.as_slice(), original];
+    if blob_every_body {
+        blobbed.extend([&arguments[..], response]);
+    }
+    for body in &blobbed {
         let (stored, size, truncated): (Vec<u8>, i64, bool) = conn
             .query_row(
                 "SELECT body, size, truncated FROM event_body_blobs WHERE hash = ?1",
@@ -387,10 +412,47 @@ fn a_full_call_lifecycle_fills_every_column() {
             .unwrap();
         assert_eq!(
             (stored.as_slice(), size, truncated),
+<<<<<<< HEAD
             (body, body.len() as i64, false)
+=======
+            (*body, body.len() as i64, false)
+>>>>>>> ledger
         );
     }
-    assert_eq!(count(&conn, "SELECT count(*) FROM event_body_blobs"), 4);
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM event_body_blobs"),
+        blobbed.len() as i64
+    );
+    // The view gives every body whole, wherever it is stored.
+    let bodies: (String, i64, String, i64, String, String) = conn
+        .query_row(
+            "SELECT request_body, request_truncated, response_body, response_truncated, \
+             rewritten_arguments, original_response FROM tool_call_bodies WHERE id = ?1",
+            [id],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            },
+        )
+        .unwrap();
+    let utf8 = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+    assert_eq!(
+        bodies,
+        (
+            utf8(arguments),
+            0,
+            utf8(response),
+            0,
+            utf8(rewritten),
+            utf8(original)
+        )
+    );
 
     let rules: Vec<(i64, String, String, String, String)> = conn
         .prepare(
@@ -454,9 +516,12 @@ fn an_end_without_rule_keeps_the_rule_recorded_at_start() {
 #[test]
 fn identical_bodies_are_stored_once() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
+    let cfg = LedgerConfig {
+        preview_bytes: 8,
+        ..config(dir.path())
+    };
     let mut ledger = Ledger::open(&cfg).unwrap();
-    let body = br#"{"text":"same"}"#;
+    let body = br#"{"text":"same, and longer than the preview"}"#;
     for _ in 0..3 {
         let id = ledger.new_call_id();
         ledger.stage_call(&start(id, body));
@@ -495,6 +560,9 @@ fn long_bodies_are_capped_and_flagged() {
     ledger.stage_call(&start(id, long.as_bytes()));
     let id2 = ledger.new_call_id();
     ledger.stage_call(&start(id2, short));
+    let medium = format!(r#"{{"text":"{}"}}"#, "m".repeat(500));
+    let id3 = ledger.new_call_id();
+    ledger.stage_call(&start(id3, medium.as_bytes()));
     ledger.commit().unwrap();
     let conn = raw(&cfg.path);
     let (body, size, truncated): (Vec<u8>, i64, bool) = conn
@@ -508,14 +576,48 @@ fn long_bodies_are_capped_and_flagged() {
     assert_eq!(body.as_slice(), &long.as_bytes()[..1000]);
     assert_eq!(size, long.len() as i64);
     assert!(truncated);
-    let short_truncated: bool = conn
+    // Fits the preview: kept there only, whole.
+    assert_eq!(
+        count(
+            &conn,
+            &format!(
+                "SELECT count(*) FROM event_body_blobs WHERE hash = '{}'",
+                sha_hex(short)
+            )
+        ),
+        0
+    );
+    let (short_body, short_truncated): (String, bool) = conn
         .query_row(
-            "SELECT truncated FROM event_body_blobs WHERE hash = ?1",
-            [sha_hex(short)],
+            "SELECT request_body, request_truncated FROM tool_call_bodies WHERE id = ?1",
+            [id2],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (short_body.as_bytes(), short_truncated),
+        (&short[..], false)
+    );
+    // Longer than the preview, shorter than the cap: a whole blob.
+    let (medium_size, medium_truncated): (i64, bool) = conn
+        .query_row(
+            "SELECT size, truncated FROM event_body_blobs WHERE hash = ?1",
+            [sha_hex(medium.as_bytes())],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (medium_size, medium_truncated),
+        (medium.len() as i64, false)
+    );
+    let long_truncated: bool = conn
+        .query_row(
+            "SELECT request_truncated FROM tool_call_bodies WHERE id = ?1",
+            [id],
             |r| r.get(0),
         )
         .unwrap();
-    assert!(!short_truncated);
+    assert!(long_truncated);
     let preview: String = conn
         .query_row(
             "SELECT arguments FROM tool_calls WHERE id = ?1",
@@ -605,18 +707,23 @@ fn a_failed_commit_keeps_the_rows_for_the_next_one() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = LedgerConfig {
         busy_timeout_ms: 20,
+        preview_bytes: 4,
         ..config(dir.path())
     };
     let mut ledger = Ledger::open(&cfg).unwrap();
     let id = ledger.new_call_id();
-    ledger.stage_call(&start(id, br#"{"a":1}"#));
+    ledger.stage_call(&start(id, br#"{"a":1}"#)); // longer than the preview: a blob too
     ledger.stage_event("connect", &serde_json::json!({ "conn": 1 }));
     let blocker = hold_write_lock(&cfg.path);
 
+<<<<<<< HEAD
     let err = ledger
         .commit()
         .err()
         .expect("commit must fail while locked");
+=======
+    let err = ledger.commit().expect_err("commit must fail while locked");
+>>>>>>> ledger
     assert_eq!(err.kind(), LedgerErrorKind::Write);
     assert_eq!(err.dropped_rows(), 0);
     let text = err.to_string();
@@ -657,7 +764,7 @@ fn the_staging_bound_drops_the_oldest_rows_and_says_so() {
     assert!(err.to_string().contains("7 dropped"), "{err}");
 
     blocker.execute_batch("ROLLBACK").unwrap();
-    let err = ledger.commit().err().expect("lost rows must be reported");
+    let err = ledger.commit().expect_err("lost rows must be reported");
     assert_eq!(err.kind(), LedgerErrorKind::RowsLost);
     assert_eq!(err.dropped_rows(), 7);
     assert_eq!(ledger.staged(), 0);
@@ -716,8 +823,12 @@ fn a_row_sqlite_refuses_is_skipped_not_retried_forever() {
     ledger.stage_event("connect", &serde_json::json!({}));
     let err = ledger
         .commit()
+<<<<<<< HEAD
         .err()
         .expect("the refused row must be reported");
+=======
+        .expect_err("the refused row must be reported");
+>>>>>>> ledger
     assert_eq!(err.kind(), LedgerErrorKind::RowsLost);
     assert_eq!(err.rejected_rows(), 1);
     assert!(err.to_string().contains("UNIQUE"), "{err}");
@@ -738,6 +849,21 @@ fn a_row_sqlite_refuses_is_skipped_not_retried_forever() {
     let id = ledger.new_call_id();
     ledger.stage_call(&start(id, b"{}"));
     assert_eq!(ledger.commit().unwrap(), 1); // the call row; its blob was already there
+}
+
+#[test]
+fn an_outcome_without_its_call_row_is_reported_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let mut ledger = Ledger::open(&cfg).unwrap();
+    ledger.stage_call_end(99, &end(b"{}"));
+    let err = ledger
+        .commit()
+        .expect_err("a lost outcome must be reported");
+    assert_eq!(err.kind(), LedgerErrorKind::RowsLost);
+    assert_eq!(err.rejected_rows(), 1);
+    assert!(err.to_string().contains("no tool_calls row 99"), "{err}");
+    assert_eq!(ledger.commit().unwrap(), 0);
 }
 
 #[test]
@@ -956,29 +1082,53 @@ fn rows_survive_kill_9() {
 }
 
 /// Prints what a commit costs on a real file: `cargo test --release --lib
-/// ledger::tests::measure_commit_cost -- --ignored --nocapture`.
+/// ledger::tests::measure_commit_cost -- --ignored --nocapture`. Each workload gets a fresh
+/// ledger; `LEDGER_MEASURE_ROUNDS=N` repeats the whole set, `LEDGER_MEASURE_ONLY=4 KiB`
+/// keeps the call workloads whose label contains that text.
 #[test]
 #[ignore = "measurement, run by hand"]
 fn measure_commit_cost() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut ledger = measure::open_in(dir.path()).unwrap();
-    measure::commit_one_row(&mut ledger, 500).unwrap();
-    let one = measure::commit_one_row(&mut ledger, 20_000).unwrap();
-    println!(
-        "1 row per commit: {:.1} us/commit, {:.0} commits/s",
-        one.us_per_turn(),
-        1e6 / one.us_per_turn()
-    );
-    measure::commit_calls(&mut ledger, 64, 50).unwrap();
-    for calls in [1usize, 16, 64, 256] {
-        let commits = (200_000 / calls).clamp(200, 5000) as u64;
-        let m = measure::commit_calls(&mut ledger, calls, commits).unwrap();
+    let rounds: u64 = std::env::var("LEDGER_MEASURE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for round in 0..rounds {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = measure::open_in(dir.path(), false).unwrap();
+        measure::commit_one_row(&mut ledger, 500).unwrap();
+        let one = measure::commit_one_row(&mut ledger, 20_000).unwrap();
         println!(
-            "{calls} calls per commit (start+end+2 blobs each): {:.1} us/commit, \
-             {:.1} us/turn with staging, {:.0} calls/s",
-            m.us_per_commit(),
-            m.us_per_turn(),
-            m.calls_per_sec()
+            "round {round}: 1 row per commit: {:.1} us/commit ({:.1} us CPU), {:.0} commits/s",
+            one.us_per_turn(),
+            one.cpu_us_per_turn(),
+            1e6 / one.us_per_turn()
         );
+        for (label, blob_every_body, body_bytes) in [
+            ("small bodies, kept in previews", false, 0),
+            ("small bodies, blob_every_body", true, 0),
+            ("4 KiB bodies, blobbed", false, 4096),
+        ] {
+            if let Ok(only) = std::env::var("LEDGER_MEASURE_ONLY")
+                && !label.contains(only.as_str())
+            {
+                continue;
+            }
+            for calls in [1usize, 64, 256] {
+                let dir = tempfile::tempdir().unwrap();
+                let mut ledger = measure::open_in(dir.path(), blob_every_body).unwrap();
+                let commits = (100_000 / calls).clamp(200, 5000) as u64;
+                let m = measure::commit_calls(&mut ledger, calls, commits, body_bytes).unwrap();
+                println!(
+                    "round {round}: {label}: {calls} calls per commit: {:.1} us/commit, \
+                     {:.1} us/turn with staging ({:.1} us CPU): {:.0} calls/s ({:.0} calls per \
+                     CPU second)",
+                    m.us_per_commit(),
+                    m.us_per_turn(),
+                    m.cpu_us_per_turn(),
+                    m.calls_per_sec(),
+                    m.calls as f64 / m.cpu.as_secs_f64().max(1e-9)
+                );
+            }
+        }
     }
 }

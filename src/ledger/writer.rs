@@ -84,6 +84,7 @@ pub struct Ledger {
     preview_bytes: usize,
     body_cap_bytes: usize,
     text_cap_bytes: usize,
+    blob_every_body: bool,
     _writer_lock: WriterLock,
 }
 
@@ -104,6 +105,8 @@ impl Ledger {
         let mut conn = Connection::open_with_flags(path, flags).map_err(|e| open_err("open", e))?;
         conn.busy_timeout(Duration::from_millis(cfg.busy_timeout_ms))
             .map_err(|e| open_err("busy_timeout", e))?;
+        // Before changing anything: is this a ledger, and one we understand?
+        let found = schema::inspect(&conn, path)?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
             .map_err(|e| open_err("journal_mode=WAL", e))?;
@@ -119,7 +122,7 @@ impl Ledger {
             cfg.wal_size_limit_bytes
         ))
         .map_err(|e| open_err("pragmas", e))?;
-        let found = schema::migrate(&mut conn, path)?;
+        schema::migrate(&mut conn, path, found)?;
         let version = schema::current_version();
         if found == 0 {
             crate::info!(
@@ -149,6 +152,7 @@ impl Ledger {
             preview_bytes: cfg.preview_bytes,
             body_cap_bytes: cfg.body_cap_bytes,
             text_cap_bytes: cfg.text_cap_bytes,
+            blob_every_body: cfg.blob_every_body,
             _writer_lock: writer_lock,
         })
     }
@@ -188,33 +192,41 @@ impl Ledger {
         text.map(|t| self.text(t))
     }
 
-    /// Stages the full (capped) body as a blob row; returns its digest. The row that refers
-    /// to it stores its own copy (ops own disjoint arena bytes), pushed after every blob op.
-    fn blob(&mut self, ts_ms: i64, bytes: &[u8]) -> [u8; body::DIGEST_LEN] {
+    /// The digest of a body, staging the body (capped) as a blob row unless its preview
+    /// column already holds it whole. The row that refers to the blob stores its own copy of
+    /// the digest (ops own disjoint arena bytes), pushed after every blob op.
+    fn body(
+        &mut self,
+        ts_ms: i64,
+        bytes: &[u8],
+        preview: Option<&Preview>,
+    ) -> Option<[u8; body::DIGEST_LEN]> {
+        if bytes.is_empty() {
+            return None;
+        }
         let digest_bytes = body::sha256(bytes);
-        let digest = self.staged.push_bytes(&digest_bytes);
-        let kept = &bytes[..bytes.len().min(self.body_cap_bytes)];
-        let body = self.staged.push_bytes(kept);
-        self.staged.push_op(Op::Blob {
-            ts_ms,
-            digest,
-            body,
-            size: saturating_i64(bytes.len()),
-            truncated: kept.len() < bytes.len(),
-        });
-        digest_bytes
-    }
-
-    fn opt_blob(&mut self, ts_ms: i64, bytes: Option<&[u8]>) -> Option<[u8; body::DIGEST_LEN]> {
-        bytes.filter(|b| !b.is_empty()).map(|b| self.blob(ts_ms, b))
+        let whole_in_preview = matches!(preview, Some(Preview::Prefix(len)) if *len == bytes.len());
+        if self.blob_every_body || !whole_in_preview {
+            let digest = self.staged.push_bytes(&digest_bytes);
+            let kept = &bytes[..bytes.len().min(self.body_cap_bytes)];
+            let body = self.staged.push_bytes(kept);
+            self.staged.push_op(Op::Blob {
+                ts_ms,
+                digest,
+                body,
+                size: saturating_i64(bytes.len()),
+                truncated: kept.len() < bytes.len(),
+            });
+        }
+        Some(digest_bytes)
     }
 
     fn digest_copy(&mut self, digest: Option<[u8; body::DIGEST_LEN]>) -> Option<Span> {
         digest.map(|d| self.staged.push_bytes(&d))
     }
 
-    fn preview(&mut self, bytes: &[u8]) -> Span {
-        match body::preview(bytes, self.preview_bytes) {
+    fn push_preview(&mut self, bytes: &[u8], preview: Preview) -> Span {
+        match preview {
             Preview::Prefix(len) => self.staged.push_bytes(&bytes[..len]),
             Preview::Lossy(text) => self.staged.push_bytes(text.as_bytes()),
         }
@@ -222,7 +234,8 @@ impl Ledger {
 
     /// Stages the `tool_calls` row of a dispatched call (and its arguments blob).
     pub fn stage_call(&mut self, call: &CallStart) {
-        let request_digest = self.opt_blob(call.ts_ms, Some(call.arguments));
+        let preview = body::preview(call.arguments, self.preview_bytes);
+        let request_digest = self.body(call.ts_ms, call.arguments, Some(&preview));
         let request_digest = self.digest_copy(request_digest);
         let op = Op::CallStart {
             id: call.id,
@@ -238,7 +251,7 @@ impl Ledger {
             decision: self.text(call.decision),
             policy_rule: self.opt_text(call.policy_rule),
             policy_reason: self.opt_text(call.policy_reason),
-            arguments_preview: self.preview(call.arguments),
+            arguments_preview: self.push_preview(call.arguments, preview),
             request_digest,
         };
         self.staged.push_op(op);
@@ -247,9 +260,14 @@ impl Ledger {
     /// Stages the outcome of call `id` (and the blobs of its bodies).
     pub fn stage_call_end(&mut self, id: i64, end: &CallEnd) {
         let ts_ms = now_ms();
-        let response_digest = self.opt_blob(ts_ms, Some(end.response));
-        let rewritten_digest = self.opt_blob(ts_ms, end.rewritten_arguments);
-        let original_digest = self.opt_blob(ts_ms, end.original_response);
+        let preview = body::preview(end.response, self.preview_bytes);
+        let response_digest = self.body(ts_ms, end.response, Some(&preview));
+        let rewritten_digest = end
+            .rewritten_arguments
+            .and_then(|b| self.body(ts_ms, b, None));
+        let original_digest = end
+            .original_response
+            .and_then(|b| self.body(ts_ms, b, None));
         let response_digest = self.digest_copy(response_digest);
         let rewritten_digest = self.digest_copy(rewritten_digest);
         let original_digest = self.digest_copy(original_digest);
@@ -263,7 +281,7 @@ impl Ledger {
             policy_reason: self.opt_text(end.policy_reason),
             error_message: self.opt_text(end.error_message),
             approved_by: self.opt_text(end.approved_by),
-            response_preview: self.preview(end.response),
+            response_preview: self.push_preview(end.response, preview),
             response_digest,
             rewritten_digest,
             original_digest,
@@ -302,12 +320,14 @@ impl Ledger {
         });
         let size = self.staged.bytes(detail_span).len();
         if size > self.body_cap_bytes {
-            let full = String::from_utf8_lossy(self.staged.bytes(detail_span)).into_owned();
+            // serde_json writes UTF-8; cut before copying.
+            let written = std::str::from_utf8(self.staged.bytes(detail_span)).unwrap_or_default();
+            let prefix = body::cut_str(written, self.text_cap_bytes).to_owned();
             self.staged.truncate_to(detail_span);
             let short = serde_json::json!({
                 "truncated": true,
                 "size": size,
-                "prefix": body::cut_str(&full, self.text_cap_bytes),
+                "prefix": prefix,
             });
             detail_span = self.staged.push_with(|out| {
                 let _ = serde_json::to_writer(&mut *out, &short);
@@ -483,6 +503,16 @@ impl Ledger {
                     } => insert_event.execute(params![ts_ms, text(kind), text(detail)]),
                 };
                 match result {
+                    // An outcome whose call row does not exist (its start was dropped, or
+                    // the id is wrong) is lost too: say so.
+                    Ok(0) if matches!(op, Op::CallEnd { .. }) => {
+                        rejected += 1;
+                        if first_refusal.is_none()
+                            && let Op::CallEnd { id, .. } = op
+                        {
+                            first_refusal = Some(format!("no tool_calls row {id} for its outcome"));
+                        }
+                    }
                     Ok(changed) => written += changed,
                     Err(e) if is_row_refusal(&e) => {
                         rejected += 1;
@@ -571,9 +601,9 @@ fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
             return bad(format!("ledger.{key} {value} is above {MAX_TEXT_BYTES}"));
         }
     }
-    // The largest single staged op must fit: a capped body, or a call row's texts.
-    let largest_op = cfg
-        .body_cap_bytes
+    // The largest single staged op must fit: a capped body (blob, or an event's detail
+    // and kind), or a call row's texts, digests and preview.
+    let largest_op = (cfg.body_cap_bytes + cfg.text_cap_bytes)
         .max(cfg.preview_bytes + 16 * cfg.text_cap_bytes)
         + 1024;
     if cfg.max_staged_bytes < largest_op || cfg.max_staged_bytes > MAX_STAGED_BYTES {
