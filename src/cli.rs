@@ -32,7 +32,8 @@ Files (no daemon needed):
                              Recent tool calls from the ledger
   policy check               Validate the policy (config, corp layer); non-zero on any fault
   policy explain --tool NAME [--args JSON] [--principal P] [--transport T]
-                 [--process P] [--method M] [--phase request|response] [--result JSON]
+                 [--process P] [--method M] [--resource URI]
+                 [--phase request|response] [--result JSON]
                              The decision for a call and every rule that matched
 
 Options:
@@ -93,6 +94,7 @@ fn run() -> Result<i32, String> {
             Long("method") => explain.method = Some(string(parser.value())?),
             Long("phase") => explain.phase = Some(string(parser.value())?),
             Long("result") => explain.result = Some(string(parser.value())?),
+            Long("resource") => explain.resource = Some(string(parser.value())?),
             Value(v) => command.push(
                 v.into_string()
                     .map_err(|v| format!("argument {v:?} is not UTF-8"))?,
@@ -368,6 +370,7 @@ struct ExplainArgs {
     method: Option<String>,
     phase: Option<String>,
     result: Option<String>,
+    resource: Option<String>,
 }
 
 impl ExplainArgs {
@@ -409,6 +412,7 @@ impl ExplainArgs {
             phase,
             result: json("--result", self.result)?,
             method: self.method.unwrap_or_else(|| "tools/call".into()),
+            resource: self.resource,
         })
     }
 }

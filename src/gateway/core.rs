@@ -114,6 +114,8 @@ struct Call {
     started: Instant,
     deadline: Instant,
     timeout_key: &'static str,
+    /// Who approved a held call, and when (ms since the epoch).
+    approved: Option<(String, i64)>,
 }
 
 /// A call held for approval, as the admin socket lists it.
@@ -329,6 +331,7 @@ impl Core {
                 started: now,
                 deadline,
                 timeout_key: "gateway.request_timeout_secs",
+                approved: None,
             },
         );
         self.deadlines.push(Reverse((deadline, key)));
@@ -830,7 +833,14 @@ impl Core {
             );
             return;
         };
-        let Some(entry) = self.catalog.get(kind, &key).cloned() else {
+        // Policy first: a refused URI or prompt is refused whether or not it exists.
+        let entry = self.catalog.get(kind, &key).cloned();
+        let resource = (kind == Kind::Resources).then_some(key.as_str());
+        let server = entry.as_ref().map(|e| e.server.clone());
+        if !self.method_allowed(ctx, method, server.as_deref(), resource) {
+            return;
+        }
+        let Some(entry) = entry else {
             let (code, message) = match kind {
                 Kind::Resources => (-32002, format!("resource not found: {key}")),
                 _ => (jsonrpc::INVALID_PARAMS, format!("unknown prompt: {key}")),
@@ -838,10 +848,6 @@ impl Core {
             self.reply_error(ctx.conn, ctx.stream, ctx.id, code, &message, None);
             return;
         };
-        let resource = (kind == Kind::Resources).then_some(key.as_str());
-        if !self.method_allowed(ctx, method, Some(&entry.server), resource) {
-            return;
-        }
         if !self.workers[entry.worker].ready {
             let message = format!(
                 "worker {} is not available",
@@ -886,6 +892,7 @@ impl Core {
                 started: now,
                 deadline,
                 timeout_key: "gateway.request_timeout_secs",
+                approved: None,
             },
         );
         self.deadlines.push(Reverse((deadline, key)));
@@ -903,20 +910,12 @@ impl Core {
     }
 
     fn tool_call(&mut self, ctx: &RequestCtx, params: Option<&RawValue>, now: Instant) {
-        let Some(p) = params.and_then(|p| serde_json::from_str::<ToolCallParams>(p.get()).ok())
-        else {
-            self.reply_error(
-                ctx.conn,
-                ctx.stream,
-                ctx.id,
-                jsonrpc::INVALID_PARAMS,
-                "invalid params: tools/call needs a name",
-                None,
-            );
-            return;
+        let parsed_params =
+            params.and_then(|p| serde_json::from_str::<ToolCallParams>(p.get()).ok());
+        let (name, arguments): (&str, &str) = match &parsed_params {
+            Some(p) => (&p.name, p.arguments.map(RawValue::get).unwrap_or("{}")),
+            None => ("", params.map(RawValue::get).unwrap_or("{}")),
         };
-        let arguments = p.arguments.map(RawValue::get).unwrap_or("{}");
-        let name: &str = &p.name;
         self.counters.calls_total += 1;
         let ledger_id = self.ledger.new_call_id();
         let (server, bare_tool) = split_namespaced(name).unwrap_or(("", name));
@@ -936,6 +935,19 @@ impl Core {
             bytes_received: ctx.bytes_received,
             arguments: arguments.as_bytes(),
         };
+        if parsed_params.is_none() {
+            // Still one row: every tools/call is in the ledger, even a malformed one.
+            self.refuse_at_start(
+                ctx,
+                start,
+                "error",
+                None,
+                None,
+                jsonrpc::INVALID_PARAMS,
+                "invalid params: tools/call needs a name",
+            );
+            return;
+        }
         if !arguments.starts_with('{') {
             self.refuse_at_start(
                 ctx,
@@ -948,7 +960,8 @@ impl Core {
             );
             return;
         }
-        let Some(entry) = self.catalog.get(Kind::Tools, name).cloned() else {
+        // Only what routing needs; the definition text stays in the catalog.
+        let Some(entry) = self.catalog.get(Kind::Tools, name).map(Route::from) else {
             let message = format!("unknown tool: {name}");
             self.refuse_at_start(
                 ctx,
@@ -1020,8 +1033,8 @@ impl Core {
             worker: entry.worker,
             kind: CallKind::Tool {
                 ledger_id,
-                server: entry.server.clone(),
-                tool: entry.upstream.clone(),
+                server: entry.server,
+                tool: entry.upstream,
                 decision: decision.clone(),
                 rewritten: false,
             },
@@ -1032,6 +1045,7 @@ impl Core {
             started: now,
             deadline: now,
             timeout_key: "gateway.tool_call_timeout_secs",
+            approved: None,
         };
         match decision.verdict {
             Verdict::Block => {
@@ -1184,6 +1198,8 @@ impl Core {
         else {
             return;
         };
+        let approved_owned = call.approved.clone();
+        let approved = approved.or(approved_owned.as_ref().map(|(w, t)| (w.as_str(), *t)));
         let bytes = jsonrpc::result_response(&call.id, result_json);
         match decision {
             "allowed" => self.counters.calls_allowed += 1,
@@ -1310,7 +1326,7 @@ impl Core {
 
     fn complete_tool(
         &mut self,
-        call: Call,
+        mut call: Call,
         ok: Option<String>,
         error: Option<rpc::RpcError>,
         facts: Option<String>,
@@ -1428,6 +1444,10 @@ impl Core {
                         &message,
                         decision.rule.as_deref(),
                     );
+                    // The row names the rule that refused the result.
+                    if let CallKind::Tool { decision: d, .. } = &mut call.kind {
+                        *d = decision.clone();
+                    }
                     self.finish_tool(
                         call,
                         "denied",
@@ -1550,6 +1570,7 @@ impl Core {
             );
             return Ok(());
         }
+        call.approved = Some((who.to_owned(), decided));
         let Stage::AwaitingApproval { arguments } =
             std::mem::replace(&mut call.stage, Stage::AtWorker)
         else {
@@ -1730,6 +1751,23 @@ fn refused_bytes(method: &str, id: &str) -> Vec<u8> {
         jsonrpc::result_response(id, &r)
     } else {
         jsonrpc::error_response(Some(id), jsonrpc::LEDGER_UNAVAILABLE, message, None)
+    }
+}
+
+/// Where a tool call goes.
+struct Route {
+    worker: WorkerId,
+    server: String,
+    upstream: String,
+}
+
+impl From<&crate::mcp::catalog::Entry> for Route {
+    fn from(e: &crate::mcp::catalog::Entry) -> Route {
+        Route {
+            worker: e.worker,
+            server: e.server.clone(),
+            upstream: e.upstream.clone(),
+        }
     }
 }
 

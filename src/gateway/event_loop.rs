@@ -570,7 +570,6 @@ impl Gateway {
             }
             c.paused = false;
             // Hand over one buffered message, if there is one.
-            let process_default = c.meta_or_default();
             match &mut c.wire {
                 Wire::Framed(inb) => match inb.next() {
                     Some(Inbound::Message {
@@ -579,12 +578,12 @@ impl Gateway {
                         process,
                         payload,
                     }) => {
+                        let peer = &c.peer;
                         let process = if process.is_empty() {
-                            process_default.as_str()
+                            peer.process.as_str()
                         } else {
                             process
                         };
-                        let peer = &c.peer;
                         self.core
                             .on_message(conn, peer, process, expect, stream, payload, now);
                         continue;
@@ -611,7 +610,7 @@ impl Gateway {
                         self.core.on_message(
                             conn,
                             peer,
-                            &process_default,
+                            &peer.process,
                             Expect::Any,
                             0,
                             payload,
@@ -1228,19 +1227,6 @@ impl Gateway {
 
     pub fn is_ready(&self) -> bool {
         self.announced_ready
-    }
-}
-
-impl Conn {
-    /// The process name when a frame carries none: the meta line's, else the peer's.
-    fn meta_or_default(&self) -> String {
-        match &self.wire {
-            Wire::Framed(inb) => inb
-                .meta_name
-                .clone()
-                .unwrap_or_else(|| self.peer.process.clone()),
-            _ => self.peer.process.clone(),
-        }
     }
 }
 

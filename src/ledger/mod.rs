@@ -1,15 +1,60 @@
-//! TEMPORARY interface shim until the ledger branch lands (replaced wholesale on merge).
+//! The SQLite ledger: every audited request and its outcome, matched rules, full bodies
+//! (deduplicated by sha256) and lifecycle events, in one WAL-mode file owned by the gateway.
+//!
+//! The gateway stages rows while it handles a loop turn and commits them once per turn,
+//! before any worker request leaves and before any answer is written; a failed commit keeps
+//! the rows for the next one so the gateway can refuse calls (fail closed) and retry.
+//! Schema and queries: `src/ledger/README.md`.
+
+mod body;
+mod error;
+mod file;
+pub mod measure;
+mod record;
+mod schema;
+mod staged;
+mod tail;
+mod time;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::{LedgerError, LedgerErrorKind};
+pub use file::lock_path;
+pub use record::{CallEnd, CallStart, decision};
+pub use schema::{APPLICATION_ID, MIGRATIONS, Migration, current_version as schema_version};
+pub use tail::tail;
+pub use time::{format_utc_ms, now_ms};
+pub use writer::{EVENT_ROWS_DROPPED, EVENT_ROWS_REJECTED, Ledger};
 
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+/// `[ledger]` in the config file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LedgerConfig {
+    /// The database file. Its directory is created 0700 and the file 0600 when missing.
     pub path: PathBuf,
+    /// Bytes of arguments / response kept in the `arguments` and `response_preview`
+    /// columns (cut on a UTF-8 character boundary).
     pub preview_bytes: usize,
+    /// Bytes of a full body kept in `event_body_blobs`; longer bodies are cut here and
+    /// flagged `truncated`. Also the largest `events.detail` kept whole.
     pub body_cap_bytes: usize,
+    /// Bytes kept of every other text column (names, rule ids, reasons, error messages).
+    pub text_cap_bytes: usize,
+    /// Rows waiting for a commit (e.g. while the disk fails); beyond it the oldest are
+    /// dropped, counted and reported.
     pub max_staged_rows: usize,
+    /// Bytes held by rows waiting for a commit; beyond it the oldest are dropped likewise.
+    pub max_staged_bytes: usize,
+    /// Milliseconds a commit waits for another connection's write lock before failing.
+    /// The gateway loop waits with it, so keep it short.
+    pub busy_timeout_ms: u64,
+    /// Size the WAL file is truncated back to after a checkpoint (`journal_size_limit`).
+    pub wal_size_limit_bytes: u64,
 }
 
 impl Default for LedgerConfig {
@@ -17,104 +62,12 @@ impl Default for LedgerConfig {
         LedgerConfig {
             path: PathBuf::from("toolwall-data/ledger.db"),
             preview_bytes: 2048,
-            body_cap_bytes: 1024 * 1024 + 4096,
+            body_cap_bytes: (1 << 20) + 4096,
+            text_cap_bytes: 4096,
             max_staged_rows: 100_000,
+            max_staged_bytes: 256 << 20,
+            busy_timeout_ms: 500,
+            wal_size_limit_bytes: 64 << 20,
         }
     }
-}
-
-#[derive(Debug)]
-pub struct LedgerError(pub String);
-impl std::fmt::Display for LedgerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-pub struct Ledger {
-    path: PathBuf,
-    next: i64,
-    staged: usize,
-}
-
-pub struct CallStart<'a> {
-    pub id: i64,
-    pub ts_ms: i64,
-    pub transport: &'a str,
-    pub principal: &'a str,
-    pub process_name: &'a str,
-    pub server_name: &'a str,
-    pub tool_name: &'a str,
-    pub method: &'a str,
-    pub request_id: &'a str,
-    pub decision: &'a str,
-    pub policy_rule: Option<&'a str>,
-    pub policy_reason: Option<&'a str>,
-    pub bytes_received: usize,
-    pub arguments: &'a [u8],
-}
-
-pub struct CallEnd<'a> {
-    pub decision: &'a str,
-    pub policy_rule: Option<&'a str>,
-    pub policy_reason: Option<&'a str>,
-    pub duration_us: u64,
-    pub error_message: Option<&'a str>,
-    pub bytes_sent: usize,
-    pub response: &'a [u8],
-    pub rewritten_arguments: Option<&'a [u8]>,
-    pub original_response: Option<&'a [u8]>,
-    pub approved_by: Option<&'a str>,
-    pub decided_at_ms: Option<i64>,
-}
-
-impl Ledger {
-    pub fn open(cfg: &LedgerConfig) -> Result<Ledger, LedgerError> {
-        Ok(Ledger {
-            path: cfg.path.clone(),
-            next: 1,
-            staged: 0,
-        })
-    }
-    pub fn new_call_id(&mut self) -> i64 {
-        self.next += 1;
-        self.next - 1
-    }
-    pub fn stage_call(&mut self, _call: &CallStart) {
-        self.staged += 1;
-    }
-    pub fn stage_call_end(&mut self, _id: i64, _end: &CallEnd) {
-        self.staged += 1;
-    }
-    pub fn stage_rule_event(
-        &mut self,
-        _call_id: i64,
-        _rule_id: &str,
-        _action: &str,
-        _phase: &str,
-        _layer: &str,
-    ) {
-        self.staged += 1;
-    }
-    pub fn stage_event(&mut self, _kind: &str, _detail: &serde_json::Value) {
-        self.staged += 1;
-    }
-    pub fn staged(&self) -> usize {
-        self.staged
-    }
-    pub fn commit(&mut self) -> Result<usize, LedgerError> {
-        let n = self.staged;
-        self.staged = 0;
-        Ok(n)
-    }
-    pub fn checkpoint(&mut self) -> Result<(), LedgerError> {
-        Ok(())
-    }
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-pub fn tail(_path: &Path, _n: usize, _json: bool) -> Result<String, LedgerError> {
-    Ok(String::new())
 }

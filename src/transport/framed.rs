@@ -13,7 +13,8 @@ const READ_CHUNK: usize = 64 * 1024;
 /// What the next bytes hold.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Inbound<'a> {
-    /// A payload for the core; `process` is the frame's name (may be empty).
+    /// A payload for the core; `process` is the frame's name, else the meta line's (may
+    /// be empty).
     Message {
         stream: u32,
         expect: Expect,
@@ -173,8 +174,12 @@ impl FramedInbound {
                     let name_at = at + PREFIX_LEN + frame::HEADER_LEN;
                     let payload_at = name_at + header.name_len as usize;
                     let end = at + consumed;
-                    // The decoder checked the name is UTF-8.
-                    let process = std::str::from_utf8(&self.buf[name_at..payload_at]).unwrap_or("");
+                    // The decoder checked the name is UTF-8. A frame without a name is
+                    // the meta line's client.
+                    let process = match std::str::from_utf8(&self.buf[name_at..payload_at]) {
+                        Ok(name) if !name.is_empty() => name,
+                        _ => self.meta_name.as_deref().unwrap_or(""),
+                    };
                     return Some(Inbound::Message {
                         stream,
                         expect: if notification {

@@ -217,7 +217,7 @@ pub fn query_json(conn: &rusqlite::Connection, sql: &str) -> Vec<Value> {
 }
 
 fn rows_json<P: rusqlite::Params>(stmt: &mut rusqlite::Statement, params: P) -> Vec<Value> {
-    let names: Vec<String> = stmt.column_names().iter().map(|s| s.to_string()).collect();
+    let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
     let mut rows = stmt.query(params).unwrap();
     let mut out = Vec::new();
     while let Some(row) = rows.next().unwrap() {

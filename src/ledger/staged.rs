@@ -1,0 +1,380 @@
+//! Rows waiting for the next commit: one queue of small ops whose texts and bodies live in
+//! one shared byte arena, so staging a call costs copies but (in steady state) no
+//! allocation, and a commit clears both without freeing them.
+//!
+//! Each op owns the arena bytes between the previous op's end and its own `end`, so dropping
+//! the oldest ops frees a prefix of the arena; that prefix is reclaimed once it is at least
+//! half of the arena (amortised O(1) per dropped op).
+
+use std::collections::VecDeque;
+
+/// Arena capacity kept across commits; a burst beyond it is given back afterwards.
+const ARENA_KEEP_BYTES: usize = 4 << 20;
+/// Queue capacity kept across commits.
+const OPS_KEEP: usize = 16 * 1024;
+
+/// A byte range of the arena. `u32` keeps ops small; the configured bound on staged bytes
+/// keeps the arena far below 4 GiB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    start: u32,
+    len: u32,
+}
+
+/// One staged row. Strings are spans of the arena; digests are 32 raw bytes in the arena.
+#[derive(Debug)]
+pub enum Op {
+    Blob {
+        ts_ms: i64,
+        digest: Span,
+        body: Span,
+        size: i64,
+        truncated: bool,
+    },
+    CallStart {
+        id: i64,
+        ts_ms: i64,
+        bytes_received: i64,
+        transport: Span,
+        principal: Span,
+        process_name: Span,
+        server_name: Span,
+        tool_name: Span,
+        method: Span,
+        request_id: Span,
+        decision: Span,
+        policy_rule: Option<Span>,
+        policy_reason: Option<Span>,
+        arguments_preview: Span,
+        request_digest: Option<Span>,
+    },
+    CallEnd {
+        id: i64,
+        duration_us: i64,
+        bytes_sent: i64,
+        decided_at_ms: Option<i64>,
+        decision: Span,
+        policy_rule: Option<Span>,
+        policy_reason: Option<Span>,
+        error_message: Option<Span>,
+        approved_by: Option<Span>,
+        response_preview: Span,
+        response_digest: Option<Span>,
+        rewritten_digest: Option<Span>,
+        original_digest: Option<Span>,
+    },
+    RuleEvent {
+        call_id: i64,
+        ts_ms: i64,
+        rule_id: Span,
+        action: Span,
+        phase: Span,
+        layer: Span,
+    },
+    Event {
+        ts_ms: i64,
+        kind: Span,
+        detail: Span,
+    },
+}
+
+impl Op {
+    /// Moves every span `by` bytes towards the arena start (after a prefix was reclaimed).
+    fn shift_down(&mut self, by: u32) {
+        let mut s = |span: &mut Span| span.start = span.start.saturating_sub(by);
+        fn o(span: &mut Option<Span>, s: &mut impl FnMut(&mut Span)) {
+            if let Some(span) = span {
+                s(span);
+            }
+        }
+        match self {
+            Op::Blob { digest, body, .. } => {
+                s(digest);
+                s(body);
+            }
+            Op::CallStart {
+                transport,
+                principal,
+                process_name,
+                server_name,
+                tool_name,
+                method,
+                request_id,
+                decision,
+                policy_rule,
+                policy_reason,
+                arguments_preview,
+                request_digest,
+                ..
+            } => {
+                for span in [
+                    transport,
+                    principal,
+                    process_name,
+                    server_name,
+                    tool_name,
+                    method,
+                    request_id,
+                    decision,
+                    arguments_preview,
+                ] {
+                    s(span);
+                }
+                for span in [policy_rule, policy_reason, request_digest] {
+                    o(span, &mut s);
+                }
+            }
+            Op::CallEnd {
+                decision,
+                policy_rule,
+                policy_reason,
+                error_message,
+                approved_by,
+                response_preview,
+                response_digest,
+                rewritten_digest,
+                original_digest,
+                ..
+            } => {
+                s(decision);
+                s(response_preview);
+                for span in [
+                    policy_rule,
+                    policy_reason,
+                    error_message,
+                    approved_by,
+                    response_digest,
+                    rewritten_digest,
+                    original_digest,
+                ] {
+                    o(span, &mut s);
+                }
+            }
+            Op::RuleEvent {
+                rule_id,
+                action,
+                phase,
+                layer,
+                ..
+            } => {
+                for span in [rule_id, action, phase, layer] {
+                    s(span);
+                }
+            }
+            Op::Event { kind, detail, .. } => {
+                s(kind);
+                s(detail);
+            }
+        }
+    }
+}
+
+struct Entry {
+    /// Arena offset just past this op's bytes.
+    end: u32,
+    op: Op,
+}
+
+/// The staging queue with its bounds.
+pub struct Staged {
+    arena: Vec<u8>,
+    /// Arena bytes before this offset belong to dropped ops.
+    dead: usize,
+    entries: VecDeque<Entry>,
+    max_rows: usize,
+    max_bytes: usize,
+    /// Rows dropped since the last commit that reported them.
+    dropped_rows: u64,
+}
+
+impl Staged {
+    pub fn new(max_rows: usize, max_bytes: usize) -> Self {
+        Staged {
+            arena: Vec::new(),
+            dead: 0,
+            entries: VecDeque::new(),
+            max_rows,
+            max_bytes,
+            dropped_rows: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Bytes held for staged rows (texts, digests, bodies).
+    pub fn live_bytes(&self) -> usize {
+        self.arena.len() - self.dead
+    }
+
+    pub fn dropped_rows(&self) -> u64 {
+        self.dropped_rows
+    }
+
+    pub fn ops(&self) -> impl Iterator<Item = &Op> {
+        self.entries.iter().map(|entry| &entry.op)
+    }
+
+    /// The bytes of a span; empty for a span that does not fit (never happens by
+    /// construction, but a bug here must not panic the gateway).
+    pub fn bytes(&self, span: Span) -> &[u8] {
+        let start = span.start as usize;
+        self.arena
+            .get(start..start + span.len as usize)
+            .unwrap_or_default()
+    }
+
+    /// The 32 bytes of a digest span.
+    pub fn digest(&self, span: Span) -> [u8; super::body::DIGEST_LEN] {
+        let mut out = [0u8; super::body::DIGEST_LEN];
+        let bytes = self.bytes(span);
+        if bytes.len() == out.len() {
+            out.copy_from_slice(bytes);
+        }
+        out
+    }
+
+    /// Copies `bytes` into the arena.
+    pub fn push_bytes(&mut self, bytes: &[u8]) -> Span {
+        // Bounds at open keep the arena below u32::MAX; saturate rather than wrap if not.
+        let start = u32::try_from(self.arena.len()).unwrap_or(u32::MAX);
+        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+        self.arena.extend_from_slice(bytes);
+        Span { start, len }
+    }
+
+    /// Appends with `write`, returning the span it wrote.
+    pub fn push_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Span {
+        let start = self.arena.len();
+        write(&mut self.arena);
+        Span {
+            start: u32::try_from(start).unwrap_or(u32::MAX),
+            len: u32::try_from(self.arena.len() - start).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Forgets the arena bytes written after `span` started (an abandoned write).
+    pub fn truncate_to(&mut self, span: Span) {
+        self.arena.truncate(span.start as usize);
+    }
+
+    /// Queues an op that owns every arena byte written since the previous op, then drops
+    /// the oldest ops while a bound is exceeded.
+    pub fn push_op(&mut self, op: Op) {
+        let end = u32::try_from(self.arena.len()).unwrap_or(u32::MAX);
+        self.entries.push_back(Entry { end, op });
+        self.enforce_bounds();
+    }
+
+    fn enforce_bounds(&mut self) {
+        let mut dropped = 0u64;
+        while self.entries.len() > self.max_rows
+            || (self.live_bytes() > self.max_bytes && self.entries.len() > 1)
+        {
+            let Some(oldest) = self.entries.pop_front() else {
+                break;
+            };
+            self.dead = oldest.end as usize;
+            dropped += 1;
+        }
+        if dropped == 0 {
+            return;
+        }
+        self.dropped_rows += dropped;
+        if self.dead * 2 >= self.arena.len() {
+            self.reclaim_dead_prefix();
+        }
+    }
+
+    fn reclaim_dead_prefix(&mut self) {
+        let by = self.dead;
+        let by32 = u32::try_from(by).unwrap_or(u32::MAX);
+        self.arena.drain(..by);
+        for entry in &mut self.entries {
+            entry.end = entry.end.saturating_sub(by32);
+            entry.op.shift_down(by32);
+        }
+        self.dead = 0;
+    }
+
+    /// After a successful commit: forget every op and the drop count, keep the memory
+    /// unless a burst made it large.
+    pub fn clear_committed(&mut self) {
+        self.entries.clear();
+        self.arena.clear();
+        self.dead = 0;
+        self.dropped_rows = 0;
+        if self.arena.capacity() > ARENA_KEEP_BYTES {
+            self.arena.shrink_to(ARENA_KEEP_BYTES);
+        }
+        if self.entries.capacity() > OPS_KEEP {
+            self.entries.shrink_to(OPS_KEEP);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(staged: &mut Staged, text: &str) {
+        let kind = staged.push_bytes(b"k");
+        let detail = staged.push_bytes(text.as_bytes());
+        staged.push_op(Op::Event {
+            ts_ms: 0,
+            kind,
+            detail,
+        });
+    }
+
+    fn details(staged: &Staged) -> Vec<String> {
+        staged
+            .ops()
+            .map(|op| match op {
+                Op::Event { detail, .. } => {
+                    String::from_utf8(staged.bytes(*detail).to_vec()).unwrap()
+                }
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn drops_oldest_beyond_row_bound_and_keeps_the_rest_intact() {
+        let mut staged = Staged::new(3, 1 << 20);
+        for i in 0..10 {
+            event(&mut staged, &format!("detail-{i}"));
+        }
+        assert_eq!(staged.len(), 3);
+        assert_eq!(staged.dropped_rows(), 7);
+        assert_eq!(details(&staged), ["detail-7", "detail-8", "detail-9"]);
+        // Reclaiming kept the arena near the live size.
+        assert!(staged.arena.len() <= 2 * staged.live_bytes() + 16);
+    }
+
+    #[test]
+    fn drops_oldest_beyond_byte_bound() {
+        let mut staged = Staged::new(1000, 100);
+        for i in 0..10 {
+            event(&mut staged, &format!("{i}{}", "x".repeat(39)));
+        }
+        assert!(staged.live_bytes() <= 100);
+        assert_eq!(staged.len() as u64 + staged.dropped_rows(), 10);
+        let kept = details(&staged);
+        assert!(kept.last().unwrap().starts_with('9'));
+    }
+
+    #[test]
+    fn clear_resets_everything() {
+        let mut staged = Staged::new(1, 1 << 20);
+        event(&mut staged, "a");
+        event(&mut staged, "b");
+        assert_eq!(staged.dropped_rows(), 1);
+        staged.clear_committed();
+        assert_eq!(
+            (staged.len(), staged.live_bytes(), staged.dropped_rows()),
+            (0, 0, 0)
+        );
+    }
+}

@@ -1,0 +1,587 @@
+//! The gateway's writer: stage rows during a loop turn, commit them in one transaction.
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, ErrorCode, OpenFlags, ToSql, TransactionBehavior, params};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::LedgerConfig;
+use super::body::{self, Preview};
+use super::error::{LedgerError, LedgerErrorKind};
+use super::file::{self, WriterLock};
+use super::record::{CallEnd, CallStart};
+use super::schema;
+use super::staged::{Op, Span, Staged};
+use super::time::now_ms;
+
+/// Largest accepted `body_cap_bytes`.
+pub const MAX_BODY_CAP_BYTES: usize = 256 << 20;
+/// Largest accepted `preview_bytes` and `text_cap_bytes`.
+pub const MAX_TEXT_BYTES: usize = 1 << 20;
+/// Largest accepted `max_staged_bytes` (keeps arena offsets within `u32`).
+pub const MAX_STAGED_BYTES: usize = 1 << 30;
+
+/// Event kind written when staged rows were dropped by the staging bound.
+pub const EVENT_ROWS_DROPPED: &str = "ledger_rows_dropped";
+/// Event kind written when SQLite refused single staged rows.
+pub const EVENT_ROWS_REJECTED: &str = "ledger_rows_rejected";
+
+const SQL_INSERT_BLOB: &str = "INSERT OR IGNORE INTO event_body_blobs \
+    (hash, body, size, truncated, first_seen_ms) VALUES (?1, ?2, ?3, ?4, ?5)";
+const SQL_INSERT_CALL: &str = "INSERT INTO tool_calls \
+    (id, ts_ms, transport, principal, process_name, server_name, tool_name, method, \
+     request_id, decision, policy_rule, policy_reason, bytes_received, arguments, \
+     request_body_hash) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
+const SQL_END_CALL: &str = "UPDATE tool_calls SET decision = ?2, \
+    policy_rule = COALESCE(?3, policy_rule), policy_reason = COALESCE(?4, policy_reason), \
+    duration_us = ?5, error_message = ?6, bytes_sent = ?7, response_preview = ?8, \
+    response_body_hash = ?9, rewritten_arguments_hash = ?10, original_response_hash = ?11, \
+    approved_by = ?12, decided_at_ms = ?13 WHERE id = ?1";
+const SQL_INSERT_RULE_EVENT: &str = "INSERT INTO security_rule_events \
+    (call_id, ts_ms, rule_id, action, phase, layer) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+const SQL_INSERT_EVENT: &str = "INSERT INTO events (ts_ms, kind, detail) VALUES (?1, ?2, ?3)";
+
+/// Arena bytes bound as SQLite TEXT without re-checking UTF-8 (staging only stores text
+/// that came from `&str` or was cut on a char boundary).
+struct Text<'a>(&'a [u8]);
+
+impl ToSql for Text<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(ValueRef::Text(self.0)))
+    }
+}
+
+/// A digest bound as its lowercase hex text.
+struct DigestHex([u8; body::DIGEST_HEX_LEN]);
+
+impl ToSql for DigestHex {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(ValueRef::Text(&self.0)))
+    }
+}
+
+fn saturating_i64(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
+/// Errors a single statement can hit that say nothing about the disk: retrying the same
+/// row would fail forever, so the row is skipped (and reported) instead.
+fn is_row_refusal(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::ConstraintViolation | ErrorCode::TooBig | ErrorCode::TypeMismatch)
+    )
+}
+
+/// The open ledger. One per gateway; a second writer on the same file is refused.
+pub struct Ledger {
+    // Declared before the lock so the connection closes first.
+    conn: Connection,
+    path: PathBuf,
+    staged: Staged,
+    next_call_id: i64,
+    preview_bytes: usize,
+    body_cap_bytes: usize,
+    text_cap_bytes: usize,
+    _writer_lock: WriterLock,
+}
+
+impl Ledger {
+    /// Opens (creating if needed) and migrates the ledger for writing.
+    pub fn open(cfg: &LedgerConfig) -> Result<Ledger, LedgerError> {
+        let path = cfg.path.as_path();
+        validate(cfg)?;
+        file::prepare(path)?;
+        let writer_lock = WriterLock::acquire(path)?;
+        let open_err = |what: &str, e: rusqlite::Error| {
+            LedgerError::new(LedgerErrorKind::Open, path, format!("{what}: {e}"))
+        };
+        // No SQLITE_OPEN_URI: the configured path is a file name, never a URI.
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let mut conn = Connection::open_with_flags(path, flags).map_err(|e| open_err("open", e))?;
+        conn.busy_timeout(Duration::from_millis(cfg.busy_timeout_ms))
+            .map_err(|e| open_err("busy_timeout", e))?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+            .map_err(|e| open_err("journal_mode=WAL", e))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(LedgerError::new(
+                LedgerErrorKind::Open,
+                path,
+                format!("cannot use WAL mode (journal_mode stays {mode})"),
+            ));
+        }
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous = NORMAL; PRAGMA journal_size_limit = {};",
+            cfg.wal_size_limit_bytes
+        ))
+        .map_err(|e| open_err("pragmas", e))?;
+        let found = schema::migrate(&mut conn, path)?;
+        let version = schema::current_version();
+        if found == 0 {
+            crate::info!(
+                "ledger {}: created (schema version {version})",
+                path.display()
+            );
+        } else if found != version {
+            crate::info!(
+                "ledger {}: schema migrated from version {found} to {version}",
+                path.display()
+            );
+        }
+        let next_call_id: i64 = conn
+            .query_row(
+                "SELECT COALESCE(MAX(id), 0) + 1 FROM tool_calls",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(|e| open_err("reading the last call id", e))?;
+        // The five staging statements plus a few for readers of this connection.
+        conn.set_prepared_statement_cache_capacity(16);
+        Ok(Ledger {
+            conn,
+            path: path.to_path_buf(),
+            staged: Staged::new(cfg.max_staged_rows, cfg.max_staged_bytes),
+            next_call_id,
+            preview_bytes: cfg.preview_bytes,
+            body_cap_bytes: cfg.body_cap_bytes,
+            text_cap_bytes: cfg.text_cap_bytes,
+            _writer_lock: writer_lock,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A fresh `tool_calls` id, usable in staged rows before any commit.
+    pub fn new_call_id(&mut self) -> i64 {
+        let id = self.next_call_id;
+        self.next_call_id = self.next_call_id.saturating_add(1);
+        id
+    }
+
+    /// Rows staged and not yet committed.
+    pub fn staged(&self) -> usize {
+        self.staged.len()
+    }
+
+    /// Bytes held by staged rows.
+    pub fn staged_bytes(&self) -> usize {
+        self.staged.live_bytes()
+    }
+
+    /// Rows dropped by the staging bound since the last commit reported them.
+    pub fn dropped_rows(&self) -> u64 {
+        self.staged.dropped_rows()
+    }
+
+    fn text(&mut self, text: &str) -> Span {
+        self.staged
+            .push_bytes(body::cut_str(text, self.text_cap_bytes).as_bytes())
+    }
+
+    fn opt_text(&mut self, text: Option<&str>) -> Option<Span> {
+        text.map(|t| self.text(t))
+    }
+
+    /// Stages the full (capped) body as a blob row; returns its digest. The row that refers
+    /// to it stores its own copy (ops own disjoint arena bytes), pushed after every blob op.
+    fn blob(&mut self, ts_ms: i64, bytes: &[u8]) -> [u8; body::DIGEST_LEN] {
+        let digest_bytes = body::sha256(bytes);
+        let digest = self.staged.push_bytes(&digest_bytes);
+        let kept = &bytes[..bytes.len().min(self.body_cap_bytes)];
+        let body = self.staged.push_bytes(kept);
+        self.staged.push_op(Op::Blob {
+            ts_ms,
+            digest,
+            body,
+            size: saturating_i64(bytes.len()),
+            truncated: kept.len() < bytes.len(),
+        });
+        digest_bytes
+    }
+
+    fn opt_blob(&mut self, ts_ms: i64, bytes: Option<&[u8]>) -> Option<[u8; body::DIGEST_LEN]> {
+        bytes.filter(|b| !b.is_empty()).map(|b| self.blob(ts_ms, b))
+    }
+
+    fn digest_copy(&mut self, digest: Option<[u8; body::DIGEST_LEN]>) -> Option<Span> {
+        digest.map(|d| self.staged.push_bytes(&d))
+    }
+
+    fn preview(&mut self, bytes: &[u8]) -> Span {
+        match body::preview(bytes, self.preview_bytes) {
+            Preview::Prefix(len) => self.staged.push_bytes(&bytes[..len]),
+            Preview::Lossy(text) => self.staged.push_bytes(text.as_bytes()),
+        }
+    }
+
+    /// Stages the `tool_calls` row of a dispatched call (and its arguments blob).
+    pub fn stage_call(&mut self, call: &CallStart) {
+        let request_digest = self.opt_blob(call.ts_ms, Some(call.arguments));
+        let request_digest = self.digest_copy(request_digest);
+        let op = Op::CallStart {
+            id: call.id,
+            ts_ms: call.ts_ms,
+            bytes_received: saturating_i64(call.bytes_received),
+            transport: self.text(call.transport),
+            principal: self.text(call.principal),
+            process_name: self.text(call.process_name),
+            server_name: self.text(call.server_name),
+            tool_name: self.text(call.tool_name),
+            method: self.text(call.method),
+            request_id: self.text(call.request_id),
+            decision: self.text(call.decision),
+            policy_rule: self.opt_text(call.policy_rule),
+            policy_reason: self.opt_text(call.policy_reason),
+            arguments_preview: self.preview(call.arguments),
+            request_digest,
+        };
+        self.staged.push_op(op);
+    }
+
+    /// Stages the outcome of call `id` (and the blobs of its bodies).
+    pub fn stage_call_end(&mut self, id: i64, end: &CallEnd) {
+        let ts_ms = now_ms();
+        let response_digest = self.opt_blob(ts_ms, Some(end.response));
+        let rewritten_digest = self.opt_blob(ts_ms, end.rewritten_arguments);
+        let original_digest = self.opt_blob(ts_ms, end.original_response);
+        let response_digest = self.digest_copy(response_digest);
+        let rewritten_digest = self.digest_copy(rewritten_digest);
+        let original_digest = self.digest_copy(original_digest);
+        let op = Op::CallEnd {
+            id,
+            duration_us: saturating_i64(end.duration_us),
+            bytes_sent: saturating_i64(end.bytes_sent),
+            decided_at_ms: end.decided_at_ms,
+            decision: self.text(end.decision),
+            policy_rule: self.opt_text(end.policy_rule),
+            policy_reason: self.opt_text(end.policy_reason),
+            error_message: self.opt_text(end.error_message),
+            approved_by: self.opt_text(end.approved_by),
+            response_preview: self.preview(end.response),
+            response_digest,
+            rewritten_digest,
+            original_digest,
+        };
+        self.staged.push_op(op);
+    }
+
+    /// Stages one `security_rule_events` row: rule `rule_id` matched call `call_id`.
+    pub fn stage_rule_event(
+        &mut self,
+        call_id: i64,
+        rule_id: &str,
+        action: &str,
+        phase: &str,
+        layer: &str,
+    ) {
+        let op = Op::RuleEvent {
+            call_id,
+            ts_ms: now_ms(),
+            rule_id: self.text(rule_id),
+            action: self.text(action),
+            phase: self.text(phase),
+            layer: self.text(layer),
+        };
+        self.staged.push_op(op);
+    }
+
+    /// Stages one `events` row. A detail whose JSON exceeds `body_cap_bytes` is replaced by
+    /// `{"truncated":true,"size":N,"prefix":"<first text_cap_bytes of the JSON>"}`.
+    pub fn stage_event(&mut self, kind: &str, detail: &serde_json::Value) {
+        let ts_ms = now_ms();
+        let kind = self.text(kind);
+        let mut detail_span = self.staged.push_with(|out| {
+            // Writing a Value into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *out, detail);
+        });
+        let size = self.staged.bytes(detail_span).len();
+        if size > self.body_cap_bytes {
+            let full = String::from_utf8_lossy(self.staged.bytes(detail_span)).into_owned();
+            self.staged.truncate_to(detail_span);
+            let short = serde_json::json!({
+                "truncated": true,
+                "size": size,
+                "prefix": body::cut_str(&full, self.text_cap_bytes),
+            });
+            detail_span = self.staged.push_with(|out| {
+                let _ = serde_json::to_writer(&mut *out, &short);
+            });
+        }
+        self.staged.push_op(Op::Event {
+            ts_ms,
+            kind,
+            detail: detail_span,
+        });
+    }
+
+    /// Writes everything staged in one transaction and returns the rows it changed.
+    ///
+    /// On failure the transaction is rolled back and every staged row is kept for the next
+    /// commit (up to `max_staged_rows` / `max_staged_bytes`; beyond them the oldest are
+    /// dropped). When rows were lost — dropped by that bound, or refused one by one by
+    /// SQLite — the rest is committed together with an `events` row saying so, and the
+    /// result is still an error of kind `RowsLost`, so a caller that only checks `is_ok()`
+    /// fails closed.
+    pub fn commit(&mut self) -> Result<usize, LedgerError> {
+        let dropped = self.staged.dropped_rows();
+        if self.staged.len() == 0 && dropped == 0 {
+            return Ok(0);
+        }
+        match self.write_staged(dropped) {
+            Ok((written, rejected, first_refusal)) => {
+                self.staged.clear_committed();
+                if dropped == 0 && rejected == 0 {
+                    return Ok(written);
+                }
+                let mut what = format!(
+                    "rows lost: {written} rows committed, {dropped} dropped by the staging bound"
+                );
+                what.push_str(&format!(", {rejected} refused by SQLite"));
+                if let Some(first) = first_refusal {
+                    what.push_str(&format!(" (first: {first})"));
+                }
+                Err(
+                    LedgerError::new(LedgerErrorKind::RowsLost, &self.path, what)
+                        .with_losses(dropped, rejected),
+                )
+            }
+            Err(e) => Err(LedgerError::new(
+                LedgerErrorKind::Write,
+                &self.path,
+                format!(
+                    "commit failed and was rolled back: {e}; {} staged rows kept for the next \
+                     commit, {dropped} dropped by the staging bound so far",
+                    self.staged.len()
+                ),
+            )
+            .with_losses(dropped, 0)),
+        }
+    }
+
+    /// The transaction of [`commit`](Self::commit): rows changed, rows refused, and the
+    /// first refusal.
+    fn write_staged(&mut self, dropped: u64) -> rusqlite::Result<(usize, u64, Option<String>)> {
+        let staged = &self.staged;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut written = 0usize;
+        let mut rejected = 0u64;
+        let mut first_refusal = None;
+        {
+            let mut insert_blob = tx.prepare_cached(SQL_INSERT_BLOB)?;
+            let mut insert_call = tx.prepare_cached(SQL_INSERT_CALL)?;
+            let mut end_call = tx.prepare_cached(SQL_END_CALL)?;
+            let mut insert_rule_event = tx.prepare_cached(SQL_INSERT_RULE_EVENT)?;
+            let mut insert_event = tx.prepare_cached(SQL_INSERT_EVENT)?;
+            let text = |span: Span| Text(staged.bytes(span));
+            let opt_text = |span: Option<Span>| span.map(text);
+            let hex = |span: Span| DigestHex(body::hex(&staged.digest(span)));
+            let opt_hex = |span: Option<Span>| span.map(hex);
+            for op in staged.ops() {
+                let result = match *op {
+                    Op::Blob {
+                        ts_ms,
+                        digest,
+                        body,
+                        size,
+                        truncated,
+                    } => insert_blob.execute(params![
+                        hex(digest),
+                        staged.bytes(body),
+                        size,
+                        truncated,
+                        ts_ms
+                    ]),
+                    Op::CallStart {
+                        id,
+                        ts_ms,
+                        bytes_received,
+                        transport,
+                        principal,
+                        process_name,
+                        server_name,
+                        tool_name,
+                        method,
+                        request_id,
+                        decision,
+                        policy_rule,
+                        policy_reason,
+                        arguments_preview,
+                        request_digest,
+                    } => insert_call.execute(params![
+                        id,
+                        ts_ms,
+                        text(transport),
+                        text(principal),
+                        text(process_name),
+                        text(server_name),
+                        text(tool_name),
+                        text(method),
+                        text(request_id),
+                        text(decision),
+                        opt_text(policy_rule),
+                        opt_text(policy_reason),
+                        bytes_received,
+                        text(arguments_preview),
+                        opt_hex(request_digest),
+                    ]),
+                    Op::CallEnd {
+                        id,
+                        duration_us,
+                        bytes_sent,
+                        decided_at_ms,
+                        decision,
+                        policy_rule,
+                        policy_reason,
+                        error_message,
+                        approved_by,
+                        response_preview,
+                        response_digest,
+                        rewritten_digest,
+                        original_digest,
+                    } => end_call.execute(params![
+                        id,
+                        text(decision),
+                        opt_text(policy_rule),
+                        opt_text(policy_reason),
+                        duration_us,
+                        opt_text(error_message),
+                        bytes_sent,
+                        text(response_preview),
+                        opt_hex(response_digest),
+                        opt_hex(rewritten_digest),
+                        opt_hex(original_digest),
+                        opt_text(approved_by),
+                        decided_at_ms,
+                    ]),
+                    Op::RuleEvent {
+                        call_id,
+                        ts_ms,
+                        rule_id,
+                        action,
+                        phase,
+                        layer,
+                    } => insert_rule_event.execute(params![
+                        call_id,
+                        ts_ms,
+                        text(rule_id),
+                        text(action),
+                        text(phase),
+                        text(layer)
+                    ]),
+                    Op::Event {
+                        ts_ms,
+                        kind,
+                        detail,
+                    } => insert_event.execute(params![ts_ms, text(kind), text(detail)]),
+                };
+                match result {
+                    Ok(changed) => written += changed,
+                    Err(e) if is_row_refusal(&e) => {
+                        rejected += 1;
+                        if first_refusal.is_none() {
+                            first_refusal = Some(e.to_string());
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let now = now_ms();
+            if dropped > 0 {
+                let detail = serde_json::json!({ "rows": dropped }).to_string();
+                written += insert_event.execute(params![now, EVENT_ROWS_DROPPED, detail])?;
+            }
+            if rejected > 0 {
+                let detail = serde_json::json!({ "rows": rejected, "first_error": first_refusal })
+                    .to_string();
+                written += insert_event.execute(params![now, EVENT_ROWS_REJECTED, detail])?;
+            }
+        }
+        tx.commit()?;
+        Ok((written, rejected, first_refusal))
+    }
+
+    /// Folds the WAL back into the database file and truncates it (for shutdown, after
+    /// the last commit).
+    pub fn checkpoint(&mut self) -> Result<(), LedgerError> {
+        let (busy, wal_pages, checkpointed): (i64, i64, i64) = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
+            .map_err(|e| {
+                LedgerError::new(
+                    LedgerErrorKind::Checkpoint,
+                    &self.path,
+                    format!("checkpoint: {e}"),
+                )
+            })?;
+        if busy != 0 {
+            return Err(LedgerError::new(
+                LedgerErrorKind::Checkpoint,
+                &self.path,
+                format!(
+                    "checkpoint could not finish ({checkpointed} of {wal_pages} WAL pages): \
+                     another connection holds the WAL"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        if self.staged.len() > 0 {
+            crate::warn!(
+                "ledger {}: closed with {} staged rows not committed",
+                self.path.display(),
+                self.staged.len()
+            );
+        }
+    }
+}
+
+fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
+    let bad = |what: String| Err(LedgerError::new(LedgerErrorKind::Config, &cfg.path, what));
+    if cfg.path.as_os_str().is_empty() {
+        return bad("ledger.path is empty".into());
+    }
+    if cfg.max_staged_rows == 0 {
+        return bad("ledger.max_staged_rows must be at least 1".into());
+    }
+    if cfg.body_cap_bytes > MAX_BODY_CAP_BYTES {
+        return bad(format!(
+            "ledger.body_cap_bytes {} is above {MAX_BODY_CAP_BYTES}",
+            cfg.body_cap_bytes
+        ));
+    }
+    for (key, value) in [
+        ("preview_bytes", cfg.preview_bytes),
+        ("text_cap_bytes", cfg.text_cap_bytes),
+    ] {
+        if value > MAX_TEXT_BYTES {
+            return bad(format!("ledger.{key} {value} is above {MAX_TEXT_BYTES}"));
+        }
+    }
+    // The largest single staged op must fit: a capped body, or a call row's texts.
+    let largest_op = cfg
+        .body_cap_bytes
+        .max(cfg.preview_bytes + 16 * cfg.text_cap_bytes)
+        + 1024;
+    if cfg.max_staged_bytes < largest_op || cfg.max_staged_bytes > MAX_STAGED_BYTES {
+        return bad(format!(
+            "ledger.max_staged_bytes {} must be between {largest_op} (one full row) and \
+             {MAX_STAGED_BYTES}",
+            cfg.max_staged_bytes
+        ));
+    }
+    Ok(())
+}
