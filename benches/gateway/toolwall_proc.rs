@@ -48,8 +48,9 @@ pub fn config_takes_rules() -> Result<bool, String> {
         Err(with) => match toolwall::config::Config::from_toml(&config_text(dir, false), "bench")
         {
             Ok(_) => {
+                let why = with.to_string().replace('\n', " ");
                 crate::note(&format!(
-                    "policy: this build's config refuses the rules ({with}); running with none"
+                    "policy: this build's config refuses the rules ({why}); running with none"
                 ));
                 Ok(false)
             }
