@@ -36,9 +36,7 @@ pub fn child_main(args: &[String]) -> Option<i32> {
         args.get(2).map(|listen| echo_server(Path::new(listen)))
     } else if role == FORWARD_ROLE {
         match (args.get(2), args.get(3)) {
-            (Some(listen), Some(backend)) => {
-                Some(forwarder(Path::new(listen), Path::new(backend)))
-            }
+            (Some(listen), Some(backend)) => Some(forwarder(Path::new(listen), Path::new(backend))),
             _ => None,
         }
     } else {
@@ -122,11 +120,7 @@ impl Conn {
                     consumed,
                     ..
                 }) => {
-                    on_frame(
-                        header.stream_id,
-                        payload,
-                        &self.inbuf[pos..pos + consumed],
-                    );
+                    on_frame(header.stream_id, payload, &self.inbuf[pos..pos + consumed]);
                     pos += consumed;
                 }
                 Err(_) => {

@@ -95,9 +95,12 @@ pub struct Ctx {
 /// A door, or why it is skipped this run.
 pub type Opened = Result<Box<dyn Door>, String>;
 
+/// Starts a door.
+pub type Opener = fn(&Ctx) -> Opened;
+
 /// Every door in the order they run: baselines first, so the ratios exist when toolwall's
 /// rows are printed.
-pub fn all_doors() -> Vec<(&'static str, fn(&Ctx) -> Opened)> {
+pub fn all_doors() -> Vec<(&'static str, Opener)> {
     vec![
         (BASELINE_ONE_HOP, open_one_hop),
         (BASELINE_TWO_HOP, open_two_hop),

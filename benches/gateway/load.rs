@@ -223,7 +223,10 @@ impl ClientThread {
         loop {
             let now = Instant::now();
             let sending = now < self.window.end;
-            let waiting = self.slots.iter().any(|s| !s.pending.is_empty() && !s.closed);
+            let waiting = self
+                .slots
+                .iter()
+                .any(|s| !s.pending.is_empty() && !s.closed);
             if !sending && !waiting {
                 return Ok(());
             }

@@ -272,6 +272,12 @@ fn run_level(
         .map(|_| door.connect())
         .collect::<Result<Vec<_>, _>>()?;
     let procs = door.processes();
+    eprintln!(
+        "{} c={}: running ({})",
+        door.name(),
+        level.label(),
+        doors::describe_procs(&procs)
+    );
     let start = Instant::now() + opts.warmup;
     let window = Window {
         start,
@@ -282,16 +288,10 @@ fn run_level(
     let driver = std::thread::spawn(move || load::drive(conns, depth, threads, window));
 
     sleep_until(window.start);
-    let cpu_before: Vec<Option<f64>> = procs
-        .iter()
-        .map(|p| procstat::cpu_seconds(p.pid))
-        .collect();
+    let cpu_before: Vec<Option<f64>> = procs.iter().map(|p| procstat::cpu_seconds(p.pid)).collect();
     let client_before = procstat::own_cpu_seconds();
     sleep_until(window.end);
-    let cpu_after: Vec<Option<f64>> = procs
-        .iter()
-        .map(|p| procstat::cpu_seconds(p.pid))
-        .collect();
+    let cpu_after: Vec<Option<f64>> = procs.iter().map(|p| procstat::cpu_seconds(p.pid)).collect();
     let client_after = procstat::own_cpu_seconds();
     let window_secs = opts.duration.as_secs_f64();
 

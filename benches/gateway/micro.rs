@@ -93,7 +93,10 @@ pub fn run_all(budget: Duration) -> Vec<Micro> {
         p99_ns: None,
         max_ns: None,
         ops,
-        note: format!("toolwall_relay::frame::decode_frame, {} byte frame", framed.len()),
+        note: format!(
+            "toolwall_relay::frame::decode_frame, {} byte frame",
+            framed.len()
+        ),
     });
 
     let (ns, ops) = batched(budget, || {
@@ -105,7 +108,10 @@ pub fn run_all(budget: Duration) -> Vec<Micro> {
         p99_ns: None,
         max_ns: None,
         ops,
-        note: format!("toolwall::mcp::jsonrpc::parse, {} byte tools/call", payload.len()),
+        note: format!(
+            "toolwall::mcp::jsonrpc::parse, {} byte tools/call",
+            payload.len()
+        ),
     });
 
     for n in [1, 20, 100] {

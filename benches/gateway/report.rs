@@ -117,7 +117,9 @@ pub fn markdown(
     }
     out.push_str("\nfront/back: gateway/worker for toolwall, forwarder/echo for the 2-hop baseline, echo/- for the 1-hop one.\n");
 
-    out.push_str("\n| door | in flight | process | pid | CPU s/1k calls | VmHWM MiB | VmRSS MiB |\n");
+    out.push_str(
+        "\n| door | in flight | process | pid | CPU s/1k calls | VmHWM MiB | VmRSS MiB |\n",
+    );
     out.push_str("|---|---|---|---:|---:|---:|---:|\n");
     for r in rows {
         for p in &r.procs {
@@ -143,7 +145,9 @@ pub fn markdown(
     }
 
     if !micro.is_empty() {
-        out.push_str("\n| micro-benchmark | median | p99 | max | note |\n|---|---:|---:|---:|---|\n");
+        out.push_str(
+            "\n| micro-benchmark | median | p99 | max | note |\n|---|---:|---:|---:|---|\n",
+        );
         for m in micro {
             let _ = writeln!(
                 out,

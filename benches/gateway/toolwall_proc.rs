@@ -45,8 +45,7 @@ pub fn config_takes_rules() -> Result<bool, String> {
     let dir = Path::new("/nonexistent-bench-dir");
     match toolwall::config::Config::from_toml(&config_text(dir, true), "bench config") {
         Ok(_) => Ok(true),
-        Err(with) => match toolwall::config::Config::from_toml(&config_text(dir, false), "bench")
-        {
+        Err(with) => match toolwall::config::Config::from_toml(&config_text(dir, false), "bench") {
             Ok(_) => {
                 let why = with.to_string().replace('\n', " ");
                 crate::note(&format!(
@@ -61,7 +60,9 @@ pub fn config_takes_rules() -> Result<bool, String> {
 
 impl Setup {
     pub fn new(with_rules: bool) -> std::io::Result<Setup> {
-        let dir = tempfile::Builder::new().prefix("toolwall-bench").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("toolwall-bench")
+            .tempdir()?;
         let config = dir.path().join("toolwall.toml");
         std::fs::write(&config, config_text(dir.path(), with_rules))?;
         Ok(Setup {
@@ -193,7 +194,10 @@ impl Running {
             match self.child.try_wait() {
                 Ok(Some(status)) if status.success() => return Ok(()),
                 Ok(Some(status)) => {
-                    return Err(format!("toolwall exited with {status}:\n{}", self.log_text()));
+                    return Err(format!(
+                        "toolwall exited with {status}:\n{}",
+                        self.log_text()
+                    ));
                 }
                 Ok(None) if Instant::now() > deadline => {
                     let _ = self.child.kill();

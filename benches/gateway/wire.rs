@@ -20,7 +20,11 @@ pub enum Wire {
     /// HTTP/1.1 keep-alive; replies come in request order. `headers` are extra header lines
     /// (each ending in `\r\n`), e.g. a session id the door obtained when connecting.
     #[allow(dead_code)] // built by the HTTP door, once the gateway has one
-    Http { host: String, path: String, headers: String },
+    Http {
+        host: String,
+        path: String,
+        headers: String,
+    },
 }
 
 /// How a reply names the request it answers.
