@@ -114,6 +114,10 @@ fn sleep_until(t: Instant) {
 fn run(opts: &Options) -> i32 {
     let machine = procstat::machine();
     eprintln!("machine: {machine}; load average {:.2}", load_average());
+    if let Err(e) = wire::self_check() {
+        eprintln!("the client's codec fails its self-check: {e}");
+        return 2;
+    }
     if !Path::new(TOOLWALL_BIN).exists() {
         eprintln!("{TOOLWALL_BIN} is missing: run this through `cargo bench --bench gateway`");
         return 2;

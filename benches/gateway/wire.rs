@@ -19,7 +19,6 @@ pub enum Wire {
     Lines,
     /// HTTP/1.1 keep-alive; replies come in request order. `headers` are extra header lines
     /// (each ending in `\r\n`), e.g. a session id the door obtained when connecting.
-    #[allow(dead_code)] // built by the HTTP door, once the gateway has one
     Http {
         host: String,
         path: String,
@@ -216,4 +215,68 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
         from = at + 1;
     }
     false
+}
+
+/// Round-trip every wire through canned bytes before anything is measured, so a client-side
+/// codec fault (the HTTP one has no door to meet yet) shows up as such, not as a slow door.
+pub fn self_check() -> Result<(), String> {
+    let mut text = String::new();
+    call_text(2, 7, &mut text);
+    let mut json = Vec::new();
+    request_json(7, &text, &mut json);
+    let reply = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{{\"content\":[{{\"type\":\"text\",\"text\":\"{text}\"}}]}}}}"
+    );
+    let http = Wire::Http {
+        host: "127.0.0.1:1".into(),
+        path: "/mcp".into(),
+        headers: "Mcp-Session-Id: s\r\n".into(),
+    };
+    let mut request = Vec::new();
+    http.encode(7, &json, &mut request)?;
+    let head = String::from_utf8_lossy(&request);
+    if !head.starts_with("POST /mcp HTTP/1.1\r\n") || !head.contains("Mcp-Session-Id: s\r\n\r\n{") {
+        return Err(format!("HTTP request malformed: {head}"));
+    }
+    let mut framed = Vec::new();
+    frame::encode(&mut framed, 7, 0, "", reply.as_bytes()).map_err(|e| e.to_string())?;
+    let cases: [(Wire, Vec<u8>, ReplyKey); 3] = [
+        (Wire::Framed, framed, ReplyKey::Seq(7)),
+        (Wire::Lines, format!("{reply}\n").into_bytes(), ReplyKey::Seq(7)),
+        (
+            http,
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nContent-Length: {}\r\n\r\n{reply}",
+                reply.len()
+            )
+            .into_bytes(),
+            ReplyKey::Oldest,
+        ),
+    ];
+    for (wire, bytes, key) in cases {
+        if !matches!(wire.decode(&bytes[..bytes.len() - 1]), Ok(None)) {
+            return Err(format!("{wire:?}: a cut reply is not incomplete"));
+        }
+        let mut twice = bytes.clone();
+        twice.extend_from_slice(&bytes);
+        match wire.decode(&twice) {
+            Ok(Some(r))
+                if r.key == key && r.consumed == bytes.len() && echoes(r.payload, &text) => {}
+            Ok(Some(r)) => {
+                return Err(format!(
+                    "{wire:?}: decoded {:?}, {} of {} bytes",
+                    r.key,
+                    r.consumed,
+                    bytes.len()
+                ));
+            }
+            other => {
+                return Err(format!(
+                    "{wire:?}: {:?}",
+                    other.map(|r| r.map(|r| r.consumed))
+                ));
+            }
+        }
+    }
+    Ok(())
 }
