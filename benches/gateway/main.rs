@@ -171,6 +171,15 @@ fn run(opts: &Options) -> i32 {
         }
     }
 
+    let cpus = machine["cpus"].as_u64().unwrap_or(1) as f64;
+    let busiest = rows.iter().map(|r| r.load_before).fold(0.0, f64::max);
+    if busiest > cpus / 2.0 {
+        note(&format!(
+            "the machine was busy: load average up to {busiest:.1} on {cpus} CPUs before a run; \
+             figures are noisier and lower than on an idle machine"
+        ));
+    }
+
     let micro = if opts.run_micro {
         eprintln!("micro-benchmarks");
         micro::run_all(opts.micro)
