@@ -461,7 +461,7 @@ reason = "a human looks at every echo"
 
 #[test]
 fn live_reload_changes_the_next_message_on_an_open_connection() {
-    let mut gw = TestGateway::start("");
+    let gw = TestGateway::start("");
     let mut c = gw.connect();
     assert_eq!(echoed(&echo(&mut c, "before")), Some("before"));
     let blocked = base_config(

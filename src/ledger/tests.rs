@@ -412,11 +412,7 @@ fn call_lifecycle(blob_every_body: bool) {
             .unwrap();
         assert_eq!(
             (stored.as_slice(), size, truncated),
-<<<<<<< HEAD
-            (body, body.len() as i64, false)
-=======
             (*body, body.len() as i64, false)
->>>>>>> ledger
         );
     }
     assert_eq!(
@@ -716,14 +712,7 @@ fn a_failed_commit_keeps_the_rows_for_the_next_one() {
     ledger.stage_event("connect", &serde_json::json!({ "conn": 1 }));
     let blocker = hold_write_lock(&cfg.path);
 
-<<<<<<< HEAD
-    let err = ledger
-        .commit()
-        .err()
-        .expect("commit must fail while locked");
-=======
     let err = ledger.commit().expect_err("commit must fail while locked");
->>>>>>> ledger
     assert_eq!(err.kind(), LedgerErrorKind::Write);
     assert_eq!(err.dropped_rows(), 0);
     let text = err.to_string();
@@ -823,12 +812,7 @@ fn a_row_sqlite_refuses_is_skipped_not_retried_forever() {
     ledger.stage_event("connect", &serde_json::json!({}));
     let err = ledger
         .commit()
-<<<<<<< HEAD
-        .err()
-        .expect("the refused row must be reported");
-=======
         .expect_err("the refused row must be reported");
->>>>>>> ledger
     assert_eq!(err.kind(), LedgerErrorKind::RowsLost);
     assert_eq!(err.rejected_rows(), 1);
     assert!(err.to_string().contains("UNIQUE"), "{err}");
