@@ -1,1 +1,0 @@
-//! systemd integration without libsystemd. To be written.
