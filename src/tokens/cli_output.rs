@@ -14,9 +14,7 @@ pub fn parse_lifetime(text: &str) -> Result<Option<Duration>, String> {
         return Ok(None);
     }
     let bad = || {
-        format!(
-            "--expires {text:?}: expected a number with s, m, h, d or w (e.g. 30d), or never"
-        )
+        format!("--expires {text:?}: expected a number with s, m, h, d or w (e.g. 30d), or never")
     };
     let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
     let (digits, unit) = text.split_at(split);
@@ -132,7 +130,9 @@ pub fn parse_token_id(text: &str) -> Result<i64, String> {
     text.parse::<i64>()
         .ok()
         .filter(|id| *id > 0)
-        .ok_or_else(|| format!("token id {text:?} must be a positive number (see toolwall token list)"))
+        .ok_or_else(|| {
+            format!("token id {text:?} must be a positive number (see toolwall token list)")
+        })
 }
 
 #[cfg(test)]
@@ -147,9 +147,26 @@ mod tests {
             parse_lifetime("30d").unwrap(),
             Some(Duration::from_secs(30 * 86_400))
         );
-        assert_eq!(parse_lifetime("90m").unwrap(), Some(Duration::from_secs(5400)));
-        assert_eq!(parse_lifetime("2w").unwrap(), Some(Duration::from_secs(14 * 86_400)));
-        for bad in ["", "d", "30", "30x", "-1d", "0d", "1.5h", "99999999999999999999d", "4000d", "30 d"] {
+        assert_eq!(
+            parse_lifetime("90m").unwrap(),
+            Some(Duration::from_secs(5400))
+        );
+        assert_eq!(
+            parse_lifetime("2w").unwrap(),
+            Some(Duration::from_secs(14 * 86_400))
+        );
+        for bad in [
+            "",
+            "d",
+            "30",
+            "30x",
+            "-1d",
+            "0d",
+            "1.5h",
+            "99999999999999999999d",
+            "4000d",
+            "30 d",
+        ] {
             assert!(parse_lifetime(bad).is_err(), "{bad}");
         }
     }
@@ -160,7 +177,12 @@ mod tests {
         let store = TokenStore::open(&dir.path().join("ledger.db")).unwrap();
         let now = 1_787_400_000_000;
         let new = store
-            .create("alice", TokenKind::Client, Some(Duration::from_secs(86_400)), now)
+            .create(
+                "alice",
+                TokenKind::Client,
+                Some(Duration::from_secs(86_400)),
+                now,
+            )
             .unwrap();
         let created = format_created(&new);
         assert_eq!(created.lines().last().unwrap(), new.secret);

@@ -86,7 +86,10 @@ pub enum AuthFailure {
     Expired,
     Revoked,
     /// A valid token of a kind this endpoint does not take.
-    WrongKind { have: TokenKind, need: TokenKind },
+    WrongKind {
+        have: TokenKind,
+        need: TokenKind,
+    },
     /// The token store could not be read; the request is refused (fail closed).
     Unavailable,
 }

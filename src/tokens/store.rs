@@ -194,8 +194,8 @@ impl TokenStore {
             // Bounded by MAX_LIFETIME, so the milliseconds fit an i64 with room to spare.
             Some(d) => Some(now_ms.saturating_add(d.as_millis() as i64)),
         };
-        let secret = secret::generate()
-            .map_err(|e| TokenError(format!("cannot read random bytes: {e}")))?;
+        let secret =
+            secret::generate().map_err(|e| TokenError(format!("cannot read random bytes: {e}")))?;
         let hash = secret::hash_hex(&secret);
         self.conn
             .execute(
@@ -260,9 +260,17 @@ impl TokenStore {
         })
     }
 
-    fn finish_row(&self, (mut info, kind, hash): (TokenInfo, String, String)) -> Result<Row, TokenError> {
-        info.kind = TokenKind::parse(&kind)
-            .map_err(|e| TokenError(format!("token store {}: row {}: {e}", self.path.display(), info.id)))?;
+    fn finish_row(
+        &self,
+        (mut info, kind, hash): (TokenInfo, String, String),
+    ) -> Result<Row, TokenError> {
+        info.kind = TokenKind::parse(&kind).map_err(|e| {
+            TokenError(format!(
+                "token store {}: row {}: {e}",
+                self.path.display(),
+                info.id
+            ))
+        })?;
         Ok(Row { info, hash })
     }
 
@@ -354,18 +362,30 @@ mod tests {
         assert_eq!(info, new.info);
 
         let admin = s
-            .create("ops", TokenKind::Admin, Some(Duration::from_secs(60)), 1_000)
+            .create(
+                "ops",
+                TokenKind::Admin,
+                Some(Duration::from_secs(60)),
+                1_000,
+            )
             .unwrap();
         assert_eq!(admin.info.expires_ms, Some(61_000));
-        assert_eq!(s.verify(&admin.secret, 60_999).unwrap().kind, TokenKind::Admin);
+        assert_eq!(
+            s.verify(&admin.secret, 60_999).unwrap().kind,
+            TokenKind::Admin
+        );
         assert_eq!(s.verify(&admin.secret, 61_000), Err(AuthFailure::Expired));
 
         let listed = s.list().unwrap();
         assert_eq!(listed.len(), 2);
         assert_eq!(listed[0].principal, "alice");
 
-        assert!(matches!(s.revoke(new.info.id, 5_000).unwrap(), RevokeOutcome::Revoked(i) if i.revoked_ms == Some(5_000)));
-        assert!(matches!(s.revoke(new.info.id, 6_000).unwrap(), RevokeOutcome::AlreadyRevoked(i) if i.revoked_ms == Some(5_000)));
+        assert!(
+            matches!(s.revoke(new.info.id, 5_000).unwrap(), RevokeOutcome::Revoked(i) if i.revoked_ms == Some(5_000))
+        );
+        assert!(
+            matches!(s.revoke(new.info.id, 6_000).unwrap(), RevokeOutcome::AlreadyRevoked(i) if i.revoked_ms == Some(5_000))
+        );
         assert_eq!(s.revoke(999, 6_000).unwrap(), RevokeOutcome::NotFound);
         assert_eq!(s.verify(&new.secret, 7_000), Err(AuthFailure::Revoked));
     }
@@ -470,10 +490,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = store(&dir);
         assert!(s.create("bad name", TokenKind::Client, None, 0).is_err());
-        assert!(s.create("a", TokenKind::Client, Some(Duration::ZERO), 0).is_err());
         assert!(
-            s.create("a", TokenKind::Client, Some(MAX_LIFETIME + Duration::from_secs(1)), 0)
+            s.create("a", TokenKind::Client, Some(Duration::ZERO), 0)
                 .is_err()
+        );
+        assert!(
+            s.create(
+                "a",
+                TokenKind::Client,
+                Some(MAX_LIFETIME + Duration::from_secs(1)),
+                0
+            )
+            .is_err()
         );
         assert!(s.list().unwrap().is_empty());
     }

@@ -100,8 +100,19 @@ mod tests {
         assert_eq!(bearer_token(&with_auth(&[b"Bearer abc"])), Ok("abc"));
         assert_eq!(bearer_token(&with_auth(&[b"bearer   abc"])), Ok("abc"));
         assert_eq!(bearer_token(&with_auth(&[])), Err(AuthFailure::Missing));
-        for bad in [&b"Basic abc"[..], b"Bearer", b"Bearer ", b"Bearer a b", b"Bearerabc", b"Bearer \xff"] {
-            assert_eq!(bearer_token(&with_auth(&[bad])), Err(AuthFailure::Malformed), "{bad:?}");
+        for bad in [
+            &b"Basic abc"[..],
+            b"Bearer",
+            b"Bearer ",
+            b"Bearer a b",
+            b"Bearerabc",
+            b"Bearer \xff",
+        ] {
+            assert_eq!(
+                bearer_token(&with_auth(&[bad])),
+                Err(AuthFailure::Malformed),
+                "{bad:?}"
+            );
         }
         assert_eq!(
             bearer_token(&with_auth(&[b"Bearer a", b"Bearer b"])),
@@ -111,7 +122,10 @@ mod tests {
 
     #[test]
     fn challenges() {
-        assert_eq!(challenge(&AuthFailure::Missing), "Bearer realm=\"toolwall\"");
+        assert_eq!(
+            challenge(&AuthFailure::Missing),
+            "Bearer realm=\"toolwall\""
+        );
         assert!(challenge(&AuthFailure::Expired).contains("invalid_token"));
     }
 }

@@ -203,7 +203,11 @@ mod tests {
             b"[::1]x",
             b"h\xc3\xa9",
         ] {
-            assert!(Authority::parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+            assert!(
+                Authority::parse(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
         assert!(Authority::parse("a".repeat(300).as_bytes()).is_err());
     }
@@ -211,12 +215,30 @@ mod tests {
     #[test]
     fn origins() {
         let o = Origin::parse_header(b"http://127.0.0.1:9210").unwrap();
-        assert_eq!(o, Origin { scheme: Scheme::Http, host: "127.0.0.1".into(), port: 9210 });
+        assert_eq!(
+            o,
+            Origin {
+                scheme: Scheme::Http,
+                host: "127.0.0.1".into(),
+                port: 9210
+            }
+        );
         let o = Origin::parse_header(b"HTTPS://Example.COM").unwrap();
         assert_eq!(o.port, 443);
         assert_eq!(o.host, "example.com");
-        for bad in [&b"null"[..], b"http://", b"http://a/b", b"ftp://a", b"http://a:b", b"example.com"] {
-            assert!(Origin::parse_header(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        for bad in [
+            &b"null"[..],
+            b"http://",
+            b"http://a/b",
+            b"ftp://a",
+            b"http://a:b",
+            b"example.com",
+        ] {
+            assert!(
+                Origin::parse_header(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

@@ -21,7 +21,7 @@ use super::authority::{Authority, Origin, Scheme};
 use super::config::HttpConfig;
 use super::era::{
     self, LEGACY_ONLY_METHODS, METHOD_HEADER, MODERN_VERSIONS, MirroredHeaders, NAME_HEADER,
-    PROTOCOL_VERSION_HEADER, ParamFacts, Refusal, SESSION_HEADER, single_header,
+    PROTOCOL_VERSION_HEADER, ParamFacts, Refusal, RepeatedHeader, SESSION_HEADER, single_header,
 };
 use super::reply::{error_body, is_result, result_protocol_version, wrap_modern};
 use super::request::{ParseError, Request, trim_ows};
@@ -58,7 +58,9 @@ pub enum Era {
         version: &'static str,
         session: Option<String>,
     },
-    Modern { version: &'static str },
+    Modern {
+        version: &'static str,
+    },
 }
 
 impl Era {
@@ -216,13 +218,16 @@ fn derive(s: &DoorSettings) -> Result<(Option<Origin>, HostRule, Vec<String>), S
     Ok((public_origin, hosts, notes))
 }
 
-fn json_refusal(status: u16, keep_alive: bool, id: Option<&str>, refusal: &Refusal) -> HttpResponse {
-    ResponseBuilder::new(status)
-        .keep_alive(keep_alive)
-        .body(
-            JSON,
-            &error_body(id, refusal.code, &refusal.message, refusal.data.as_ref()),
-        )
+fn json_refusal(
+    status: u16,
+    keep_alive: bool,
+    id: Option<&str>,
+    refusal: &Refusal,
+) -> HttpResponse {
+    ResponseBuilder::new(status).keep_alive(keep_alive).body(
+        JSON,
+        &error_body(id, refusal.code, &refusal.message, refusal.data.as_ref()),
+    )
 }
 
 /// A refusal with a JSON-RPC error body and no id (before the body was read).
@@ -252,7 +257,11 @@ fn method_not_allowed(allow: &'static str, keep_alive: bool) -> HttpResponse {
 
 fn unauthorized(failure: &AuthFailure, keep_alive: bool) -> HttpResponse {
     if *failure == AuthFailure::Unavailable {
-        return refuse(503, keep_alive, "the token store is unavailable; try again later");
+        return refuse(
+            503,
+            keep_alive,
+            "the token store is unavailable; try again later",
+        );
     }
     ResponseBuilder::new(401)
         .header("WWW-Authenticate", challenge(failure))
@@ -274,8 +283,7 @@ fn accepted_types(value: &[u8]) -> impl Iterator<Item = String> + '_ {
                 && p[..2].eq_ignore_ascii_case(b"q=")
                 && p[2..].iter().all(|b| matches!(b, b'0' | b'.'))
         });
-        (!refused && !media.is_empty())
-            .then(|| String::from_utf8_lossy(media).to_ascii_lowercase())
+        (!refused && !media.is_empty()).then(|| String::from_utf8_lossy(media).to_ascii_lowercase())
     })
 }
 
@@ -307,7 +315,10 @@ fn content_type_is_json(request: &Request) -> bool {
         match p.iter().position(|&b| b == b'=') {
             Some(eq) if trim_ows(&p[..eq]).eq_ignore_ascii_case(b"charset") => {
                 let v = trim_ows(&p[eq + 1..]);
-                let v = v.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(v);
+                let v = v
+                    .strip_prefix(b"\"")
+                    .and_then(|v| v.strip_suffix(b"\""))
+                    .unwrap_or(v);
                 v.eq_ignore_ascii_case(b"utf-8")
             }
             // Other parameters say nothing about the bytes; tolerate them.
@@ -323,7 +334,11 @@ impl Endpoint {
     pub fn new(settings: DoorSettings) -> Result<Endpoint, String> {
         let (public_origin, hosts, notes) = derive(&settings)?;
         Ok(Endpoint {
-            scheme: if settings.tls { Scheme::Https } else { Scheme::Http },
+            scheme: if settings.tls {
+                Scheme::Https
+            } else {
+                Scheme::Http
+            },
             sessions: Sessions::new(SessionLimits::from(&settings.http)),
             settings,
             public_origin,
@@ -338,7 +353,11 @@ impl Endpoint {
         let (public_origin, hosts, notes) = derive(&settings)?;
         self.sessions
             .set_limits(SessionLimits::from(&settings.http));
-        self.scheme = if settings.tls { Scheme::Https } else { Scheme::Http };
+        self.scheme = if settings.tls {
+            Scheme::Https
+        } else {
+            Scheme::Http
+        };
         self.settings = settings;
         self.public_origin = public_origin;
         self.hosts = hosts;
@@ -414,7 +433,7 @@ impl Endpoint {
         let value = match single_header(request.headers_named("host")) {
             Ok(Some(v)) => v,
             Ok(None) => return Err(refuse(400, keep, "a Host header is required")),
-            Err(()) => return Err(refuse(400, keep, "more than one Host header")),
+            Err(RepeatedHeader) => return Err(refuse(400, keep, "more than one Host header")),
         };
         let authority = Authority::parse(value)
             .map_err(|e| refuse(400, keep, &format!("malformed Host header: {e}")))?;
@@ -438,7 +457,7 @@ impl Endpoint {
         let value = match single_header(request.headers_named("origin")) {
             Ok(None) => return Ok(()),
             Ok(Some(v)) => v,
-            Err(()) => return Err(refuse(403, keep, "more than one Origin header")),
+            Err(RepeatedHeader) => return Err(refuse(403, keep, "more than one Origin header")),
         };
         let Some(public) = &self.public_origin else {
             return Err(refuse(
@@ -524,9 +543,23 @@ impl Endpoint {
         };
         let message_range = request.body.clone();
         if era::is_modern(version_header, &facts) {
-            self.post_modern(request, message, &facts, version_header, principal, message_range)
+            self.post_modern(
+                request,
+                message,
+                &facts,
+                version_header,
+                principal,
+                message_range,
+            )
         } else {
-            self.post_legacy(request, message, version_header, principal, message_range, now)
+            self.post_legacy(
+                request,
+                message,
+                version_header,
+                principal,
+                message_range,
+                now,
+            )
         }
     }
 
@@ -660,7 +693,7 @@ impl Endpoint {
                     "an Mcp-Session-Id header is required (start a session with initialize)",
                 );
             }
-            Err(()) => return refusal(400, "more than one Mcp-Session-Id header"),
+            Err(RepeatedHeader) => return refusal(400, "more than one Mcp-Session-Id header"),
         };
         let session = if well_formed_id(session_id) {
             // Checked ASCII hex above.
@@ -672,7 +705,10 @@ impl Endpoint {
             None
         };
         let Some((session_id, version)) = session else {
-            return refusal(404, "unknown or expired session; start a new one with initialize");
+            return refusal(
+                404,
+                "unknown or expired session; start a new one with initialize",
+            );
         };
         if let Some(header) = version_header
             && header != version.as_bytes()
@@ -717,7 +753,7 @@ impl Endpoint {
         match session {
             Ok(None) if modern => method_not_allowed("POST", keep),
             Ok(None) => refuse(400, keep, "an Mcp-Session-Id header is required"),
-            Err(()) => refuse(400, keep, "more than one Mcp-Session-Id header"),
+            Err(RepeatedHeader) => refuse(400, keep, "more than one Mcp-Session-Id header"),
             Ok(Some(id)) => {
                 let closed = well_formed_id(id)
                     && self
@@ -774,7 +810,9 @@ impl Endpoint {
                     }
                 }
             }
-            Era::Legacy { .. } => ResponseBuilder::new(200).keep_alive(keep).body(JSON, answer),
+            Era::Legacy { .. } => ResponseBuilder::new(200)
+                .keep_alive(keep)
+                .body(JSON, answer),
         }
     }
 

@@ -184,13 +184,18 @@ impl ParamFacts {
     }
 }
 
-/// The one value of a header, trimmed; `Err` when it appears more than once.
+/// A header that may appear once appeared more often.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepeatedHeader;
+
+/// The one value of a header (already trimmed by the request reader); an error when it
+/// appears more than once.
 pub fn single_header<'a>(
     mut values: impl Iterator<Item = &'a [u8]>,
-) -> Result<Option<&'a [u8]>, ()> {
+) -> Result<Option<&'a [u8]>, RepeatedHeader> {
     let first = values.next();
     if values.next().is_some() {
-        return Err(());
+        return Err(RepeatedHeader);
     }
     Ok(first)
 }
@@ -219,7 +224,10 @@ pub fn decode_mirrored_value(value: &[u8]) -> Result<String, &'static str> {
             .map_err(|_| "invalid base64 in header value")?;
         return String::from_utf8(bytes).map_err(|_| "base64 header value is not UTF-8");
     }
-    if !value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)) {
+    if !value
+        .iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+    {
         return Err("header value has characters outside visible ASCII");
     }
     // Checked ASCII above.
@@ -307,8 +315,9 @@ pub fn check_modern_request(
                 )));
             }
             (Some(header), Some(body)) => {
-                let decoded = decode_mirrored_value(header)
-                    .map_err(|why| Refusal::mismatch(format!("Header mismatch: Mcp-Name: {why}")))?;
+                let decoded = decode_mirrored_value(header).map_err(|why| {
+                    Refusal::mismatch(format!("Header mismatch: Mcp-Name: {why}"))
+                })?;
                 if decoded != body {
                     return Err(Refusal::mismatch(format!(
                         "Header mismatch: Mcp-Name header value {decoded:?} does not match body {field} {body:?}"
@@ -379,48 +388,130 @@ mod tests {
     #[test]
     fn modern_checks_in_order() {
         let f = facts(&format!(r#"{{"name":"t",{META}}}"#));
-        assert_eq!(check_modern_request("tools/call", &f, headers("2026-07-28", "tools/call", Some("t"))), Ok("2026-07-28"));
+        assert_eq!(
+            check_modern_request(
+                "tools/call",
+                &f,
+                headers("2026-07-28", "tools/call", Some("t"))
+            ),
+            Ok("2026-07-28")
+        );
         // Whitespace around the value was trimmed by the request reader; inner case counts.
-        let r = check_modern_request("tools/call", &f, headers("2026-07-28", "TOOLS/CALL", Some("t"))).unwrap_err();
+        let r = check_modern_request(
+            "tools/call",
+            &f,
+            headers("2026-07-28", "TOOLS/CALL", Some("t")),
+        )
+        .unwrap_err();
         assert_eq!((r.status, r.code), (400, HEADER_MISMATCH));
-        let r = check_modern_request("tools/call", &f, MirroredHeaders { method: None, ..headers("2026-07-28", "", Some("t")) }).unwrap_err();
+        let r = check_modern_request(
+            "tools/call",
+            &f,
+            MirroredHeaders {
+                method: None,
+                ..headers("2026-07-28", "", Some("t"))
+            },
+        )
+        .unwrap_err();
         assert_eq!(r.code, HEADER_MISMATCH);
-        let r = check_modern_request("tools/call", &f, headers("2026-07-28", "tools/call", Some("u"))).unwrap_err();
+        let r = check_modern_request(
+            "tools/call",
+            &f,
+            headers("2026-07-28", "tools/call", Some("u")),
+        )
+        .unwrap_err();
         assert_eq!(r.code, HEADER_MISMATCH);
-        let r = check_modern_request("tools/call", &f, headers("2026-07-28", "tools/call", None)).unwrap_err();
+        let r = check_modern_request("tools/call", &f, headers("2026-07-28", "tools/call", None))
+            .unwrap_err();
         assert_eq!(r.code, HEADER_MISMATCH);
         // Missing _meta fields: -32602.
-        for params in [r#"{}"#, r#"{"_meta":{"io.modelcontextprotocol/clientCapabilities":{}}}"#, r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}"#] {
-            let r = check_modern_request("server/discover", &facts(params), headers("2026-07-28", "server/discover", None)).unwrap_err();
-            assert_eq!((r.status, r.code), (400, jsonrpc::INVALID_PARAMS), "{params}");
+        for params in [
+            r#"{}"#,
+            r#"{"_meta":{"io.modelcontextprotocol/clientCapabilities":{}}}"#,
+            r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}"#,
+        ] {
+            let r = check_modern_request(
+                "server/discover",
+                &facts(params),
+                headers("2026-07-28", "server/discover", None),
+            )
+            .unwrap_err();
+            assert_eq!(
+                (r.status, r.code),
+                (400, jsonrpc::INVALID_PARAMS),
+                "{params}"
+            );
         }
         // Body and header versions disagree: -32020 before "unsupported".
-        let odd = facts(r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"v999.0.0","io.modelcontextprotocol/clientCapabilities":{}}}"#);
-        let r = check_modern_request("server/discover", &odd, headers("2026-07-28", "server/discover", None)).unwrap_err();
+        let odd = facts(
+            r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"v999.0.0","io.modelcontextprotocol/clientCapabilities":{}}}"#,
+        );
+        let r = check_modern_request(
+            "server/discover",
+            &odd,
+            headers("2026-07-28", "server/discover", None),
+        )
+        .unwrap_err();
         assert_eq!(r.code, HEADER_MISMATCH);
-        let r = check_modern_request("server/discover", &odd, headers("v999.0.0", "server/discover", None)).unwrap_err();
+        let r = check_modern_request(
+            "server/discover",
+            &odd,
+            headers("v999.0.0", "server/discover", None),
+        )
+        .unwrap_err();
         assert_eq!((r.status, r.code), (400, UNSUPPORTED_PROTOCOL_VERSION));
         let data = r.data.unwrap();
         assert_eq!(data["requested"], "v999.0.0");
         assert_eq!(data["supported"][0], "2026-07-28");
         // Mcp-Name only where the method defines it.
         let f = facts(&format!(r#"{{{META}}}"#));
-        assert!(check_modern_request("tools/list", &f, headers("2026-07-28", "tools/list", Some("whatever"))).is_ok());
-        let r = check_modern_request("tools/call", &f, headers("2026-07-28", "tools/call", Some("x"))).unwrap_err();
+        assert!(
+            check_modern_request(
+                "tools/list",
+                &f,
+                headers("2026-07-28", "tools/list", Some("whatever"))
+            )
+            .is_ok()
+        );
+        let r = check_modern_request(
+            "tools/call",
+            &f,
+            headers("2026-07-28", "tools/call", Some("x")),
+        )
+        .unwrap_err();
         assert_eq!(r.code, HEADER_MISMATCH);
         let f = facts(&format!(r#"{{"uri":"file:///a b",{META}}}"#));
-        assert!(check_modern_request("resources/read", &f, headers("2026-07-28", "resources/read", Some("file:///a b"))).is_ok());
+        assert!(
+            check_modern_request(
+                "resources/read",
+                &f,
+                headers("2026-07-28", "resources/read", Some("file:///a b"))
+            )
+            .is_ok()
+        );
     }
 
     #[test]
     fn mirrored_values() {
         assert_eq!(decode_mirrored_value(b"us-west1").unwrap(), "us-west1");
-        assert_eq!(decode_mirrored_value(b"=?base64?SGVsbG8=?=").unwrap(), "Hello");
-        assert_eq!(decode_mirrored_value(b"=?base64?SGVsbG8sIOS4lueVjA==?=").unwrap(), "Hello, 世界");
-        assert!(decode_mirrored_value(b"=?base64?SGVsbG8?=").is_err(), "missing padding");
+        assert_eq!(
+            decode_mirrored_value(b"=?base64?SGVsbG8=?=").unwrap(),
+            "Hello"
+        );
+        assert_eq!(
+            decode_mirrored_value(b"=?base64?SGVsbG8sIOS4lueVjA==?=").unwrap(),
+            "Hello, 世界"
+        );
+        assert!(
+            decode_mirrored_value(b"=?base64?SGVsbG8?=").is_err(),
+            "missing padding"
+        );
         assert!(decode_mirrored_value(b"=?base64?SGVs!!!bG8=?=").is_err());
         // Without both markers the value is literal.
-        assert_eq!(decode_mirrored_value(b"=?base64?SGVsbG8=").unwrap(), "=?base64?SGVsbG8=");
+        assert_eq!(
+            decode_mirrored_value(b"=?base64?SGVsbG8=").unwrap(),
+            "=?base64?SGVsbG8="
+        );
         assert_eq!(decode_mirrored_value(b"SGVsbG8=").unwrap(), "SGVsbG8=");
         assert!(decode_mirrored_value("héllo".as_bytes()).is_err());
         assert!(decode_mirrored_value(b"a\x01b").is_err());
@@ -429,7 +520,12 @@ mod tests {
     #[test]
     fn discover_lists_every_version() {
         let d = discover_result("x");
-        let versions: Vec<&str> = d["supportedVersions"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        let versions: Vec<&str> = d["supportedVersions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
         assert_eq!(versions[0], "2026-07-28");
         assert!(versions.contains(&"2025-11-25"));
         assert!(d["capabilities"]["tools"].get("listChanged").is_none());

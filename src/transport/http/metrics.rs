@@ -137,7 +137,11 @@ fn escape(value: &str) -> String {
 /// A float as Prometheus writes it.
 fn number(v: f64) -> String {
     if v.is_infinite() {
-        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+        if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
     } else if v.is_nan() {
         "NaN".into()
     } else {
@@ -155,7 +159,11 @@ fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
     let mut cumulative = 0u64;
     for (i, bound) in h.bounds.iter().enumerate() {
         cumulative += h.counts[i];
-        let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", number(*bound));
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"{}\"}} {cumulative}",
+            number(*bound)
+        );
     }
     cumulative += h.counts[h.bounds.len()];
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
@@ -187,7 +195,10 @@ pub fn render(m: &Metrics) -> String {
         "HTTP responses of the Streamable HTTP door by status code.",
     );
     for (status, n) in &m.http_responses {
-        let _ = writeln!(out, "toolwall_http_responses_total{{status=\"{status}\"}} {n}");
+        let _ = writeln!(
+            out,
+            "toolwall_http_responses_total{{status=\"{status}\"}} {n}"
+        );
     }
     header(
         &mut out,
@@ -289,13 +300,16 @@ mod tests {
             assert!(value.parse::<f64>().is_ok() || value == "+Inf", "{line}");
             let name = series.split('{').next().unwrap();
             assert!(
-                families.iter().any(|f| name == f || name.strip_prefix(f.as_str()).is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))),
+                families.iter().any(|f| name == f
+                    || name
+                        .strip_prefix(f.as_str())
+                        .is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))),
                 "{line}"
             );
-            if let Some(labels) = series.strip_prefix(name) {
-                if !labels.is_empty() {
-                    assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
-                }
+            if let Some(labels) = series.strip_prefix(name)
+                && !labels.is_empty()
+            {
+                assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
             }
         }
     }
@@ -304,9 +318,11 @@ mod tests {
     fn renders_every_family() {
         let mut m = Metrics::default();
         m.requests.insert(("tools/call", "ok"), 3);
-        m.requests.insert((method_label("evil/\"method\n"), "refused"), 1);
+        m.requests
+            .insert((method_label("evil/\"method\n"), "refused"), 1);
         m.http_responses.insert(401, 2);
-        m.policy_decisions.insert(("block-\"rm\"\\".into(), "block"), 4);
+        m.policy_decisions
+            .insert(("block-\"rm\"\\".into(), "block"), 4);
         m.tool_call_latency.observe(Duration::from_millis(3));
         m.tool_call_latency.observe(Duration::from_secs(1000));
         m.in_flight = 2;

@@ -261,7 +261,10 @@ mod tests {
         assert_eq!(r["ttlMs"], 5);
         assert_eq!(r["cacheScope"], "public");
         assert_eq!(r["_meta"]["a"], 1);
-        assert_eq!(r["_meta"][META_SERVER_INFO]["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(
+            r["_meta"][META_SERVER_INFO]["version"],
+            env!("CARGO_PKG_VERSION")
+        );
     }
 
     #[test]
@@ -278,9 +281,30 @@ mod tests {
 
     #[test]
     fn error_statuses() {
-        assert_eq!(wrap("x", json!({"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"m"}})).0, 404);
-        assert_eq!(wrap("x", json!({"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"m"}})).0, 400);
-        assert_eq!(wrap("x", json!({"jsonrpc":"2.0","id":1,"error":{"code":-32003,"message":"m"}})).0, 200);
+        assert_eq!(
+            wrap(
+                "x",
+                json!({"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"m"}})
+            )
+            .0,
+            404
+        );
+        assert_eq!(
+            wrap(
+                "x",
+                json!({"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"m"}})
+            )
+            .0,
+            400
+        );
+        assert_eq!(
+            wrap(
+                "x",
+                json!({"jsonrpc":"2.0","id":1,"error":{"code":-32003,"message":"m"}})
+            )
+            .0,
+            200
+        );
         assert!(wrap_modern("x", b"nonsense", 0).is_err());
     }
 
@@ -296,11 +320,19 @@ mod tests {
     #[test]
     fn initialize_version() {
         assert_eq!(
-            result_protocol_version(br#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18"}}"#).as_deref(),
+            result_protocol_version(
+                br#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18"}}"#
+            )
+            .as_deref(),
             Some("2025-06-18")
         );
-        assert!(result_protocol_version(br#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":""}}"#).is_none());
+        assert!(
+            result_protocol_version(br#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":""}}"#)
+                .is_none()
+        );
         assert!(is_result(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
-        assert!(!is_result(br#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":""}}"#));
+        assert!(!is_result(
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":""}}"#
+        ));
     }
 }

@@ -101,7 +101,9 @@ fn fail<T>(status: u16, reason: &'static str) -> Result<T, ParseError> {
 pub enum Progress {
     /// Not a whole request yet. `send_continue`: the client sent `Expect: 100-continue`
     /// and waits for `HTTP/1.1 100 Continue` before its body (true once per request).
-    NeedMore { send_continue: bool },
+    NeedMore {
+        send_continue: bool,
+    },
     Ready(Request),
 }
 
@@ -139,7 +141,9 @@ impl RequestReader {
                 });
             }
             self.scanned = 0;
-            return Ok(Progress::Ready(self.pending.take().unwrap_or_else(|| unreachable!())));
+            return Ok(Progress::Ready(
+                self.pending.take().unwrap_or_else(|| unreachable!()),
+            ));
         }
         if !head_may_be_complete(buf, self.scanned) {
             self.scanned = buf.len();
@@ -182,10 +186,7 @@ fn head_may_be_complete(buf: &[u8], from: usize) -> bool {
 }
 
 /// Parse a head once its end may be in the buffer. `Ok(None)`: httparse needs more.
-fn parse_head(
-    buf: &[u8],
-    limits: &RequestLimits,
-) -> Result<Option<(Request, bool)>, ParseError> {
+fn parse_head(buf: &[u8], limits: &RequestLimits) -> Result<Option<(Request, bool)>, ParseError> {
     let mut slots = vec![httparse::EMPTY_HEADER; limits.max_headers];
     let mut parsed = httparse::Request::new(&mut slots);
     let head_len = match parsed.parse(buf) {
@@ -241,11 +242,13 @@ fn parse_head(
         let last_coding = values("transfer-encoding")
             .flat_map(|v| v.split(|&b| b == b','))
             .map(trim_ows)
-            .filter(|c| !c.is_empty())
-            .last()
+            .rfind(|c| !c.is_empty())
             .unwrap_or(b"");
         if last_coding.eq_ignore_ascii_case(b"chunked") {
-            return fail(411, "chunked request bodies are not accepted; send Content-Length");
+            return fail(
+                411,
+                "chunked request bodies are not accepted; send Content-Length",
+            );
         }
         return fail(501, "unsupported Transfer-Encoding");
     }
@@ -319,7 +322,10 @@ fn parse_head(
 pub fn trim_ows(value: &[u8]) -> &[u8] {
     let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
     let start = value.iter().position(|b| !is_ows(b)).unwrap_or(value.len());
-    let end = value.iter().rposition(|b| !is_ows(b)).map_or(start, |i| i + 1);
+    let end = value
+        .iter()
+        .rposition(|b| !is_ows(b))
+        .map_or(start, |i| i + 1);
     &value[start..end]
 }
 
@@ -365,7 +371,9 @@ mod tests {
         for end in 0..POST.len() {
             assert_eq!(
                 rd.poll(&POST[..end]).unwrap(),
-                Progress::NeedMore { send_continue: false },
+                Progress::NeedMore {
+                    send_continue: false
+                },
                 "at {end}"
             );
         }
@@ -380,10 +388,14 @@ mod tests {
         buf.extend_from_slice(get);
         buf.extend_from_slice(&POST[..10]);
         let mut rd = reader();
-        let Progress::Ready(first) = rd.poll(&buf).unwrap() else { panic!() };
+        let Progress::Ready(first) = rd.poll(&buf).unwrap() else {
+            panic!()
+        };
         assert_eq!(first.consumed, POST.len());
         buf.drain(..first.consumed);
-        let Progress::Ready(second) = rd.poll(&buf).unwrap() else { panic!() };
+        let Progress::Ready(second) = rd.poll(&buf).unwrap() else {
+            panic!()
+        };
         assert_eq!(second.path(), "/health");
         assert!(second.body.is_empty());
         buf.drain(..second.consumed);
@@ -402,48 +414,87 @@ mod tests {
 
     #[test]
     fn framing_errors() {
-        assert_eq!(error(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"), 411);
-        assert_eq!(error(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n"), 501);
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            411
+        );
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            501
+        );
         assert_eq!(
             error(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\nabc"),
             400
         );
-        assert_eq!(error(b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
-        assert_eq!(error(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n"), 400);
-        assert_eq!(error(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n"), 400);
-        assert_eq!(error(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1e3\r\n\r\n"), 400);
-        assert_eq!(error(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 99999999999999999999999\r\n\r\n"), 400);
-        assert_eq!(error(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1052673\r\n\r\n"), 413);
+        assert_eq!(
+            error(b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1e3\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 99999999999999999999999\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1052673\r\n\r\n"),
+            413
+        );
         assert_eq!(error(b"GET / HTTP/1.1\r\n\r\n"), 400, "missing Host");
         assert_eq!(error(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), 400);
         assert_eq!(error(b"GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n"), 400);
         assert_eq!(error(b"GET / HTTP/2.0\r\nHost: a\r\n\r\n"), 505);
-        assert_eq!(error(b"GET / HTTP/1.1\r\nHost: a\r\nExpect: magic\r\n\r\n"), 417);
+        assert_eq!(
+            error(b"GET / HTTP/1.1\r\nHost: a\r\nExpect: magic\r\n\r\n"),
+            417
+        );
         assert_eq!(error(b"GET / HTTP/1.1\r\nHo st: a\r\n\r\n"), 400);
         assert_eq!(error(b"\x00\x01\x02\r\n\r\n"), 400);
         // Equal duplicates (also as a list) are one length.
-        let r = ready(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2, 2\r\nContent-Length: 2\r\n\r\nab");
+        let r = ready(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2, 2\r\nContent-Length: 2\r\n\r\nab",
+        );
         assert_eq!(r.body.len(), 2);
     }
 
     #[test]
     fn body_limit_is_inclusive() {
-        let limits = RequestLimits { max_body_bytes: 4, ..RequestLimits::default() };
+        let limits = RequestLimits {
+            max_body_bytes: 4,
+            ..RequestLimits::default()
+        };
         let mut rd = RequestReader::new(limits);
         assert!(matches!(
-            rd.poll(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nabcd").unwrap(),
+            rd.poll(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nabcd")
+                .unwrap(),
             Progress::Ready(_)
         ));
         let mut rd = RequestReader::new(limits);
         assert_eq!(
-            rd.poll(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\n").unwrap_err().status,
+            rd.poll(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\n")
+                .unwrap_err()
+                .status,
             413
         );
     }
 
     #[test]
     fn head_limits() {
-        let limits = RequestLimits { max_head_bytes: 64, max_headers: 3, ..RequestLimits::default() };
+        let limits = RequestLimits {
+            max_head_bytes: 64,
+            max_headers: 3,
+            ..RequestLimits::default()
+        };
         let mut rd = RequestReader::new(limits);
         let long = format!("GET /{} HTTP/1.1\r\n", "a".repeat(100));
         assert_eq!(rd.poll(long.as_bytes()).unwrap_err().status, 431);
@@ -452,17 +503,32 @@ mod tests {
         assert_eq!(rd.poll(many).unwrap_err().status, 431);
         // Exactly at the limit is fine.
         let mut rd = RequestReader::new(limits);
-        assert!(matches!(rd.poll(b"GET / HTTP/1.1\r\nHost: h\r\na: 1\r\nb: 2\r\n\r\n").unwrap(), Progress::Ready(_)));
+        assert!(matches!(
+            rd.poll(b"GET / HTTP/1.1\r\nHost: h\r\na: 1\r\nb: 2\r\n\r\n")
+                .unwrap(),
+            Progress::Ready(_)
+        ));
     }
 
     #[test]
     fn expect_continue_once() {
-        let head = b"POST /mcp HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
+        let head =
+            b"POST /mcp HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
         let mut rd = reader();
-        assert_eq!(rd.poll(head).unwrap(), Progress::NeedMore { send_continue: true });
+        assert_eq!(
+            rd.poll(head).unwrap(),
+            Progress::NeedMore {
+                send_continue: true
+            }
+        );
         let mut more = head.to_vec();
         more.push(b'{');
-        assert_eq!(rd.poll(&more).unwrap(), Progress::NeedMore { send_continue: false });
+        assert_eq!(
+            rd.poll(&more).unwrap(),
+            Progress::NeedMore {
+                send_continue: false
+            }
+        );
         more.push(b'}');
         assert!(matches!(rd.poll(&more).unwrap(), Progress::Ready(_)));
         // With the body already there, no 100 is needed.
@@ -472,7 +538,9 @@ mod tests {
         assert!(matches!(rd.poll(&whole).unwrap(), Progress::Ready(_)));
         // HTTP/1.0 ignores Expect.
         assert!(matches!(
-            reader().poll(b"POST / HTTP/1.0\r\nExpect: whatever\r\n\r\n").unwrap(),
+            reader()
+                .poll(b"POST / HTTP/1.0\r\nExpect: whatever\r\n\r\n")
+                .unwrap(),
             Progress::Ready(_)
         ));
     }
@@ -484,7 +552,12 @@ mod tests {
         let r = ready(b"GET /health HTTP/1.1\nHost: h\n\n");
         assert_eq!(r.path(), "/health");
         let mut rd = reader();
-        assert_eq!(rd.poll(b"\r\n\r\n").unwrap(), Progress::NeedMore { send_continue: false });
+        assert_eq!(
+            rd.poll(b"\r\n\r\n").unwrap(),
+            Progress::NeedMore {
+                send_continue: false
+            }
+        );
     }
 
     #[test]

@@ -141,7 +141,11 @@ impl ResponseBuilder {
         };
         put(
             "Connection",
-            if self.keep_alive { "keep-alive" } else { "close" },
+            if self.keep_alive {
+                "keep-alive"
+            } else {
+                "close"
+            },
         );
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(body);
@@ -235,7 +239,9 @@ pub(crate) mod tests {
     #[test]
     #[cfg(not(debug_assertions))]
     fn injection_is_dropped() {
-        let r = ResponseBuilder::new(200).header("X", "a\r\nSet-Cookie: x").empty();
+        let r = ResponseBuilder::new(200)
+            .header("X", "a\r\nSet-Cookie: x")
+            .empty();
         assert!(parse(&r.bytes).header("set-cookie").is_none());
     }
 }

@@ -216,7 +216,12 @@ mod tests {
         let id = s.open("alice", "2025-11-25", t0).unwrap();
         assert!(well_formed_id(id.as_bytes()));
         assert!(id.bytes().all(|b| (0x21..=0x7e).contains(&b)));
-        assert_eq!(s.touch(&id, "alice", t0 + Duration::from_secs(59)).unwrap().version, "2025-11-25");
+        assert_eq!(
+            s.touch(&id, "alice", t0 + Duration::from_secs(59))
+                .unwrap()
+                .version,
+            "2025-11-25"
+        );
         // Bound to its principal.
         assert!(s.touch(&id, "mallory", t0).is_none());
         assert!(!s.close(&id, "mallory", t0));
@@ -234,7 +239,10 @@ mod tests {
         assert!(s.touch(&id, "a", t0 + Duration::from_secs(50)).is_some());
         assert_eq!(s.next_expiry(), Some(t0 + Duration::from_secs(60)));
         assert_eq!(s.sweep(t0 + Duration::from_secs(100)), 1);
-        assert!(s.touch(&other, "a", t0 + Duration::from_secs(100)).is_none());
+        assert!(
+            s.touch(&other, "a", t0 + Duration::from_secs(100))
+                .is_none()
+        );
         assert!(s.touch(&id, "a", t0 + Duration::from_secs(100)).is_some());
         assert!(s.touch(&id, "a", t0 + Duration::from_secs(160)).is_none());
         assert!(s.is_empty());
@@ -255,8 +263,14 @@ mod tests {
         // The global cap refuses others until sessions expire.
         s.open("b", "v", t0).unwrap();
         assert!(!s.has_room("c", t0 + Duration::from_secs(4)));
-        assert_eq!(s.open("c", "v", t0 + Duration::from_secs(4)), Err(OpenError::Full));
-        assert!(s.has_room("a", t0 + Duration::from_secs(4)), "a replaces its own");
+        assert_eq!(
+            s.open("c", "v", t0 + Duration::from_secs(4)),
+            Err(OpenError::Full)
+        );
+        assert!(
+            s.has_room("a", t0 + Duration::from_secs(4)),
+            "a replaces its own"
+        );
         // b's session (last used at t0) expires first.
         assert!(s.has_room("c", t0 + Duration::from_secs(61)));
         assert!(s.open("c", "v", t0 + Duration::from_secs(61)).is_ok());

@@ -36,12 +36,16 @@ impl std::error::Error for TlsError {}
 
 /// The server config for `cert_path` (a PEM chain, leaf first) and `key_path` (a PEM
 /// private key: PKCS#8, PKCS#1 or SEC1). TLS 1.3 and 1.2, ALPN `http/1.1`.
-pub fn load_server_config(cert_path: &Path, key_path: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+pub fn load_server_config(
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<Arc<ServerConfig>, TlsError> {
     let cert_err = |what: &dyn fmt::Display| {
         TlsError(format!("listen.tls_cert {}: {what}", cert_path.display()))
     };
-    let key_err =
-        |what: &dyn fmt::Display| TlsError(format!("listen.tls_key {}: {what}", key_path.display()));
+    let key_err = |what: &dyn fmt::Display| {
+        TlsError(format!("listen.tls_key {}: {what}", key_path.display()))
+    };
     let cert_pem = read_bounded(cert_path, MAX_PEM_BYTES).map_err(|e| cert_err(&e))?;
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
         .collect::<Result<_, _>>()
@@ -335,7 +339,9 @@ mod tests {
         let pki = pki();
         let config = load_server_config(&pki.cert, &pki.key).unwrap();
         let mut server = TlsSession::new(config, 1024).unwrap();
-        let err = server.feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap_err();
+        let err = server
+            .feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap_err();
         assert!(err.0.contains("TLS"), "{err}");
         let mut out = Vec::new();
         server.pending_tls_out(&mut out);
@@ -347,9 +353,15 @@ mod tests {
         let ours = pki();
         let missing = ours.cert.with_file_name("nope.pem");
         let err = load_server_config(&missing, &ours.key).unwrap_err();
-        assert!(err.0.contains("tls_cert") && err.0.contains("nope.pem"), "{err}");
+        assert!(
+            err.0.contains("tls_cert") && err.0.contains("nope.pem"),
+            "{err}"
+        );
         let err = load_server_config(&ours.cert, &missing).unwrap_err();
-        assert!(err.0.contains("tls_key") && err.0.contains("nope.pem"), "{err}");
+        assert!(
+            err.0.contains("tls_key") && err.0.contains("nope.pem"),
+            "{err}"
+        );
         // A key where the certificate should be, and the other way round.
         let err = load_server_config(&ours.key, &ours.key).unwrap_err();
         assert!(err.0.contains("tls_cert"), "{err}");
@@ -358,6 +370,9 @@ mod tests {
         // A key that does not match the certificate.
         let other = pki();
         let err = load_server_config(&ours.cert, &other.key).unwrap_err();
-        assert!(err.0.contains("tls_cert") && err.0.contains("tls_key"), "{err}");
+        assert!(
+            err.0.contains("tls_cert") && err.0.contains("tls_key"),
+            "{err}"
+        );
     }
 }
