@@ -874,3 +874,69 @@ fn reconfigure_keeps_sessions() {
     assert!(f.endpoint.reconfigure(s).is_err());
     assert_eq!(f.endpoint.settings().listen, LISTEN.parse().unwrap());
 }
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn header_value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            Just("2026-07-28".to_owned()),
+            Just("2025-11-25".to_owned()),
+            "[ -~]{0,40}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Any body and any values of the headers the endpoint reads: a decision, never a
+        /// panic, and a refusal is always a whole HTTP response.
+        #[test]
+        fn no_panic_on_any_body_or_header(
+            body in proptest::collection::vec(any::<u8>(), 0..512),
+            json_like in "\\{\"jsonrpc\":\"2.0\",(\"id\":[0-9a\"]{1,3},)?\"method\":\"[a-z/]{0,16}\"(,\"params\":\\{\"_meta\":\\{[ -~]{0,40}\\}\\})?\\}",
+            use_json in any::<bool>(),
+            version in header_value(),
+            method in header_value(),
+            name in header_value(),
+            session in header_value(),
+            origin in header_value(),
+            host in prop_oneof![Just(LISTEN.to_owned()), "[ -~]{1,30}"],
+        ) {
+            let mut f = fixture();
+            let auth = f.bearer();
+            let body = if use_json { json_like.into_bytes() } else { body };
+            let mut head = format!(
+                "POST /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
+                body.len()
+            );
+            for (n, v) in [("MCP-Protocol-Version", &version), ("Mcp-Method", &method), ("Mcp-Name", &name), ("Mcp-Session-Id", &session), ("Origin", &origin)] {
+                if !v.is_empty() {
+                    head.push_str(&format!("{n}: {v}\r\n"));
+                }
+            }
+            head.push_str("\r\n");
+            let mut raw = head.into_bytes();
+            raw.extend_from_slice(&body);
+            let Ok(Progress::Ready(request)) = RequestReader::new(RequestLimits::default()).poll(&raw) else {
+                return Ok(());
+            };
+            match f.endpoint.decide(&request, &raw, &f.store, f.now, NOW_MS) {
+                Decision::Respond(r) => {
+                    let p = parse(&r.bytes);
+                    prop_assert!(p.status >= 200);
+                }
+                Decision::Call { call, message } => {
+                    prop_assert_eq!(message, request.body.clone());
+                    let answer = jsonrpc::result_response(&call.id, "{}");
+                    let r = f.endpoint.answer(&call, &answer, f.now);
+                    prop_assert!(parse(&r.bytes).status == 200);
+                }
+                Decision::Notify { ack, .. } => prop_assert_eq!(parse(&ack.bytes).status, 202),
+                Decision::Health { .. } | Decision::Metrics { .. } => prop_assert!(false),
+            }
+        }
+    }
+}
