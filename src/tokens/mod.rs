@@ -104,7 +104,7 @@ impl fmt::Display for AuthFailure {
             AuthFailure::Revoked => f.write_str("the bearer token has been revoked"),
             AuthFailure::WrongKind { have, need } => write!(
                 f,
-                "a {} token cannot be used here; a {} token is required",
+                "a token of kind {} cannot be used here; kind {} is required",
                 have.as_str(),
                 need.as_str()
             ),

@@ -319,7 +319,7 @@ fn tokens_every_bad_kind() {
         (format!("Bearer {unknown}"), "invalid_token"),
         (format!("Bearer {}", expired.secret), "expired"),
         (format!("Bearer {}", revoked.secret), "revoked"),
-        (format!("Bearer {}", admin.secret), "admin token cannot"),
+        (format!("Bearer {}", admin.secret), "kind admin cannot"),
     ];
     for (auth, expect) in cases {
         let r = respond(f.post(&[("Authorization", &auth)], body));
