@@ -11,6 +11,7 @@ pub mod mcp;
 pub mod policy;
 pub mod sandbox;
 pub mod systemd;
+pub mod tokens;
 pub mod tools;
 pub mod transport;
 pub mod workers;
