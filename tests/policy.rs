@@ -293,8 +293,8 @@ replace = { matches = '\d{4}-\d{4}-\d{4}-\d{4}', with = "[card]" }
     });
     assert_eq!(rows[0]["decision"], "denied");
     assert_eq!(rows[0]["policy_rule"], "no-secret-results");
-    // The ledger keeps the original for the operator.
-    let all: Vec<String> = query_json(&gw.ledger(), "SELECT * FROM event_body_blobs")
+    // The ledger keeps the original for the operator, and both argument bodies.
+    let all: Vec<String> = query_json(&gw.ledger(), "SELECT * FROM tool_call_bodies")
         .iter()
         .map(Value::to_string)
         .collect();

@@ -91,7 +91,9 @@ enum CallKind {
         server: String,
         tool: String,
         decision: Decision,
-        rewritten: bool,
+        /// The arguments the tool got, when a rewrite rule changed them (the ledger keeps
+        /// both; the originals are on the row from the start).
+        rewritten: Option<String>,
     },
     /// resources/read, prompts/get: answered with the worker's result as is.
     Other,
@@ -1080,7 +1082,7 @@ impl Core {
                 server: entry.server,
                 tool: entry.upstream,
                 decision: decision.clone(),
-                rewritten: false,
+                rewritten: None,
             },
             stage: Stage::AtWorker,
             principal: ctx.peer.principal.clone(),
@@ -1129,10 +1131,11 @@ impl Core {
                         if applied.is_empty() {
                             arguments.to_owned()
                         } else {
+                            let text = v.to_string();
                             if let CallKind::Tool { rewritten, .. } = &mut call.kind {
-                                *rewritten = true;
+                                *rewritten = Some(text.clone());
                             }
-                            v.to_string()
+                            text
                         }
                     }
                     _ => arguments.to_owned(),
@@ -1250,10 +1253,7 @@ impl Core {
             "denied" => self.counters.calls_denied += 1,
             _ => self.counters.calls_error += 1,
         }
-        let rewritten_args = match (&call.stage, rewritten) {
-            (Stage::AwaitingApproval { arguments }, true) => Some(arguments.as_bytes()),
-            _ => None,
-        };
+        let rewritten_args = rewritten.as_deref().map(str::as_bytes);
         self.ledger.stage_call_end(
             *ledger_id,
             &CallEnd {
@@ -1654,8 +1654,8 @@ impl Core {
             if let Ok(mut v) = serde_json::from_str::<Value>(&arguments)
                 && !policy.rewrite_arguments(decision, &mut v).is_empty()
             {
-                *rewritten = true;
                 args = v.to_string();
+                *rewritten = Some(args.clone());
             }
         }
         // Record who approved on the row now; the outcome follows at completion.
