@@ -259,7 +259,6 @@ fn minimal_example_loads() {
 }
 
 #[test]
-#[ignore = "needs the policy, ledger and HTTP tools branches merged (their config keys)"]
 fn full_example_loads() {
     let path = repo().join("examples/toolwall.toml");
     let config = Config::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
