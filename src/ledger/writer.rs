@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::LedgerConfig;
 use super::body::{self, Preview};
+use super::checkpointer::Checkpointer;
 use super::error::{LedgerError, LedgerErrorKind};
 use super::file::{self, WriterLock};
 use super::record::{CallEnd, CallStart};
@@ -85,6 +86,8 @@ pub struct Ledger {
     body_cap_bytes: usize,
     text_cap_bytes: usize,
     blob_every_body: bool,
+    /// Folds the WAL back on its own thread; stopped (joined) before the connection closes.
+    checkpointer: Option<Checkpointer>,
     _writer_lock: WriterLock,
 }
 
@@ -117,8 +120,10 @@ impl Ledger {
                 format!("cannot use WAL mode (journal_mode stays {mode})"),
             ));
         }
+        // Checkpoints run on the checkpointer's thread, never inside a commit.
         conn.execute_batch(&format!(
-            "PRAGMA synchronous = NORMAL; PRAGMA journal_size_limit = {};",
+            "PRAGMA synchronous = NORMAL; PRAGMA journal_size_limit = {}; \
+             PRAGMA wal_autocheckpoint = 0;",
             cfg.wal_size_limit_bytes
         ))
         .map_err(|e| open_err("pragmas", e))?;
@@ -144,6 +149,14 @@ impl Ledger {
             .map_err(|e| open_err("reading the last call id", e))?;
         // The five staging statements plus a few for readers of this connection.
         conn.set_prepared_statement_cache_capacity(16);
+        let checkpointer = Checkpointer::start(path, Duration::from_millis(cfg.busy_timeout_ms))
+            .map_err(|e| {
+                LedgerError::new(
+                    LedgerErrorKind::Open,
+                    path,
+                    format!("checkpoint thread: {e}"),
+                )
+            })?;
         Ok(Ledger {
             conn,
             path: path.to_path_buf(),
@@ -153,12 +166,20 @@ impl Ledger {
             body_cap_bytes: cfg.body_cap_bytes,
             text_cap_bytes: cfg.text_cap_bytes,
             blob_every_body: cfg.blob_every_body,
+            checkpointer: Some(checkpointer),
             _writer_lock: writer_lock,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the background checkpoints are failing (the WAL then grows).
+    pub fn checkpoints_failing(&self) -> bool {
+        self.checkpointer
+            .as_ref()
+            .is_some_and(Checkpointer::failing)
     }
 
     /// A fresh `tool_calls` id, usable in staged rows before any commit.
@@ -541,6 +562,8 @@ impl Ledger {
     /// Folds the WAL back into the database file and truncates it (for shutdown, after
     /// the last commit).
     pub fn checkpoint(&mut self) -> Result<(), LedgerError> {
+        // The background checkpointer would hold the WAL open against TRUNCATE.
+        self.checkpointer.take();
         let (busy, wal_pages, checkpointed): (i64, i64, i64) = self
             .conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
@@ -569,6 +592,7 @@ impl Ledger {
 
 impl Drop for Ledger {
     fn drop(&mut self) {
+        self.checkpointer.take();
         if self.staged.len() > 0 {
             crate::warn!(
                 "ledger {}: closed with {} staged rows not committed",

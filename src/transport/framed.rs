@@ -7,7 +7,9 @@ use toolwall_relay::frame::{self, Decoded, Decoder, FLAG_NOTIFICATION, MAX_TOTAL
 use crate::gateway::core::Expect;
 use crate::mcp::jsonrpc;
 
-/// Bytes asked of the socket per read.
+/// Bytes asked of the socket per read: starts small (most connections carry small
+/// messages, and every idle connection keeps its buffer) and doubles while reads fill it.
+const MIN_READ_CHUNK: usize = 4 * 1024;
 const READ_CHUNK: usize = 64 * 1024;
 
 /// What the next bytes hold.
@@ -34,6 +36,8 @@ pub struct FramedInbound {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// The next read's size, between MIN_READ_CHUNK and READ_CHUNK.
+    chunk: usize,
     last_stream: u32,
     closed: bool,
     /// The client's name from the meta line, sanitised.
@@ -72,8 +76,10 @@ impl FramedInbound {
         }
         if self.end == 0 && self.buf.len() > 4 * READ_CHUNK {
             self.buf = Vec::new();
+            self.chunk = MIN_READ_CHUNK;
         }
-        let want = (self.end + READ_CHUNK).min(PREFIX_LEN + MAX_TOTAL + READ_CHUNK);
+        self.chunk = self.chunk.clamp(MIN_READ_CHUNK, READ_CHUNK);
+        let want = (self.end + self.chunk).min(PREFIX_LEN + MAX_TOTAL + READ_CHUNK);
         if self.buf.len() < want {
             self.buf.resize(want, 0);
         }
@@ -82,6 +88,9 @@ impl FramedInbound {
 
     /// After a read of `n` bytes into the last `spare()`.
     pub fn filled(&mut self, n: usize) {
+        if n >= self.chunk {
+            self.chunk = (self.chunk * 2).min(READ_CHUNK);
+        }
         self.end = (self.end + n).min(self.buf.len());
     }
 
