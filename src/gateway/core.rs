@@ -10,8 +10,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::borrow::Cow;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -168,7 +167,8 @@ pub struct Core {
     calls: HashMap<u64, Call>,
     in_flight: HashMap<ConnRef, usize>,
     sessions: HashMap<ConnRef, Session>,
-    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Every call's deadline, removed when the call ends: bounded by the calls in flight.
+    deadlines: BTreeSet<(Instant, u64)>,
     next_key: u64,
     actions: Vec<Action>,
     ledger_ok: bool,
@@ -228,7 +228,7 @@ impl Core {
             calls: HashMap::new(),
             in_flight: HashMap::new(),
             sessions: HashMap::new(),
-            deadlines: BinaryHeap::new(),
+            deadlines: BTreeSet::new(),
             next_key: 1,
             actions: Vec::new(),
             ledger_ok: true,
@@ -338,7 +338,7 @@ impl Core {
                 approved: None,
             },
         );
-        self.deadlines.push(Reverse((deadline, key)));
+        self.deadlines.insert((deadline, key));
         self.actions.push(Action::ToWorker {
             worker,
             call: Some(key),
@@ -379,7 +379,7 @@ impl Core {
                 approved: None,
             },
         );
-        self.deadlines.push(Reverse((deadline, key)));
+        self.deadlines.insert((deadline, key));
         self.actions.push(Action::ToWorker {
             worker,
             call: Some(key),
@@ -424,7 +424,7 @@ impl Core {
                 if call.worker != worker {
                     return;
                 }
-                let call = self.calls.remove(&id).unwrap_or_else(|| unreachable!());
+                let call = self.take_call(id).unwrap_or_else(|| unreachable!());
                 self.complete(call, ok, error, facts, now);
             }
             rpc::Message::Event { kind, detail } => {
@@ -490,6 +490,13 @@ impl Core {
     /// A worker request could not be queued (the worker went down this turn).
     pub fn fail_unsent(&mut self, key: u64, why: &str) {
         self.fail_call(key, ToolErrorCode::WorkerUnavailable, why);
+    }
+
+    /// Remove a call and its deadline.
+    fn take_call(&mut self, key: u64) -> Option<Call> {
+        let call = self.calls.remove(&key)?;
+        self.deadlines.remove(&(call.deadline, key));
+        Some(call)
     }
 
     fn new_key(&mut self) -> u64 {
@@ -630,7 +637,7 @@ impl Core {
     /// The client cancelled: the worker is told, the row ends as an error, no answer is
     /// sent (the MCP rule for cancelled requests).
     fn cancel_call(&mut self, key: u64, reason: &str) {
-        let Some(call) = self.calls.remove(&key) else {
+        let Some(call) = self.take_call(key) else {
             return;
         };
         if matches!(call.stage, Stage::AtWorker) {
@@ -941,7 +948,7 @@ impl Core {
                 approved: None,
             },
         );
-        self.deadlines.push(Reverse((deadline, key)));
+        self.deadlines.insert((deadline, key));
         self.actions.push(Action::ToWorker {
             worker: entry.worker,
             call: Some(key),
@@ -1120,7 +1127,7 @@ impl Core {
                 };
                 call.deadline = now + policy.ask_timeout();
                 call.timeout_key = "policy.ask_timeout_secs";
-                self.deadlines.push(Reverse((call.deadline, key)));
+                self.deadlines.insert((call.deadline, key));
                 self.event("ask_pending", json!({"approval_id": key, "call_id": ledger_id, "tool": name, "principal": call.principal}));
                 self.calls.insert(key, call);
             }
@@ -1170,7 +1177,7 @@ impl Core {
         call.stage = Stage::AtWorker;
         call.deadline = now + Duration::from_secs(self.limits.tool_call_timeout_secs);
         call.timeout_key = "gateway.tool_call_timeout_secs";
-        self.deadlines.push(Reverse((call.deadline, key)));
+        self.deadlines.insert((call.deadline, key));
         self.actions.push(Action::ToWorker {
             worker: call.worker,
             call: Some(key),
@@ -1277,7 +1284,7 @@ impl Core {
 
     /// A call could not be served (worker gone, timeout, stopping, ledger): answer it.
     fn fail_call(&mut self, key: u64, code: ToolErrorCode, message: &str) {
-        let Some(call) = self.calls.remove(&key) else {
+        let Some(call) = self.take_call(key) else {
             return;
         };
         match &call.kind {
@@ -1605,7 +1612,7 @@ impl Core {
             }) => {}
             _ => return Err(format!("no call awaiting approval has id {id}")),
         }
-        let mut call = self.calls.remove(&id).unwrap_or_else(|| unreachable!());
+        let mut call = self.take_call(id).unwrap_or_else(|| unreachable!());
         let decided = now_ms();
         let ledger_id = match &call.kind {
             CallKind::Tool { ledger_id, .. } => *ledger_id,
@@ -1682,20 +1689,20 @@ impl Core {
     // ---- time -------------------------------------------------------------------------
 
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.peek().map(|Reverse((t, _))| *t)
+        self.deadlines.first().map(|(t, _)| *t)
     }
 
     pub fn on_timers(&mut self, now: Instant) {
-        while let Some(Reverse((t, key))) = self.deadlines.peek().copied() {
+        while let Some((t, key)) = self.deadlines.first().copied() {
             if t > now {
                 break;
             }
-            self.deadlines.pop();
+            self.deadlines.pop_first();
             let Some(call) = self.calls.get(&key) else {
                 continue;
             };
             if call.deadline != t {
-                continue;
+                continue; // superseded (an approved ask got a new deadline)
             }
             match call.stage {
                 Stage::AwaitingApproval { .. } => {
@@ -1765,7 +1772,7 @@ impl Core {
                     call: Some(key), ..
                 } if self.calls.get(&key).is_some_and(|c| c.conn.is_some()) => {
                     // The row saying this call reaches the tool is not on disk: it must not.
-                    if let Some(call) = self.calls.remove(&key) {
+                    if let Some(call) = self.take_call(key) {
                         if let Some(conn) = call.conn {
                             let bytes = refused_bytes(&call.method, &call.id);
                             self.actions.push(Action::Reply {

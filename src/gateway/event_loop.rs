@@ -7,8 +7,6 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
@@ -124,7 +122,9 @@ pub struct Gateway {
     listeners: Vec<Listener>,
     admin: Option<mio::net::UnixListener>,
     signals: SignalFd,
-    frame_timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    /// When the oldest incomplete frame times out: one deadline for all connections,
+    /// found again by a scan when it passes (bounded memory whatever the call rate).
+    frame_deadline: Option<Instant>,
     stdio: Option<StdioSide>,
     stdio_slot: Option<usize>,
     waker: Arc<Waker>,
@@ -256,7 +256,7 @@ impl Gateway {
             listeners: listeners_out,
             admin,
             signals,
-            frame_timers: BinaryHeap::new(),
+            frame_deadline: None,
             stdio: None,
             stdio_slot: None,
             waker,
@@ -667,8 +667,9 @@ impl Gateway {
                         if c.partial_since.is_none() {
                             c.partial_since = Some(now);
                             let deadline = now + Duration::from_secs(limits.frame_timeout_secs);
-                            self.frame_timers
-                                .push(Reverse((deadline, slot, c.generation)));
+                            if self.frame_deadline.is_none_or(|d| deadline < d) {
+                                self.frame_deadline = Some(deadline);
+                            }
                         }
                     } else {
                         c.partial_since = None;
@@ -707,35 +708,34 @@ impl Gateway {
     }
 
     fn check_frame_timers(&mut self, now: Instant) {
+        if self.frame_deadline.is_none_or(|d| d > now) {
+            return;
+        }
         let timeout = Duration::from_secs(self.config.gateway.frame_timeout_secs);
-        while let Some(Reverse((t, slot, generation))) = self.frame_timers.peek().copied() {
-            if t > now {
-                break;
-            }
-            self.frame_timers.pop();
-            let Some(Some(c)) = self.conns.get_mut(slot) else {
+        let mut next: Option<Instant> = None;
+        for c in self.conns.iter_mut().flatten() {
+            let Some(since) = c.partial_since else {
                 continue;
             };
-            if c.generation != generation {
-                continue;
-            }
-            match c.partial_since {
-                Some(since) if since + timeout <= now && !c.paused => {
-                    crate::warn!(
-                        "closing {} connection of {}: a frame did not arrive whole within {} s (gateway.frame_timeout_secs)",
-                        c.peer.transport.as_str(),
-                        c.peer.principal,
-                        timeout.as_secs()
-                    );
-                    c.broken = true;
-                }
-                Some(since) => {
-                    self.frame_timers
-                        .push(Reverse((since.max(now) + timeout, slot, generation)))
-                }
-                None => {}
+            if since + timeout <= now && !c.paused {
+                crate::warn!(
+                    "closing {} connection of {}: a frame did not arrive whole within {} s (gateway.frame_timeout_secs)",
+                    c.peer.transport.as_str(),
+                    c.peer.principal,
+                    timeout.as_secs()
+                );
+                c.broken = true;
+            } else {
+                // Paused connections hold whole frames; look again a timeout later.
+                let due = if since + timeout <= now {
+                    now + timeout
+                } else {
+                    since + timeout
+                };
+                next = Some(next.map_or(due, |n| n.min(due)));
             }
         }
+        self.frame_deadline = next;
     }
 
     fn close_finished(&mut self) {
@@ -1151,7 +1151,7 @@ impl Gateway {
         let candidates = [
             self.core.next_deadline(),
             self.supervisor.next_deadline(),
-            self.frame_timers.peek().map(|Reverse((t, _, _))| *t),
+            self.frame_deadline,
             self.stop_deadline,
             (!self.serving).then_some(self.started + START_GRACE),
         ];
