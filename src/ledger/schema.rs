@@ -61,7 +61,6 @@ CREATE TABLE tool_calls (
     approved_by              TEXT,
     decided_at_ms            INTEGER
 );
-CREATE INDEX tool_calls_ts ON tool_calls(ts_ms);
 CREATE INDEX tool_calls_tool ON tool_calls(server_name, tool_name, ts_ms);
 
 CREATE TABLE security_rule_events (
