@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::gateway::event_loop::{Exit, Gateway, Mode};
+use crate::gateway::event_loop::{Exit, FromSystemd, Gateway, Mode};
 use crate::policy::{self, ExplainQuery, Phase, Policy, Transport};
 
 const USAGE: &str = "\
@@ -211,8 +211,17 @@ fn origin(config: &Config) -> String {
 }
 
 fn serve(config_path: Option<PathBuf>, mode: Mode) -> Result<i32, String> {
+    // What systemd passed is taken before anything opens an fd or starts a thread.
+    let from_systemd = match mode {
+        Mode::Serve => FromSystemd {
+            inherited: crate::systemd::listen_fds()?,
+            notifier: crate::systemd::Notifier::from_env().map_err(|e| format!("NOTIFY_SOCKET: {e}"))?,
+            watchdog_period: crate::systemd::watchdog_interval(),
+        },
+        Mode::Stdio => FromSystemd::default(),
+    };
     let config = load(config_path)?;
-    let mut gateway = Gateway::new(config, mode)?;
+    let mut gateway = Gateway::with_systemd(config, mode, from_systemd)?;
     match gateway.run()? {
         Exit::Stopped | Exit::StdinClosed => Ok(0),
     }

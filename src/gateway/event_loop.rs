@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
+use crate::systemd;
 use crate::gateway::admin;
 use crate::gateway::core::{Action, ConnRef, Core, Expect, Peer};
 use crate::gateway::listeners::{self, Listener};
@@ -33,6 +34,10 @@ const ADMIN: Token = Token(2);
 const LISTENER_BASE: usize = 16;
 const WORKER_BASE: usize = 256;
 const CONN_BASE: usize = 4096;
+/// At stop, how long requests already sent are still read and refused, and how long
+/// without a new one ends that early.
+const LINGER: Duration = Duration::from_millis(500);
+const LINGER_QUIET: Duration = Duration::from_millis(50);
 /// Longest wait for the workers before agents are served anyway.
 const START_GRACE: Duration = Duration::from_secs(20);
 
@@ -137,6 +142,18 @@ pub struct Gateway {
     pub started: Instant,
     pub last_reload: Option<String>,
     pub reloads: u64,
+    notifier: Option<systemd::Notifier>,
+    watchdog: Option<systemd::WatchdogTimer>,
+    /// The last STATUS= line sent, and when: sent again when it changes, at most once a second.
+    status_sent: (String, Instant),
+}
+
+/// What systemd handed the process; taken first thing in `serve`, before any fd is opened.
+#[derive(Default)]
+pub struct FromSystemd {
+    pub inherited: Vec<systemd::InheritedSocket>,
+    pub notifier: Option<systemd::Notifier>,
+    pub watchdog_period: Option<Duration>,
 }
 
 /// Frames of the current turn, for [`Gateway::deliver`].
@@ -148,6 +165,11 @@ enum Outgoing<'a> {
 impl Gateway {
     /// Open the ledger, bind the doors, start the workers. Errors name what failed.
     pub fn new(config: Config, mode: Mode) -> Result<Gateway, String> {
+        Gateway::with_systemd(config, mode, FromSystemd::default())
+    }
+
+    /// As [`Gateway::new`], using the sockets, notify socket and watchdog systemd passed.
+    pub fn with_systemd(config: Config, mode: Mode, from_systemd: FromSystemd) -> Result<Gateway, String> {
         // Signals first, before any thread exists, so every thread inherits the block.
         let mut mask = SigSet::empty();
         for s in [
@@ -187,28 +209,7 @@ impl Gateway {
 
         let mut listeners_out = Vec::new();
         if mode == Mode::Serve {
-            if let Some(path) = config
-                .listen
-                .unix
-                .as_ref()
-                .filter(|p| !p.as_os_str().is_empty())
-            {
-                let socket =
-                    listeners::bind_unix(path, 0o660).map_err(|e| format!("listen unix: {e}"))?;
-                listeners_out.push(Listener::Unix {
-                    socket,
-                    path: path.clone(),
-                    owned: true,
-                });
-            }
-            if let Some(port) = config.listen.vsock {
-                let socket = listeners::bind_vsock(port).map_err(|e| {
-                    format!(
-                        "listen vsock: {e} (is the vsock module loaded and /dev/vsock accessible?)"
-                    )
-                })?;
-                listeners_out.push(Listener::Vsock { socket, port });
-            }
+            listeners_out = open_listeners(&config, from_systemd.inherited)?;
         }
         for (i, l) in listeners_out.iter_mut().enumerate() {
             let token = Token(LISTENER_BASE + i);
@@ -267,7 +268,15 @@ impl Gateway {
             started: Instant::now(),
             last_reload: None,
             reloads: 0,
+            notifier: from_systemd.notifier,
+            watchdog: from_systemd
+                .watchdog_period
+                .map(|p| systemd::WatchdogTimer::new(p, Instant::now())),
+            status_sent: (String::new(), Instant::now()),
         };
+        if let Some(period) = gw.watchdog.as_ref().map(systemd::WatchdogTimer::period) {
+            crate::info!("systemd watchdog: pinging every {} ms from the loop", period.as_millis());
+        }
         for l in &gw.listeners {
             crate::info!("listening on {}", l.describe());
         }
@@ -419,6 +428,7 @@ impl Gateway {
             self.check_frame_timers(now);
             self.end_turn(now, &mut worker_events);
             self.maybe_announce_ready();
+            self.tell_systemd();
             self.resume_paused(now);
             self.end_turn(now, &mut worker_events);
             self.close_finished();
@@ -1012,6 +1022,13 @@ impl Gateway {
 
     /// Re-read the config and swap the policy. The old policy stays on any error.
     pub fn reload(&mut self) -> Result<String, String> {
+        self.notify(|n| n.reloading());
+        let outcome = self.reload_config();
+        self.notify(|n| n.ready());
+        outcome
+    }
+
+    fn reload_config(&mut self) -> Result<String, String> {
         let result = (|| -> Result<Policy, String> {
             let config = match &self.config.source {
                 Some(path) => Config::from_file(path).map_err(|e| e.to_string())?,
@@ -1053,6 +1070,8 @@ impl Gateway {
             return;
         }
         let drain = Duration::from_secs(self.config.gateway.drain_secs);
+        self.notify(|n| n.stopping());
+        self.notify(|n| n.extend_timeout(drain + Duration::from_secs(10)));
         crate::info!(
             "stopping: no new connections; finishing {} calls in flight within {} s",
             self.core.in_flight_total(),
@@ -1117,6 +1136,23 @@ impl Gateway {
             serde_json::json!({"uptime_s": now.saturating_duration_since(self.started).as_secs()}),
         );
         self.end_turn(now, &mut worker_events);
+        // Requests still in socket buffers get the stopping error rather than silence:
+        // keep reading (and refusing) until the agents go quiet, briefly.
+        let linger_until = Instant::now() + LINGER;
+        let mut quiet_since = Instant::now();
+        while Instant::now() < linger_until && quiet_since.elapsed() < LINGER_QUIET {
+            let before = self.core.counters.requests_total;
+            for slot in 0..self.conns.len() {
+                if Some(slot) != self.stdio_slot {
+                    self.service_conn(slot, Instant::now());
+                }
+            }
+            self.end_turn(Instant::now(), &mut worker_events);
+            if self.core.counters.requests_total != before {
+                quiet_since = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         // Give agents a moment to take their last answers.
         let until = Instant::now() + Duration::from_secs(2);
         while Instant::now() < until
@@ -1154,6 +1190,7 @@ impl Gateway {
             self.frame_deadline,
             self.stop_deadline,
             (!self.serving).then_some(self.started + START_GRACE),
+            self.watchdog.as_ref().map(systemd::WatchdogTimer::deadline),
         ];
         candidates.into_iter().flatten().min().map(|t| {
             t.saturating_duration_since(now)
@@ -1225,6 +1262,9 @@ impl Gateway {
         }
         self.announced_ready = true;
         self.serving = true;
+        let line = self.status_line();
+        self.notify(|n| n.ready_with_status(&line));
+        self.status_sent = (line, Instant::now());
         crate::info!(
             "ready: {} tools",
             self.core.catalog().len(crate::mcp::catalog::Kind::Tools)
@@ -1234,6 +1274,92 @@ impl Gateway {
     pub fn is_ready(&self) -> bool {
         self.announced_ready
     }
+
+    /// Send one state to systemd, if it listens; a failure is logged, never waited on.
+    fn notify(&self, send: impl FnOnce(&systemd::Notifier) -> io::Result<()>) {
+        if let Some(n) = &self.notifier
+            && let Err(e) = send(n)
+        {
+            crate::warn!("sd_notify to {}: {e}", n.address());
+        }
+    }
+
+    fn status_line(&self) -> String {
+        let facts = systemd::StatusFacts {
+            ready: self.announced_ready,
+            stopping: self.stop_deadline.is_some(),
+            calls_served: self.core.counters.calls_total,
+            in_flight: self.core.in_flight_total(),
+            workers_ready: self.core.workers().iter().filter(|w| w.ready).count(),
+            workers_total: self.core.workers().len(),
+            last_reload: self.last_reload.clone(),
+        };
+        systemd::status_line(&facts)
+    }
+
+    /// The watchdog ping (from the loop itself, so a stuck loop is caught) and STATUS=.
+    fn tell_systemd(&mut self) {
+        if self.notifier.is_none() {
+            return;
+        }
+        let now = Instant::now();
+        if self.watchdog.as_mut().is_some_and(|w| w.due(now)) {
+            self.notify(|n| n.watchdog());
+        }
+        if now.saturating_duration_since(self.status_sent.1) >= Duration::from_secs(1) {
+            let line = self.status_line();
+            if line != self.status_sent.0 {
+                self.notify(|n| n.status(&line));
+            }
+            self.status_sent = (line, now);
+        }
+    }
+}
+
+/// The doors the config asks for: sockets systemd passed are used (matched by name and
+/// address), the rest are bound here; every mismatch is explained in the log.
+fn open_listeners(config: &Config, inherited: Vec<systemd::InheritedSocket>) -> Result<Vec<Listener>, String> {
+    let wanted = systemd::wanted_listeners(&config.listen);
+    let plan = systemd::match_listeners(inherited, &wanted);
+    for line in &plan.explanations {
+        crate::warn!("socket activation: {line}");
+    }
+    let mut out = Vec::new();
+    for (spec, socket) in plan.adopted {
+        crate::info!("using the socket systemd passed: {}", socket.describe());
+        match spec {
+            systemd::ListenerSpec::Unix { path } => {
+                let path = match &socket.kind {
+                    systemd::SocketKind::Unix { path } => path.clone(),
+                    _ => path,
+                };
+                let socket = socket.into_unix_listener().map_err(|e| format!("listen unix: {e}"))?;
+                // systemd owns the socket file: never unlink it.
+                out.push(Listener::Unix { socket, path, owned: false });
+            }
+            systemd::ListenerSpec::Vsock { port } => {
+                let socket = socket.into_vsock_listener().map_err(|e| format!("listen vsock: {e}"))?;
+                out.push(Listener::Vsock { socket, port });
+            }
+            systemd::ListenerSpec::Http { .. } => {}
+        }
+    }
+    for spec in plan.to_bind {
+        match spec {
+            systemd::ListenerSpec::Unix { path } => {
+                let socket = listeners::bind_unix(&path, 0o660).map_err(|e| format!("listen unix: {e}"))?;
+                out.push(Listener::Unix { socket, path, owned: true });
+            }
+            systemd::ListenerSpec::Vsock { port } => {
+                let socket = listeners::bind_vsock(port).map_err(|e| {
+                    format!("listen vsock: {e} (is the vsock module loaded and /dev/vsock accessible?)")
+                })?;
+                out.push(Listener::Vsock { socket, port });
+            }
+            systemd::ListenerSpec::Http { .. } => {}
+        }
+    }
+    Ok(out)
 }
 
 /// The builtin worker's spec from the config.
