@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -21,6 +21,7 @@ use crate::mcp::jsonrpc::{self, Message};
 use crate::mcp::protocol;
 use crate::mcp::tool_error::{ToolErrorCode, refusal};
 use crate::policy::{Decision, Phase, Policy, Subject, Transport, Verdict};
+use crate::transport::http::metrics::{self, Histogram};
 use crate::workers::rpc::{self, Op};
 
 /// A connection as the core knows it: its slot in the loop and a generation, so an answer
@@ -143,6 +144,29 @@ pub struct WorkerView {
     pub ready: bool,
 }
 
+/// What `/metrics` reports that only the core sees; bounded (method labels are a fixed
+/// set, rule ids come from the loaded policy).
+#[derive(Debug)]
+pub struct Observed {
+    /// Requests by (method label, outcome: ok | error | refused).
+    pub requests: BTreeMap<(&'static str, &'static str), u64>,
+    /// `tools/call` decisions by (deciding rule or "default", decision).
+    pub policy_decisions: BTreeMap<(String, &'static str), u64>,
+    pub tool_call_latency: Histogram,
+    pub ledger_commit_latency: Histogram,
+}
+
+impl Default for Observed {
+    fn default() -> Self {
+        Observed {
+            requests: BTreeMap::new(),
+            policy_decisions: BTreeMap::new(),
+            tool_call_latency: Histogram::new(metrics::TOOL_CALL_BUCKETS),
+            ledger_commit_latency: Histogram::new(metrics::LEDGER_COMMIT_BUCKETS),
+        }
+    }
+}
+
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct Counters {
     pub calls_total: u64,
@@ -174,6 +198,7 @@ pub struct Core {
     ledger_ok: bool,
     stopping: bool,
     pub counters: Counters,
+    pub observed: Observed,
     /// Tools per page of `tools/list` (and resources, prompts).
     pub page_size: usize,
 }
@@ -234,6 +259,7 @@ impl Core {
             ledger_ok: true,
             stopping: false,
             counters: Counters::default(),
+            observed: Observed::default(),
             page_size: 200,
         }
     }
@@ -688,6 +714,11 @@ impl Core {
         params: Option<&RawValue>,
         now: Instant,
     ) {
+        *self
+            .observed
+            .requests
+            .entry((metrics::method_label(method), "received"))
+            .or_insert(0) += 1;
         if self.stopping {
             self.reply_error(
                 ctx.conn,
@@ -715,7 +746,20 @@ impl Core {
                     json!({"requested": asked, "negotiated": version, "client": client,
                            "principal": ctx.peer.principal, "transport": ctx.peer.transport.as_str()}),
                 );
-                let result = protocol::initialize_result(version).to_string();
+                let list_changed = ctx.peer.transport != Transport::Http;
+                let result = protocol::initialize_result(version, list_changed).to_string();
+                self.reply(
+                    ctx.conn,
+                    ctx.stream,
+                    ctx.id,
+                    jsonrpc::result_response(ctx.id, &result),
+                );
+            }
+            "server/discover" => {
+                // The modern era's handshake-free description; the HTTP door adds the
+                // era's fields (resultType, _meta) when it writes the answer.
+                let result = crate::transport::http::era::discover_result(protocol::INSTRUCTIONS)
+                    .to_string();
                 self.reply(
                     ctx.conn,
                     ctx.stream,
@@ -1260,6 +1304,33 @@ impl Core {
             "denied" => self.counters.calls_denied += 1,
             _ => self.counters.calls_error += 1,
         }
+        let outcome = match decision {
+            "allowed" => "ok",
+            "denied" => "refused",
+            _ => "error",
+        };
+        *self
+            .observed
+            .requests
+            .entry(("tools/call", outcome))
+            .or_insert(0) += 1;
+        let rule = policy_decision
+            .rule
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let verdict = match decision {
+            "denied" => "block",
+            "error" => "error",
+            _ => "allow",
+        };
+        *self
+            .observed
+            .policy_decisions
+            .entry((rule, verdict))
+            .or_insert(0) += 1;
+        self.observed
+            .tool_call_latency
+            .observe(call.started.elapsed());
         let rewritten_args = rewritten.as_deref().map(str::as_bytes);
         self.ledger.stage_call_end(
             *ledger_id,
@@ -1744,7 +1815,12 @@ impl Core {
         if self.ledger.staged() == 0 {
             return Ok(());
         }
-        match self.ledger.commit() {
+        let started = Instant::now();
+        let outcome = self.ledger.commit();
+        self.observed
+            .ledger_commit_latency
+            .observe(started.elapsed());
+        match outcome {
             Ok(_) => {
                 if !self.ledger_ok {
                     crate::info!("ledger writable again; serving calls");
