@@ -761,6 +761,17 @@ fn health_needs_no_token_and_metrics_need_an_admin_token() {
     }
 }
 
+#[test]
+fn metrics_public_serves_metrics_without_a_token() {
+    let gw = HttpGateway::start("metrics_public = true", "");
+    let mut http = gw.http();
+    let r = http.call(&Req::new("GET", "/metrics", gw.port));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("toolwall_requests_total"));
+    // /mcp still needs a token.
+    assert_eq!(http.call(&gw.post(&initialize(1))).status, 401);
+}
+
 /// The door counts its responses by status (`toolwall_http_responses_total`).
 #[test]
 fn metrics_count_http_responses_by_status() {
@@ -769,9 +780,7 @@ fn metrics_count_http_responses_by_status() {
     assert_eq!(http.call(&Req::new("GET", "/health", gw.port)).status, 200);
     assert_eq!(http.call(&Req::new("GET", "/nowhere", gw.port)).status, 404);
     assert_eq!(http.call(&gw.post(&initialize(1))).status, 401);
-    let r = http.call(&Req::new("GET", "/metrics", gw.port));
-    assert_eq!(r.status, 200, "metrics_public: no token needed");
-    let text = r.text();
+    let text = http.call(&Req::new("GET", "/metrics", gw.port)).text();
     for status in ["200", "404", "401"] {
         assert!(
             text.contains(&format!(
@@ -780,6 +789,124 @@ fn metrics_count_http_responses_by_status() {
             "status {status} counted:\n{text}"
         );
     }
+}
+
+#[test]
+fn other_refusals_411_417_431_505_and_503() {
+    let gw = HttpGateway::start(
+        "",
+        "[http]\nmax_headers = 8\nmax_head_bytes = 2048\nmax_connections = 4\nmax_sessions = 3\n",
+    );
+    let token = gw.client_token("alice");
+    let port = gw.port;
+    let status_of = |raw: &[u8]| {
+        let mut http = gw.http();
+        http.send_raw(raw);
+        http.response().map(|r| r.status)
+    };
+    let post = gw.post(&initialize(1)).bearer(&token);
+
+    // 411: a chunked body; 501: another transfer coding; 400: Transfer-Encoding together
+    // with Content-Length.
+    let head_without_length = {
+        let bytes = post.clone().bytes();
+        let head_end = bytes.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        String::from_utf8(bytes[..head_end].to_vec())
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with("Content-Length"))
+            .collect::<Vec<_>>()
+            .join("\r\n")
+    };
+    let chunked = format!(
+        "{head_without_length}\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{{}}\r\n0\r\n\r\n"
+    );
+    assert_eq!(status_of(chunked.as_bytes()), Some(411));
+    let gzip = format!("{head_without_length}\r\nTransfer-Encoding: gzip\r\n\r\n");
+    assert_eq!(status_of(gzip.as_bytes()), Some(501));
+    let both = post.clone().header("Transfer-Encoding", "chunked").bytes();
+    assert_eq!(status_of(&both), Some(400));
+    // 417: an Expect we do not know; 100 Continue for the one we do.
+    assert_eq!(
+        status_of(&post.clone().header("Expect", "teapot").bytes()),
+        Some(417)
+    );
+    let mut http = gw.http();
+    let bytes = post.clone().header("Expect", "100-continue").bytes();
+    let head_end = bytes.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    http.send_raw(&bytes[..head_end]);
+    assert_eq!(http.response().map(|r| r.status), Some(100));
+    http.send_raw(&bytes[head_end..]);
+    assert_eq!(http.response().map(|r| r.status), Some(200));
+    drop(http);
+    // 431: too many headers, or too long a head.
+    let mut many = post.clone();
+    for i in 0..10 {
+        many = many.header(&format!("X-Pad-{i}"), "x");
+    }
+    assert_eq!(status_of(&many.bytes()), Some(431));
+    let long = post.clone().header("X-Pad", &"y".repeat(4096));
+    assert_eq!(status_of(&long.bytes()), Some(431));
+    // 505: HTTP/2 in an HTTP/1 request line.
+    let mut h2 = post.clone().bytes();
+    h2.splice(
+        ..b"POST /mcp HTTP/1.1".len(),
+        b"POST /mcp HTTP/2.0".iter().copied(),
+    );
+    assert_eq!(status_of(&h2), Some(505));
+    // 400: garbage.
+    assert_eq!(status_of(b"\x00\x01\x02 nonsense\r\n\r\n"), Some(400));
+
+    // 503: more sessions than max_sessions (the 100-continue initialize opened one).
+    let mut http = gw.http();
+    let first = open_session(&mut http, port, Some(&token));
+    let _second = open_session(&mut http, port, Some(&token));
+    let r = http.call(&post);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        http.call(
+            &Req::new("DELETE", "/mcp", port)
+                .bearer(&token)
+                .session(&first)
+        )
+        .status,
+        204
+    );
+    assert_eq!(http.call(&post).status, 200, "room again after DELETE");
+    drop(http);
+
+    // 503 (or a closed connection) beyond max_connections.
+    // The connections above close on our side first; the door may not have seen them
+    // all go yet, so take the four slots as they free up.
+    let mut held = Vec::new();
+    eventually("four connections held", || {
+        let mut h = gw.http();
+        h.send(&Req::new("GET", "/health", port));
+        if h.response().is_some_and(|r| r.status == 200) {
+            held.push(h);
+        }
+        held.len() == 4
+    });
+    let mut extra = gw.http();
+    extra.send(&Req::new("GET", "/health", port));
+    // None: closed at once, which is fine too.
+    if let Some(r) = extra.response() {
+        assert_eq!(r.status, 503, "{}", r.text());
+    }
+    drop(held);
+    eventually("a connection slot to free up", || {
+        let mut h = gw.http();
+        h.send(&Req::new("GET", "/health", port));
+        h.response().is_some_and(|r| r.status == 200)
+    });
+}
+
+#[test]
+fn idle_keep_alive_connections_are_closed() {
+    let gw = HttpGateway::start("", "[http]\nkeepalive_idle_secs = 1\n");
+    let mut http = gw.http();
+    assert_eq!(http.call(&Req::new("GET", "/health", gw.port)).status, 200);
+    assert!(http.closed_by_peer(), "an idle connection is closed");
 }
 
 #[test]
@@ -965,28 +1092,18 @@ fn tls_client_config(
 #[test]
 fn tls_carries_a_whole_mcp_exchange() {
     let dir = tempfile::tempdir().unwrap();
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
-        .expect("generate a test certificate");
-    let cert_path = dir.path().join("cert.pem");
-    let key_path = dir.path().join("key.pem");
-    std::fs::write(&cert_path, certified.cert.pem()).unwrap();
-    std::fs::write(&key_path, certified.signing_key.serialize_pem()).unwrap();
-    std::fs::set_permissions(
-        &key_path,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .unwrap();
+    let root = write_test_certificate(dir.path());
     let listen = format!(
-        "tls_cert = \"{}\"\ntls_key = \"{}\"\npublic_url = \"https://localhost:{{port}}/mcp\"\n",
-        cert_path.display(),
-        key_path.display()
+        "tls_cert = \"{d}/cert.pem\"\ntls_key = \"{d}/key.pem\"\n\
+         public_url = \"https://localhost:{{port}}/mcp\"\n",
+        d = dir.path().display()
     );
     let gw = HttpGateway::start_in(dir, &listen, "");
     assert!(gw.log().contains("https://"), "{}", gw.log());
     let token = gw.client_token("alice");
     let port = gw.port;
 
-    let config = tls_client_config(certified.cert.der().clone());
+    let config = tls_client_config(root);
     let connect = || {
         let tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
         tcp.set_read_timeout(Some(PATIENCE)).unwrap();
@@ -1087,6 +1204,72 @@ fn tls_carries_a_whole_mcp_exchange() {
         rows.iter()
             .all(|r| r["transport"] == "http" && r["principal"] == "alice")
     );
+}
+
+/// Write a fresh self-signed certificate for `localhost` to cert.pem and key.pem in `dir`.
+fn write_test_certificate(dir: &std::path::Path) -> rustls::pki_types::CertificateDer<'static> {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+        .expect("generate a test certificate");
+    let key_path = dir.join("key.pem");
+    std::fs::write(dir.join("cert.pem"), certified.cert.pem()).unwrap();
+    std::fs::write(&key_path, certified.signing_key.serialize_pem()).unwrap();
+    std::fs::set_permissions(
+        &key_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    certified.cert.der().clone()
+}
+
+#[test]
+fn tls_certificate_is_reloaded_on_sighup_and_a_bad_one_is_not_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = write_test_certificate(dir.path());
+    let listen = format!(
+        "tls_cert = \"{d}/cert.pem\"\ntls_key = \"{d}/key.pem\"\n",
+        d = dir.path().display()
+    );
+    let gw = HttpGateway::start_in(dir, &listen, "");
+    let port = gw.port;
+    let connect = |root: &rustls::pki_types::CertificateDer<'static>| {
+        let tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        tcp.set_read_timeout(Some(PATIENCE)).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let conn = rustls::ClientConnection::new(tls_client_config(root.clone()), name).unwrap();
+        common::http::Http::over(rustls::StreamOwned::new(conn, tcp))
+    };
+    let health = || Req::new("GET", "/health", port).set("Host", &format!("localhost:{port}"));
+    let mut old = connect(&first);
+    assert_eq!(old.call(&health()).status, 200);
+
+    let second = write_test_certificate(gw.dir.path());
+    unsafe {
+        libc::kill(gw.pid() as i32, libc::SIGHUP);
+    }
+    gw.wait_for_log("certificate reloaded");
+    let mut new = connect(&second);
+    assert_eq!(
+        new.call(&health()).status,
+        200,
+        "new connections get the new certificate"
+    );
+    let mut stale = connect(&first);
+    let refused = stale.stream.write_all(&health().bytes()).is_err() || stale.response().is_none();
+    assert!(refused, "the old certificate is no longer served");
+    assert_eq!(
+        old.call(&health()).status,
+        200,
+        "open connections keep theirs"
+    );
+
+    // A broken pair is refused and the last good one stays.
+    std::fs::write(gw.dir.path().join("cert.pem"), "not a certificate").unwrap();
+    unsafe {
+        libc::kill(gw.pid() as i32, libc::SIGHUP);
+    }
+    gw.wait_for_log("http door kept its previous settings");
+    let mut again = connect(&second);
+    assert_eq!(again.call(&health()).status, 200);
 }
 
 #[test]

@@ -379,7 +379,12 @@ fn conformance_suite_matches_the_baseline() {
 #[test]
 fn baseline_comparison_flags_new_failures_and_stale_entries() {
     let check = |id: &str, status: &str, untestable: bool| {
-        (id.to_owned(), status.to_owned(), untestable, format!("{id} says no"))
+        (
+            id.to_owned(),
+            status.to_owned(),
+            untestable,
+            format!("{id} says no"),
+        )
     };
     let mut results = Results::new();
     for s in REQUIRED_SCENARIOS {
@@ -399,28 +404,53 @@ fn baseline_comparison_flags_new_failures_and_stale_entries() {
 
     // A new failure.
     let mut worse = results.clone();
-    worse.get_mut("warned").unwrap().push(check("n", "FAILURE", false));
+    worse
+        .get_mut("warned")
+        .unwrap()
+        .push(check("n", "FAILURE", false));
     let problems = compare(&worse, &baseline);
-    assert!(problems.len() == 1 && problems[0].contains("NEW FAILURE warned/n"), "{problems:?}");
+    assert!(
+        problems.len() == 1 && problems[0].contains("NEW FAILURE warned/n"),
+        "{problems:?}"
+    );
 
     // A baseline entry that now passes.
     let mut better = results.clone();
     better.insert("tools-call-x".into(), vec![check("c", "SUCCESS", false)]);
     let problems = compare(&better, &baseline);
-    assert!(problems.len() == 1 && problems[0].contains("tools-call-x"), "{problems:?}");
+    assert!(
+        problems.len() == 1 && problems[0].contains("tools-call-x"),
+        "{problems:?}"
+    );
 
     // A required scenario may not hide a real failure behind the baseline.
     let mut real = results.clone();
-    real.insert("server-stateless".into(), vec![check("b", "FAILURE", false)]);
+    real.insert(
+        "server-stateless".into(),
+        vec![check("b", "FAILURE", false)],
+    );
     let problems = compare(&real, &baseline);
-    assert!(problems.iter().any(|p| p.contains("required scenario server-stateless")), "{problems:?}");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("required scenario server-stateless")),
+        "{problems:?}"
+    );
     let whole = parse_baseline("server-stateless everything\ntools-call-x f\n").unwrap();
-    assert!(compare(&results, &whole).iter().any(|p| p.contains("whole")));
+    assert!(
+        compare(&results, &whole)
+            .iter()
+            .any(|p| p.contains("whole"))
+    );
 
     // A required scenario that did not run.
     let mut missing = results.clone();
     missing.remove("ping");
-    assert!(compare(&missing, &baseline).iter().any(|p| p.contains("ping did not run")));
+    assert!(
+        compare(&missing, &baseline)
+            .iter()
+            .any(|p| p.contains("ping did not run"))
+    );
 
     assert!(parse_baseline("no-reason\n").is_err());
     assert!(parse_baseline("a b\na b\n").is_err());
@@ -460,7 +490,10 @@ fn inspector_cli_lists_and_calls_over_http_with_a_token() {
     let ran = run(call);
     assert!(ran.ok, "tools/call failed:\n{}\n{}", ran.stdout, ran.stderr);
     let result = json_of(&ran.stdout);
-    assert_eq!(result["content"][0]["text"], "hi from the inspector", "{result}");
+    assert_eq!(
+        result["content"][0]["text"], "hi from the inspector",
+        "{result}"
+    );
     assert_ne!(result["isError"], true);
 
     // Without the token the door refuses it and nothing runs.
@@ -564,7 +597,10 @@ fn python_sdk_lists_and_calls_over_http_in_both_eras() {
         expected_rows += 1;
     }
     let rows = gw.wait_rows("three calls", |rows| rows.len() == expected_rows);
-    assert!(rows.iter().all(|r| r["principal"] == "python" && r["transport"] == "http"));
+    assert!(
+        rows.iter()
+            .all(|r| r["principal"] == "python" && r["transport"] == "http")
+    );
 
     // A client without a token gets nowhere.
     let python = third_party().join("venv/bin/python");
@@ -605,7 +641,9 @@ fn pins_are_exact_versions() {
         "INSPECTOR_VERSION",
         "MCP_PY_VERSION",
     ] {
-        let v = pins.get(key).unwrap_or_else(|| panic!("{key} in versions.env"));
+        let v = pins
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} in versions.env"));
         assert!(
             v.chars().next().is_some_and(|c| c.is_ascii_digit())
                 && !v.contains(['^', '~', '*', '>', '<', ' ']),
