@@ -632,31 +632,29 @@ impl Core {
         }
     }
 
+    /// Only `notifications/cancelled` needs anything; initialized, roots/list_changed,
+    /// progress and the rest are accepted and ignored.
     fn on_notification(&mut self, conn: ConnRef, method: &str, params: Option<&RawValue>) {
-        match method {
-            "notifications/cancelled" => {
-                let Some(p) =
-                    params.and_then(|p| serde_json::from_str::<CancelParams>(p.get()).ok())
-                else {
-                    return;
-                };
-                let target = p.request_id.get();
-                let key = self
-                    .calls
-                    .iter()
-                    .find(|(_, c)| c.conn == Some(conn) && c.id == target)
-                    .map(|(k, _)| *k);
-                let reason = p.reason.unwrap_or_else(|| "cancelled by the client".into());
-                self.event(
-                    "cancelled",
-                    json!({"request_id": target, "reason": reason, "found": key.is_some()}),
-                );
-                if let Some(key) = key {
-                    self.cancel_call(key, &reason);
-                }
-            }
-            // initialized, roots/list_changed, progress...: nothing to do.
-            _ => {}
+        if method != "notifications/cancelled" {
+            return;
+        }
+        let Some(p) = params.and_then(|p| serde_json::from_str::<CancelParams>(p.get()).ok())
+        else {
+            return;
+        };
+        let target = p.request_id.get();
+        let key = self
+            .calls
+            .iter()
+            .find(|(_, c)| c.conn == Some(conn) && c.id == target)
+            .map(|(k, _)| *k);
+        let reason = p.reason.unwrap_or_else(|| "cancelled by the client".into());
+        self.event(
+            "cancelled",
+            json!({"request_id": target, "reason": reason, "found": key.is_some()}),
+        );
+        if let Some(key) = key {
+            self.cancel_call(key, &reason);
         }
     }
 
@@ -1474,10 +1472,10 @@ impl Core {
         error: Option<rpc::RpcError>,
         facts: Option<String>,
     ) {
-        if let Some(facts) = facts {
-            if let CallKind::Tool { ledger_id, .. } = &call.kind {
-                self.event("tool_facts", json!({"call_id": ledger_id, "facts": facts}));
-            }
+        if let Some(facts) = facts
+            && let CallKind::Tool { ledger_id, .. } = &call.kind
+        {
+            self.event("tool_facts", json!({"call_id": ledger_id, "facts": facts}));
         }
         let result = match (ok, error) {
             (Some(result), _) => result,
@@ -1848,16 +1846,16 @@ impl Core {
                     call: Some(key), ..
                 } if self.calls.get(&key).is_some_and(|c| c.conn.is_some()) => {
                     // The row saying this call reaches the tool is not on disk: it must not.
-                    if let Some(call) = self.take_call(key) {
-                        if let Some(conn) = call.conn {
-                            let bytes = refused_bytes(&call.method, &call.id);
-                            self.actions.push(Action::Reply {
-                                conn,
-                                stream: call.stream,
-                                id: call.id,
-                                bytes,
-                            });
-                        }
+                    if let Some(call) = self.take_call(key)
+                        && let Some(conn) = call.conn
+                    {
+                        let bytes = refused_bytes(&call.method, &call.id);
+                        self.actions.push(Action::Reply {
+                            conn,
+                            stream: call.stream,
+                            id: call.id,
+                            bytes,
+                        });
                     }
                 }
                 Action::Reply {

@@ -606,7 +606,8 @@ impl Gateway {
                     return;
                 }
                 c.paused = false;
-                let step = loop {
+
+                loop {
                     match door.process(h, &mut c.out, &mut self.core, conn, now) {
                         Step::NeedBytes => {}
                         other => break Some(other),
@@ -634,8 +635,7 @@ impl Gateway {
                             break None;
                         }
                     }
-                };
-                step
+                }
             };
             match step {
                 Some(Step::Health { keep_alive }) => {
@@ -793,7 +793,7 @@ impl Gateway {
             c.paused = false;
             // Hand over one buffered message, if there is one.
             match &mut c.wire {
-                Wire::Framed(inb) => match inb.next() {
+                Wire::Framed(inb) => match inb.next_inbound() {
                     Some(Inbound::Message {
                         stream,
                         expect,
@@ -826,7 +826,7 @@ impl Gateway {
                     }
                     None => {}
                 },
-                Wire::Lines(inb) => match inb.next() {
+                Wire::Lines(inb) => match inb.next_line() {
                     Some(Line::Message(payload)) => {
                         let peer = &c.peer;
                         self.core.on_message(
@@ -1239,7 +1239,7 @@ impl Gateway {
                 }
             }
             if let Wire::Admin(inb) = &mut c.wire {
-                while let Some(line) = inb.next() {
+                while let Some(line) = inb.next_line() {
                     match line {
                         Line::Message(bytes) => requests.push(bytes.to_vec()),
                         Line::Refuse(_) => c.broken = true,
