@@ -7,8 +7,8 @@
 //! that line may hold a token someone pasted inline. Unknown keys are collected instead and
 //! refused by [`ServersConfig::validate`], whose messages never quote a value.
 
-use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
@@ -120,6 +120,19 @@ impl Default for ServersConfig {
     }
 }
 
+/// `[servers.NAME] era`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EraChoice {
+    /// `server/discover` first; legacy `initialize` when it is not answered as modern.
+    #[default]
+    Auto,
+    /// Only the legacy handshake.
+    Legacy,
+    /// Only the modern era; a server that does not answer `server/discover` is down.
+    Modern,
+}
+
 /// `[servers.NAME]`: one upstream MCP server over Streamable HTTP.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, expecting = "a [servers.NAME] table")]
@@ -138,6 +151,9 @@ pub struct ServerConfig {
     pub enabled: bool,
     /// What happens when a tool's definition changes: see `crate::pins`.
     pub pin: PinMode,
+    /// Which MCP era to speak: detected (`auto`), or forced for a server whose detection
+    /// misleads.
+    pub era: EraChoice,
     /// Keys this build does not know (refused by `validate`, values never shown).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, IgnoredAny>,
@@ -153,6 +169,7 @@ impl Default for ServerConfig {
             timeout_secs: DEFAULT_TIMEOUT_SECS,
             enabled: true,
             pin: PinMode::Enforce,
+            era: EraChoice::Auto,
             unknown: BTreeMap::new(),
         }
     }
@@ -366,7 +383,7 @@ impl ServerConfig {
                 ""
             };
             return Err(format!(
-                "unknown key {}; known keys: url, headers, bearer_token_file, bearer_token_env, timeout_secs, enabled, pin{hint} (its value is not shown)",
+                "unknown key {}; known keys: url, headers, bearer_token_file, bearer_token_env, timeout_secs, enabled, pin, era{hint} (its value is not shown)",
                 at(key.as_str())
             ));
         }
@@ -511,6 +528,7 @@ headers = { "X-Client" = "toolwall" }
 bearer_token_file = "/etc/toolwall/github.token"
 timeout_secs = 20
 pin = "warn"
+era = "legacy"
 
 [servers.local-files]
 url = "http://127.0.0.1:8931/mcp"
@@ -525,6 +543,7 @@ enabled = false
         assert_eq!(gh.timeout_secs, 20);
         assert_eq!(gh.pin, PinMode::Warn);
         assert_eq!(gh.headers["X-Client"], "toolwall");
+        assert_eq!(gh.era, EraChoice::Legacy);
         let lf = &c.servers["local-files"];
         assert!(!lf.enabled);
         assert_eq!(lf.pin, PinMode::Enforce);

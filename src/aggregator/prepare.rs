@@ -183,6 +183,7 @@ pub fn build_setup(servers: &ServersConfig) -> AggregatorSetup {
                 .collect(),
             bearer_token,
             timeout_secs: server.timeout_secs,
+            era: server.era,
             addresses,
             unusable,
         });

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
-use super::config::ServersConfig;
+use super::config::{EraChoice, ServersConfig};
 
 /// A credential. Its `Debug` never shows it; only [`Secret::expose`] does, where the
 /// header is built.
@@ -65,6 +65,8 @@ pub struct UpstreamSetup {
     pub headers: Vec<(String, String)>,
     pub bearer_token: Option<Secret>,
     pub timeout_secs: u64,
+    #[serde(default)]
+    pub era: EraChoice,
     /// The addresses the gateway resolved and the address policy allowed.
     pub addresses: Vec<SocketAddr>,
     /// Why the server cannot be reached at all (its credential could not be read, its
@@ -91,6 +93,7 @@ mod tests {
             headers: vec![],
             bearer_token: Some(Secret::new("hunter2-token".into())),
             timeout_secs: 1,
+            era: EraChoice::Auto,
             addresses: vec![],
             unusable: None,
         };

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::config::EraChoice;
 use super::era::{
     self, AfterStatus, Discovery, Era, ListChanges, after_status, judge_discover, judge_initialize,
     params_for, protocol_headers, status_error,
@@ -138,6 +139,7 @@ struct ToolCallParams<'a> {
 
 pub struct Upstream {
     name: String,
+    era_choice: EraChoice,
     transport: Option<Transport>,
     unusable: Option<String>,
     limits: Limits,
@@ -168,6 +170,7 @@ impl Upstream {
         };
         Arc::new(Upstream {
             name: setup.name.clone(),
+            era_choice: setup.era,
             transport,
             unusable,
             limits: limits.clone(),
@@ -322,7 +325,7 @@ impl Upstream {
     fn connect(&self, legacy_only: bool) -> Result<(Era, ListChanges), UpstreamError> {
         let transport = self.transport()?;
         let mut ignore = |_: Notice| {};
-        if !legacy_only {
+        if !legacy_only && self.era_choice != EraChoice::Legacy {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let params = params_for(None, None).map(|p| p.to_string());
             let headers = protocol_headers(None, "server/discover", None);
@@ -341,6 +344,15 @@ impl Upstream {
             match judge_discover(reply.status, outcome) {
                 Discovery::Modern { version, changes } => {
                     return Ok((Era::Modern { version }, changes));
+                }
+                Discovery::TryLegacy(why) if self.era_choice == EraChoice::Modern => {
+                    return Err(UpstreamError::new(
+                        UpstreamErrorCode::BadResponse,
+                        format!(
+                            "server {} does not speak the modern era (servers.{}.era = \"modern\"): {why}",
+                            self.name, self.name
+                        ),
+                    ));
                 }
                 Discovery::TryLegacy(why) => {
                     crate::debug!("server {}: {why}; trying the legacy handshake", self.name);
