@@ -11,6 +11,7 @@ pub mod config;
 pub mod era;
 pub mod error;
 pub mod exchange;
+pub mod gateway_state;
 mod inline_secret;
 pub mod message;
 pub mod prepare;
