@@ -207,7 +207,7 @@ impl Worker {
         };
         let (ours, theirs) = UnixStream::pair().unwrap();
         let theirs: OwnedFd = theirs.into();
-        let mut confine =
+        let confine =
             toolwall::sandbox::child_pre_exec(theirs.as_raw_fd(), &SandboxConfig::default());
         let mut cmd = Command::new(BIN);
         cmd.arg("worker")
@@ -218,7 +218,7 @@ impl Worker {
             .stderr(Stdio::piped());
         // SAFETY: the closure only makes async-signal-safe system calls.
         unsafe {
-            cmd.pre_exec(move || confine());
+            cmd.pre_exec(confine);
         }
         let mut child = cmd.spawn().expect("spawn the aggregator worker");
         drop(theirs);
@@ -316,13 +316,11 @@ impl Worker {
             .backlog
             .iter()
             .position(|m| matches!(m, Message::Response { id: i, .. } if *i == id))
-        {
-            if let Message::Response {
+            && let Message::Response {
                 ok, error, facts, ..
             } = self.backlog.remove(pos)
-            {
-                return (ok, error, facts);
-            }
+        {
+            return (ok, error, facts);
         }
         let deadline = Instant::now() + PATIENCE * 2;
         while Instant::now() < deadline {
@@ -1060,6 +1058,7 @@ arg = {{ path = "text", contains = "SECRET" }}
 [[policy.rules]]
 id = "no-42-results"
 action = "block"
+phase = "response"
 tool = "fx__add"
 result = {{ path = "content[0].text", equals = "42" }}
 "#
@@ -1069,8 +1068,24 @@ result = {{ path = "content[0].text", equals = "42" }}
     assert!(!names.iter().any(|n| n.starts_with("fx__")));
     let r = c.tool("fx__echo", json!({"text": "x"}));
     assert!(r.get("error").is_some() || r["result"]["isError"] == true);
-    let _up = Upstream::fixture(port, &[]);
+    let up = Upstream::fixture(port, &["--era", "legacy"]);
     wait_tools(&mut c, |n| n.iter().any(|t| t == "fx__echo"));
+    // A rule on the server.
+    let r = c.tool("fx__crash", json!({}));
+    assert_eq!(
+        r["result"]["structuredContent"]["error"]["rule"],
+        "no-crash"
+    );
+    // The upstream forgets its session: the call fails once (never repeated), the
+    // session is renewed, and the next call works.
+    up.control(json!({"action": "expire_sessions"}));
+    let r = c.tool("fx__echo", json!({"text": "first"}));
+    assert_eq!(
+        r["result"]["structuredContent"]["error"]["code"], "session_expired",
+        "{r}"
+    );
+    let r = c.tool("fx__echo", json!({"text": "second"}));
+    assert_eq!(r["result"]["content"][0]["text"], "second");
     let r = c.tool("fx__echo", json!({"text": "has SECRET inside"}));
     assert_eq!(
         r["result"]["structuredContent"]["error"]["rule"],

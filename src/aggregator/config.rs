@@ -270,6 +270,41 @@ impl ServersConfig {
         self.servers.iter().filter(|(_, s)| s.enabled)
     }
 
+    /// Whether `other` reaches the same servers the same way (names, URLs, headers,
+    /// credentials' sources, timeouts, eras): if not, the worker needs a new grant and
+    /// setup. Pin modes and `refresh_secs` do not count: they apply without one.
+    pub fn same_connections(&self, other: &ServersConfig) -> bool {
+        let key = |c: &ServersConfig| {
+            c.enabled()
+                .map(|(n, s)| {
+                    (
+                        n.clone(),
+                        s.url.clone(),
+                        s.headers.clone(),
+                        s.bearer_token_file.clone(),
+                        s.bearer_token_env.clone(),
+                        s.timeout_secs,
+                        s.era,
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        key(self) == key(other)
+            && (
+                self.threads,
+                self.queue,
+                self.max_body_bytes,
+                self.connect_timeout_secs,
+            ) == (
+                other.threads,
+                other.queue,
+                other.max_body_bytes,
+                other.connect_timeout_secs,
+            )
+            && (self.retry_max_secs, self.max_pages, self.max_items)
+                == (other.retry_max_secs, other.max_pages, other.max_items)
+    }
+
     /// Check what serde cannot. The error names the key (`servers.NAME.KEY`) and never
     /// quotes a header value, a URL's query or anything that may be a secret.
     pub fn validate(&self) -> Result<(), String> {
@@ -549,6 +584,12 @@ enabled = false
         assert_eq!(lf.pin, PinMode::Enforce);
         assert_eq!(lf.timeout_secs, DEFAULT_TIMEOUT_SECS);
         assert_eq!(c.enabled().count(), 1);
+        let mut other = c.clone();
+        other.servers.get_mut("github").unwrap().pin = PinMode::Off;
+        other.refresh_secs = 5;
+        assert!(c.same_connections(&other));
+        other.servers.get_mut("github").unwrap().url = "https://other.example.com/mcp".into();
+        assert!(!c.same_connections(&other));
     }
 
     #[test]

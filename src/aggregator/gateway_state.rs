@@ -149,10 +149,19 @@ mod tests {
 
     #[test]
     fn names_refresh_and_status() {
-        assert_eq!(UpstreamsState::request_name(Op::CallTool, "gh", "search"), "gh__search");
-        assert_eq!(UpstreamsState::request_name(Op::GetPrompt, "gh", "p"), "gh__p");
+        assert_eq!(
+            UpstreamsState::request_name(Op::CallTool, "gh", "search"),
+            "gh__search"
+        );
+        assert_eq!(
+            UpstreamsState::request_name(Op::GetPrompt, "gh", "p"),
+            "gh__p"
+        );
         assert_eq!(UpstreamsState::request_name(Op::ListTools, "gh", ""), "gh");
-        assert_eq!(UpstreamsState::request_name(Op::ReadResource, "gh", "x://y"), "gh");
+        assert_eq!(
+            UpstreamsState::request_name(Op::ReadResource, "gh", "x://y"),
+            "gh"
+        );
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db");
@@ -188,9 +197,7 @@ mod tests {
         let review = s.review_tools("gh", vec![json!({"name": "search"})]);
         assert_eq!(review.visible.len(), 1);
         let mut catalog = Catalog::default();
-        catalog
-            .set(Kind::Tools, "gh", 3, review.visible)
-            .unwrap();
+        catalog.set(Kind::Tools, "gh", 3, review.visible).unwrap();
         assert_eq!(s.status_json(&catalog)[0]["tools"], 1);
         assert_eq!(s.pins_json()["pins"][0]["tool"], "gh__search");
     }

@@ -126,10 +126,8 @@ pub fn upstream_ports(servers: &ServersConfig) -> Vec<u16> {
 /// credential or addresses fail is still listed, as unusable, with the reason.
 pub fn build_setup(servers: &ServersConfig) -> AggregatorSetup {
     let timeout = Duration::from_secs(servers.connect_timeout_secs);
-    let lookups: Vec<(
-        String,
-        std::thread::JoinHandle<Result<Vec<SocketAddr>, String>>,
-    )> = servers
+    type Lookup = std::thread::JoinHandle<Result<Vec<SocketAddr>, String>>;
+    let lookups: Vec<(String, Lookup)> = servers
         .enabled()
         .filter_map(|(name, s)| {
             let (n, url) = (name.clone(), s.url.clone());

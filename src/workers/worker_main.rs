@@ -198,19 +198,19 @@ fn aggregator_op(op: Op) -> bool {
 }
 
 fn push(out: &mut Vec<u8>, msg: &Message) {
-    if let Err(fault) = rpc::encode(out, msg) {
-        if let Message::Response { id, .. } = msg {
-            let error = Message::Response {
-                id: *id,
-                ok: None,
-                error: Some(RpcError {
-                    kind: "too_large".into(),
-                    message: fault.to_string(),
-                }),
-                facts: None,
-            };
-            let _ = rpc::encode(out, &error);
-        }
+    if let Err(fault) = rpc::encode(out, msg)
+        && let Message::Response { id, .. } = msg
+    {
+        let error = Message::Response {
+            id: *id,
+            ok: None,
+            error: Some(RpcError {
+                kind: "too_large".into(),
+                message: fault.to_string(),
+            }),
+            facts: None,
+        };
+        let _ = rpc::encode(out, &error);
     }
 }
 
