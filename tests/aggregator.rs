@@ -1099,3 +1099,60 @@ result = {{ path = "content[0].text", equals = "42" }}
     let r = c.tool("fx__add", json!({"a": 1, "b": 2}));
     assert_eq!(r["result"]["content"][0]["text"], "3");
 }
+
+// ---- measurement (by hand) -----------------------------------------------------------
+
+/// Per-call cost of the aggregator path: `tools/call` through the confined worker (RPC,
+/// era headers, ureq with pooled connections) against the same upstream called directly
+/// with one keep-alive ureq agent, in the same run. Prints the ratio; asserts nothing
+/// about time. `cargo test --release --test aggregator -- --ignored --nocapture measure`
+#[test]
+#[ignore = "measurement, run by hand"]
+fn measure_call_overhead_against_direct_calls() {
+    const N: usize = 300;
+    let up = Upstream::fixture(0, &["--era", "modern"]);
+    let mut w = Worker::start(&[up.port]);
+    w.configure(vec![server("m", &up.url())]);
+    w.tools("m");
+    let body = |id: usize| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": "echo", "arguments": {"text": "x"},
+                          "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                    "io.modelcontextprotocol/clientCapabilities": {}}}})
+        .to_string()
+    };
+    let agent = ureq::Agent::new_with_defaults();
+    let direct = |n: usize| {
+        let t = Instant::now();
+        for i in 0..n {
+            let mut r = agent
+                .post(&up.url())
+                .header("accept", "application/json, text/event-stream")
+                .header("content-type", "application/json")
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", "echo")
+                .send(body(i).as_bytes())
+                .unwrap();
+            let _ = r.body_mut().read_to_string().unwrap();
+        }
+        t.elapsed()
+    };
+    direct(20);
+    let direct_time = direct(N);
+    for _ in 0..20 {
+        w.call("m", "echo", json!({"text": "x"})).unwrap();
+    }
+    let t = Instant::now();
+    for _ in 0..N {
+        w.call("m", "echo", json!({"text": "x"})).unwrap();
+    }
+    let via = t.elapsed();
+    let per = |d: Duration| d.as_micros() as f64 / N as f64;
+    println!(
+        "direct {:.0} us/call, via the aggregator worker {:.0} us/call, ratio {:.2}",
+        per(direct_time),
+        per(via),
+        via.as_secs_f64() / direct_time.as_secs_f64()
+    );
+}

@@ -82,8 +82,18 @@ pub fn looks_like_secret(value: &str) -> bool {
     trimmed.split([' ', ',', ';']).any(opaque_run)
 }
 
+/// The canonical UUID form (8-4-4-4-12 hex digits): an identifier, not a credential.
+fn is_uuid(word: &str) -> bool {
+    let groups: Vec<&str> = word.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 fn opaque_run(word: &str) -> bool {
-    if word.len() < MIN_OPAQUE_LEN {
+    if word.len() < MIN_OPAQUE_LEN || is_uuid(word) {
         return false;
     }
     let charset_ok = word
@@ -122,6 +132,7 @@ mod tests {
             "2026-07-28",
             "en-US,en;q=0.9",
             "a-long-but-plain-hyphenated-identifier",
+            "123e4567-e89b-12d3-a456-426614174000",
             "",
         ] {
             assert!(!looks_like_secret(v), "{v}");
