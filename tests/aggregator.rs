@@ -9,8 +9,7 @@
 //!   (socketpair on fd 3, settings on stdin, empty environment, real Landlock + seccomp),
 //!   send it RPC requests and read its answers and events;
 //! - **gateway** tests drive `toolwall serve` with `[servers.NAME]` tables through a framed
-//!   agent connection. They need the gateway integration of the aggregator and are ignored
-//!   until it lands (`#[ignore = "needs gateway integration"]`).
+//!   agent connection, through the real gateway.
 
 mod common;
 
@@ -880,7 +879,6 @@ fn wait_tools(c: &mut FramedClient, check: impl Fn(&[String]) -> bool) -> Vec<St
 }
 
 #[test]
-#[ignore = "needs gateway integration"]
 fn gateway_lists_calls_reads_and_gets_through_the_namespace() {
     let up = Upstream::fixture(0, &["--sse"]);
     let sdk = Upstream::sdk(&[]);
@@ -933,7 +931,6 @@ fn gateway_lists_calls_reads_and_gets_through_the_namespace() {
 }
 
 #[test]
-#[ignore = "needs gateway integration"]
 fn gateway_bad_server_names_are_load_errors() {
     for name in ["local", "toolwall", "a__b", "Up"] {
         let dir = tempfile::tempdir().unwrap();
@@ -953,7 +950,6 @@ fn gateway_bad_server_names_are_load_errors() {
 }
 
 #[test]
-#[ignore = "needs gateway integration"]
 fn gateway_credential_reaches_upstream_and_nowhere_else() {
     let token = "gw-token-0a1b2c3d4e5f60718293a4b5c6d7e8f9";
     let up = Upstream::fixture(0, &["--token", token]);
@@ -993,7 +989,6 @@ fn gateway_credential_reaches_upstream_and_nowhere_else() {
 }
 
 #[test]
-#[ignore = "needs gateway integration"]
 fn gateway_pinned_tool_that_changes_is_refused_until_approved() {
     let up = Upstream::fixture(0, &["--era", "legacy"]);
     let gw = gateway_with(&format!("[servers.fx]\nurl = \"{}\"\n", up.url()));
@@ -1035,7 +1030,6 @@ fn gateway_pinned_tool_that_changes_is_refused_until_approved() {
 }
 
 #[test]
-#[ignore = "needs gateway integration"]
 fn gateway_down_upstream_comes_back_and_policy_rules_apply() {
     let port = free_port();
     let gw = gateway_with(&format!(
