@@ -27,6 +27,8 @@ Daemon (over the admin socket):
   approvals [--json]         Calls held by an `ask` rule, with their arguments
   approve ID                 Let a held call go to its tool
   deny ID [--reason TEXT]    Refuse a held call
+  pins list [--json]         Pinned upstream tools; a changed one shows old and new
+  pins approve SERVER__TOOL  Accept a pinned tool's changed definition
 
 Tokens for the HTTP door (stored as hashes in the ledger database):
   token create --principal NAME [--kind client|admin] [--expires 30d|never]
@@ -202,6 +204,26 @@ fn run() -> Result<i32, String> {
             let (text, code) = crate::tokens::cli_output::format_revoked(id, &outcome);
             print!("{text}");
             Ok(code)
+        }
+        ["pins", "list"] => {
+            let config = load(config_path)?;
+            let reply = admin_request(&config, &serde_json::json!({"op": "pins"}))?;
+            if json_out {
+                println!("{reply}");
+            } else if reply["ok"] == true {
+                print!("{}", crate::pins::cli_output::format_pins(&reply["pins"]));
+            } else {
+                eprintln!("toolwall: {}", reply["error"].as_str().unwrap_or("failed"));
+            }
+            Ok(if reply["ok"] == true { 0 } else { 1 })
+        }
+        ["pins", "approve", tool] => {
+            let config = load(config_path)?;
+            let reply = admin_request(
+                &config,
+                &serde_json::json!({"op": "pin_approve", "tool": tool}),
+            )?;
+            admin_outcome(&reply, json_out)
         }
         ["ledger", "tail"] => {
             let path = match ledger_path {
@@ -394,6 +416,7 @@ fn format_status(s: &serde_json::Value) -> String {
             let _ = writeln!(out, "    last exit: {e}");
         }
     }
+    out.push_str(&crate::aggregator::status::format_servers(&s["servers"]));
     out
 }
 

@@ -7,6 +7,7 @@
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
+use crate::aggregator::ServersConfig;
 use crate::ledger::LedgerConfig;
 use crate::policy::PolicyConfig;
 use crate::sandbox::SandboxConfig;
@@ -32,6 +33,8 @@ pub struct Config {
     pub builtin: BuiltinConfig,
     /// Limits of the Streamable HTTP door (`[listen] http` says where it listens).
     pub http: HttpConfig,
+    /// `[servers]` and `[servers.NAME]`: the upstream MCP servers of the aggregator.
+    pub servers: ServersConfig,
     /// Where the config came from (None: embedded defaults). Not a TOML key.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -217,6 +220,9 @@ impl Config {
                 )));
             }
         }
+        self.servers
+            .validate()
+            .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
         Ok(())
     }
 

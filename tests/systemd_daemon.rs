@@ -146,10 +146,22 @@ fn socket_activation_through_systemd_socket_activate() {
         .unwrap()
         .replace("mcp.sock", "activated.sock");
     std::fs::write(&config, text).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "[listen]\n",
+        &format!("[listen]\nhttp = \"127.0.0.1:{port}\"\nhttp_auth = \"none\"\n"),
+    );
+    std::fs::write(&config, text).unwrap();
     let mut child = Command::new("systemd-socket-activate")
         .arg("-l")
         .arg(&sock)
-        .arg("--fdname=mcp-unix")
+        .arg("-l")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--fdname=mcp-unix:mcp-http")
         .arg(BIN)
         .args(["serve", "--config"])
         .arg(&config)
@@ -180,8 +192,29 @@ fn socket_activation_through_systemd_socket_activate() {
     let mut c = FramedClient::connect(&sock);
     let r = c.tool("local__echo", json!({"text": "activated"}));
     assert_eq!(r["result"]["content"][0]["text"], "activated");
+    // The HTTP door on the socket systemd passed, on the same process.
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    tcp.set_read_timeout(Some(PATIENCE)).unwrap();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    use std::io::{Read, Write};
+    write!(
+        tcp,
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: ping\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = tcp.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 "),
+        "an HTTP answer on the activated port: {answer}"
+    );
     let text = log.lock().unwrap().clone();
-    assert!(text.contains("using the socket systemd passed"), "{text}");
+    assert_eq!(
+        text.matches("using the socket systemd passed").count(),
+        2,
+        "{text}"
+    );
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = wait_timeout(&mut child, PATIENCE).expect("exits");
     assert!(status.success(), "{}", log.lock().unwrap());

@@ -1,8 +1,10 @@
 //! Third-party MCP clients against the real gateway: the official conformance suite on the
 //! HTTP door, the MCP Inspector CLI and the official Python SDK over HTTP (with a token)
-//! and over `toolwall stdio`. Versions are pinned in scripts/versions.env; the tools are
-//! installed into target/third-party by scripts/install-test-deps.sh, which these tests
-//! run themselves (it returns at once when everything is in place).
+//! and over `toolwall stdio`. Versions are pinned in scripts/versions.env (and, for the
+//! Python SDK's whole dependency tree, tests/fixtures/sdk-requirements.txt); the npm tools
+//! are installed into target/third-party and the SDK into the venv target/mcp-venv by
+//! scripts/install-test-deps.sh, which these tests run themselves (it returns at once when
+//! everything is in place).
 
 mod common;
 
@@ -552,9 +554,13 @@ fn inspector_cli_lists_and_calls_over_toolwall_stdio() {
 
 // ---------------------------------------------------------------- Python SDK
 
+/// The Python of the SDK's venv.
+fn sdk_python() -> PathBuf {
+    repo().join("target/mcp-venv/bin/python")
+}
+
 fn python_client(args: &[&str]) -> Value {
-    let python = third_party().join("venv/bin/python");
-    let mut cmd = Command::new(python);
+    let mut cmd = Command::new(sdk_python());
     cmd.arg(repo().join("tests/third_party/sdk_client.py"))
         .args(args)
         .stdin(Stdio::null());
@@ -603,8 +609,7 @@ fn python_sdk_lists_and_calls_over_http_in_both_eras() {
     );
 
     // A client without a token gets nowhere.
-    let python = third_party().join("venv/bin/python");
-    let mut cmd = Command::new(python);
+    let mut cmd = Command::new(sdk_python());
     cmd.arg(repo().join("tests/third_party/sdk_client.py"))
         .args(["http", &url, "-", "legacy", "no token"])
         .stdin(Stdio::null());
@@ -651,4 +656,12 @@ fn pins_are_exact_versions() {
         );
     }
     assert!(pins["NODE22_VERSION"].starts_with("22."));
+    // The SDK's venv installs from the fully pinned requirements file: same mcp version.
+    let requirements =
+        std::fs::read_to_string(repo().join("tests/fixtures/sdk-requirements.txt")).unwrap();
+    let wanted = format!("mcp=={}", pins["MCP_PY_VERSION"]);
+    assert!(
+        requirements.lines().any(|l| l.trim() == wanted),
+        "tests/fixtures/sdk-requirements.txt pins {wanted}"
+    );
 }

@@ -266,6 +266,23 @@ impl Gateway {
         let spec = builtin_spec(&config);
         let id = core.add_worker(&spec.name, &spec.server);
         supervisor.add(spec, id, Token(WORKER_BASE));
+        if let Some(spec) = crate::aggregator::spec::worker_spec(
+            &config.servers,
+            config.sandbox.mode,
+            &config.state_dir(),
+        ) {
+            // Credentials and addresses are read and resolved here, before the loop.
+            let setup = crate::aggregator::prepare::build_setup(&config.servers);
+            let id = core.add_worker(&spec.name, &spec.server);
+            supervisor.add(spec, id, Token(WORKER_BASE + 1));
+            core.set_upstreams(crate::aggregator::gateway_state::UpstreamsState::new(
+                id,
+                &config.servers,
+                setup,
+                &config.ledger.path,
+                Instant::now(),
+            ));
+        }
 
         let mut gw = Gateway {
             poll,
@@ -606,7 +623,8 @@ impl Gateway {
                     return;
                 }
                 c.paused = false;
-                let step = loop {
+
+                loop {
                     match door.process(h, &mut c.out, &mut self.core, conn, now) {
                         Step::NeedBytes => {}
                         other => break Some(other),
@@ -634,8 +652,7 @@ impl Gateway {
                             break None;
                         }
                     }
-                };
-                step
+                }
             };
             match step {
                 Some(Step::Health { keep_alive }) => {
@@ -793,7 +810,7 @@ impl Gateway {
             c.paused = false;
             // Hand over one buffered message, if there is one.
             match &mut c.wire {
-                Wire::Framed(inb) => match inb.next() {
+                Wire::Framed(inb) => match inb.next_inbound() {
                     Some(Inbound::Message {
                         stream,
                         expect,
@@ -826,7 +843,7 @@ impl Gateway {
                     }
                     None => {}
                 },
-                Wire::Lines(inb) => match inb.next() {
+                Wire::Lines(inb) => match inb.next_line() {
                     Some(Line::Message(payload)) => {
                         let peer = &c.peer;
                         self.core.on_message(
@@ -1239,7 +1256,7 @@ impl Gateway {
                 }
             }
             if let Wire::Admin(inb) = &mut c.wire {
-                while let Some(line) = inb.next() {
+                while let Some(line) = inb.next_line() {
                     match line {
                         Line::Message(bytes) => requests.push(bytes.to_vec()),
                         Line::Refuse(_) => c.broken = true,
@@ -1311,6 +1328,20 @@ impl Gateway {
         self.reloads += 1;
         match result {
             Ok((policy, config)) => {
+                let now = Instant::now();
+                if config.servers != self.config.servers {
+                    let same_set = config.servers.same_connections(&self.config.servers);
+                    if let Some(u) = self.core.upstreams_mut() {
+                        u.reconfigure(&config.servers, now);
+                    }
+                    if !same_set {
+                        crate::warn!(
+                            "reload: the set of [servers] changed; restart toolwall to reach the new ones (pin modes and refresh_secs apply now)"
+                        );
+                    }
+                    self.config.servers = config.servers.clone();
+                }
+                self.core.refresh_upstreams(now);
                 let rules = policy.rule_count();
                 self.core.set_policy(Rc::new(policy));
                 let mut summary = format!("policy reloaded: {rules} rules");

@@ -104,7 +104,7 @@ impl FramedInbound {
         self.closed
     }
 
-    pub fn next(&mut self) -> Option<Inbound<'_>> {
+    pub fn next_inbound(&mut self) -> Option<Inbound<'_>> {
         if self.closed {
             return None;
         }
@@ -253,7 +253,7 @@ mod tests {
         bytes.extend(frame(3, 0, b"{}"));
         feed(&mut inb, &bytes);
         assert!(matches!(
-            inb.next(),
+            inb.next_inbound(),
             Some(Inbound::Message {
                 stream: 1,
                 expect: Expect::Request,
@@ -263,7 +263,7 @@ mod tests {
         ));
         assert_eq!(inb.meta_name.as_deref(), Some("cli_ent_"));
         assert!(matches!(
-            inb.next(),
+            inb.next_inbound(),
             Some(Inbound::Message {
                 stream: 0,
                 expect: Expect::Notification,
@@ -271,19 +271,19 @@ mod tests {
             })
         ));
         assert!(matches!(
-            inb.next(),
+            inb.next_inbound(),
             Some(Inbound::Refuse { stream: 5, .. })
         ));
         assert!(matches!(
-            inb.next(),
+            inb.next_inbound(),
             Some(Inbound::Refuse { stream: 0, .. })
         ));
         assert!(matches!(
-            inb.next(),
+            inb.next_inbound(),
             Some(Inbound::Message { stream: 3, .. })
         ));
-        assert!(matches!(inb.next(), Some(Inbound::Close(_))));
-        assert!(inb.next().is_none());
+        assert!(matches!(inb.next_inbound(), Some(Inbound::Close(_))));
+        assert!(inb.next_inbound().is_none());
     }
 
     #[test]
@@ -291,10 +291,10 @@ mod tests {
         let mut inb = FramedInbound::new();
         let f = frame(1, 0, &vec![b' '; 600_000]);
         feed(&mut inb, &f[..100_000]);
-        assert!(inb.next().is_none());
+        assert!(inb.next_inbound().is_none());
         assert!(inb.has_partial());
         feed(&mut inb, &f[100_000..]);
-        assert!(matches!(inb.next(), Some(Inbound::Message { .. })));
+        assert!(matches!(inb.next_inbound(), Some(Inbound::Message { .. })));
         // Consumed: the next spare() compacts.
         let _ = inb.spare();
         assert_eq!(inb.end, 0);

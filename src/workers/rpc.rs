@@ -72,6 +72,10 @@ pub enum Op {
     /// Run the confinement probes again inside the live worker (threads running, work
     /// done): the answer is a fresh report. Operators and tests use it to re-check.
     Attest,
+    /// Aggregator only, once, first: `args` holds the upstream servers with their checked
+    /// addresses and credentials (`crate::aggregator::setup::AggregatorSetup` as JSON).
+    /// Credentials travel only here, after the worker attested its confinement.
+    Configure,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
