@@ -901,6 +901,46 @@ fn other_refusals_411_417_431_505_and_503() {
     });
 }
 
+/// `[http]` limits the loop itself applies (connections, timers) follow a reload like the
+/// ones the endpoint applies.
+#[test]
+fn http_limits_follow_a_reload() {
+    let gw = HttpGateway::start("", "[http]\nmax_connections = 1\n");
+    let port = gw.port;
+    let health = || Req::new("GET", "/health", port);
+    let mut first = gw.http();
+    assert_eq!(first.call(&health()).status, 200);
+    let mut second = gw.http();
+    second.send(&health());
+    assert!(
+        second.response().is_none_or(|r| r.status == 503),
+        "max_connections = 1 holds"
+    );
+
+    let config = std::fs::read_to_string(&gw.config_path).unwrap();
+    std::fs::write(
+        &gw.config_path,
+        config.replace("max_connections = 1", "max_connections = 4"),
+    )
+    .unwrap();
+    unsafe {
+        libc::kill(gw.pid() as i32, libc::SIGHUP);
+    }
+    gw.wait_for_log("http door settings and certificate reloaded");
+    let mut held = vec![first];
+    for _ in 0..3 {
+        let mut h = gw.http();
+        let r = h.call(&health());
+        assert_eq!(
+            r.status,
+            200,
+            "max_connections = 4 after the reload: {}",
+            r.text()
+        );
+        held.push(h);
+    }
+}
+
 #[test]
 fn idle_keep_alive_connections_are_closed() {
     let gw = HttpGateway::start("", "[http]\nkeepalive_idle_secs = 1\n");

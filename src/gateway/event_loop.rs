@@ -1348,7 +1348,11 @@ impl Gateway {
                 // The HTTP door's settings and certificate follow; on error they stay.
                 if let Some(door) = self.http.as_mut() {
                     match door.reload(&config) {
-                        Ok(()) => summary.push_str("; http door settings and certificate reloaded"),
+                        Ok(()) => {
+                            // The loop's own [http] limits (connections, timers) follow too.
+                            self.config.http = config.http.clone();
+                            summary.push_str("; http door settings and certificate reloaded")
+                        }
                         Err(e) => {
                             crate::error!("http door kept its previous settings: {e}");
                             summary
