@@ -273,6 +273,73 @@ fn legacy_sessions_are_issued_required_checked_and_ended() {
 }
 
 #[test]
+fn sessions_are_bounded_per_principal_and_end_when_idle() {
+    let gw = HttpGateway::start(
+        "",
+        "[http]\nmax_sessions_per_principal = 2\nsession_idle_secs = 1\n",
+    );
+    let alice = gw.client_token("alice");
+    let bob = gw.client_token("bob");
+    let port = gw.port;
+    let mut http = gw.http();
+    let list = |id: &str, token: &str| {
+        gw.post(&rpc(1, "tools/list", json!({})))
+            .bearer(token)
+            .session(id)
+    };
+
+    // A third session of alice ends her least recently used one; bob's is not touched.
+    let bobs = open_session(&mut http, port, Some(&bob));
+    let first = open_session(&mut http, port, Some(&alice));
+    let second = open_session(&mut http, port, Some(&alice));
+    assert_eq!(
+        http.call(&list(&first, &alice)).status,
+        200,
+        "first is now the most recent"
+    );
+    let third = open_session(&mut http, port, Some(&alice));
+    assert_eq!(
+        http.call(&list(&second, &alice)).status,
+        404,
+        "least recently used ended"
+    );
+    assert_eq!(http.call(&list(&first, &alice)).status, 200);
+    assert_eq!(http.call(&list(&third, &alice)).status, 200);
+    assert_eq!(http.call(&list(&bobs, &bob)).status, 200);
+
+    // Unused for longer than session_idle_secs: gone.
+    std::thread::sleep(Duration::from_millis(2500));
+    for (id, token) in [(&first, &alice), (&third, &alice), (&bobs, &bob)] {
+        let r = http.call(&list(id, token));
+        assert_eq!(r.status, 404, "idle session: {}", r.text());
+    }
+}
+
+#[test]
+fn http_1_0_closes_unless_asked_to_keep_alive() {
+    let gw = HttpGateway::start("", "");
+    let mut http = gw.http();
+    http.send_raw(
+        format!(
+            "GET /health HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n",
+            gw.port
+        )
+        .as_bytes(),
+    );
+    assert_eq!(http.response().map(|r| r.status), Some(200));
+    assert!(http.closed_by_peer(), "HTTP/1.0 closes by default");
+    let mut http = gw.http();
+    let keep = format!(
+        "GET /health HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nConnection: keep-alive\r\n\r\n",
+        gw.port
+    );
+    http.send_raw(keep.as_bytes());
+    assert_eq!(http.response().map(|r| r.status), Some(200));
+    http.send_raw(keep.as_bytes());
+    assert_eq!(http.response().map(|r| r.status), Some(200), "kept alive");
+}
+
+#[test]
 fn modern_era_discover_headers_versions_and_result_shape() {
     let gw = HttpGateway::start("", "[http]\ncache_ttl_ms = 1500\n");
     let token = gw.client_token("alice");
