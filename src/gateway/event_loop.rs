@@ -658,7 +658,7 @@ impl Gateway {
                 Some(Step::Health { keep_alive }) => {
                     let report = self.health_report();
                     if let (Some(door), Some(Some(c))) =
-                        (self.http.as_ref(), self.conns.get_mut(slot))
+                        (self.http.as_mut(), self.conns.get_mut(slot))
                         && let Wire::Http(h) = &mut c.wire
                     {
                         door.write_health(h, &report, keep_alive, &mut c.out);
@@ -667,7 +667,7 @@ impl Gateway {
                 Some(Step::Metrics { keep_alive }) => {
                     let text = crate::transport::http::metrics::render(&self.metrics());
                     if let (Some(door), Some(Some(c))) =
-                        (self.http.as_ref(), self.conns.get_mut(slot))
+                        (self.http.as_mut(), self.conns.get_mut(slot))
                         && let Wire::Http(h) = &mut c.wire
                     {
                         door.write_metrics(h, &text, keep_alive, &mut c.out);
@@ -722,6 +722,11 @@ impl Gateway {
                 .insert(w.spec.name.clone(), u64::from(w.restarts));
         }
         m.http_sessions = self.http.as_ref().map_or(0, |d| d.sessions() as u64);
+        m.http_responses = self
+            .http
+            .as_ref()
+            .map(HttpDoor::responses)
+            .unwrap_or_default();
         m
     }
 
@@ -1058,6 +1063,9 @@ impl Gateway {
                             );
                             let busy = crate::transport::http::endpoint::overloaded_response();
                             let _ = stream.write(&busy.bytes);
+                            if let Some(door) = self.http.as_mut() {
+                                door.count_response(busy.status);
+                            }
                             continue;
                         }
                         let _ = stream.set_nodelay(true);

@@ -29,6 +29,8 @@ pub struct HttpDoor {
     limits: RequestLimits,
     max_plain: usize,
     next_session_sweep: Instant,
+    /// Responses written, by status (for `/metrics`); bounded by the statuses that exist.
+    responses: std::collections::BTreeMap<u16, u64>,
 }
 
 /// One HTTP connection's state.
@@ -86,6 +88,7 @@ impl HttpDoor {
             limits,
             max_plain: config.http.max_head_bytes + config.http.max_body_bytes,
             next_session_sweep: Instant::now() + SESSION_SWEEP,
+            responses: std::collections::BTreeMap::new(),
         }))
     }
 
@@ -274,7 +277,7 @@ impl HttpDoor {
     }
 
     pub fn write_health(
-        &self,
+        &mut self,
         h: &mut HttpConn,
         report: &HealthReport,
         keep_alive: bool,
@@ -284,17 +287,24 @@ impl HttpDoor {
         self.respond(h, out, response);
     }
 
-    pub fn write_metrics(&self, h: &mut HttpConn, text: &str, keep_alive: bool, out: &mut Vec<u8>) {
+    pub fn write_metrics(
+        &mut self,
+        h: &mut HttpConn,
+        text: &str,
+        keep_alive: bool,
+        out: &mut Vec<u8>,
+    ) {
         let response = self.endpoint.metrics(text, keep_alive);
         self.respond(h, out, response);
     }
 
     /// A slow client: 408 and close.
-    pub fn time_out(&self, h: &mut HttpConn, out: &mut Vec<u8>) {
+    pub fn time_out(&mut self, h: &mut HttpConn, out: &mut Vec<u8>) {
         self.respond(h, out, endpoint::timeout_response());
     }
 
-    fn respond(&self, h: &mut HttpConn, out: &mut Vec<u8>, response: HttpResponse) {
+    fn respond(&mut self, h: &mut HttpConn, out: &mut Vec<u8>, response: HttpResponse) {
+        self.count_response(response.status);
         write(h, out, &response.bytes);
         h.request_started = if buffered(h) > 0 {
             Some(Instant::now())
@@ -320,6 +330,15 @@ impl HttpDoor {
             }
             self.next_session_sweep = now + SESSION_SWEEP;
         }
+    }
+
+    /// Count a response written outside [`HttpDoor::respond`] (a refusal at accept).
+    pub fn count_response(&mut self, status: u16) {
+        *self.responses.entry(status).or_insert(0) += 1;
+    }
+
+    pub fn responses(&self) -> std::collections::BTreeMap<u16, u64> {
+        self.responses.clone()
     }
 
     pub fn sessions(&self) -> usize {
