@@ -62,6 +62,16 @@ fn matrix() -> Vec<Case> {
         ),
         (
             "tools/call",
+            Some(json!({"name": "local__echo", "arguments": {"input": {"text": "wrapped"}}})),
+            |r| {
+                assert_eq!(
+                    r["result"]["content"][0]["text"], "wrapped",
+                    "arguments wrapped as {{\"input\": ...}} are unwrapped: {r}"
+                );
+            },
+        ),
+        (
+            "tools/call",
             Some(json!({"name": "local__missing", "arguments": {}})),
             |r| {
                 assert_eq!(r["error"]["code"], -32602);
@@ -109,13 +119,13 @@ fn every_method_over_framed_unix() {
     );
     let r = c.call("ping", json!({}));
     assert_eq!(r["result"], json!({}));
-    let rows = gw.wait_rows("3 tools/call rows", |r| r.len() == 3);
+    let rows = gw.wait_rows("4 tools/call rows", |r| r.len() == 4);
     assert_eq!(rows[0]["decision"], "allowed");
     assert_eq!(rows[0]["server_name"], "local");
     assert_eq!(rows[0]["transport"], "unix");
-    assert_eq!(rows[1]["decision"], "error", "unknown tool");
+    assert_eq!(rows[2]["decision"], "error", "unknown tool");
     assert!(
-        rows[1]["error_message"]
+        rows[2]["error_message"]
             .as_str()
             .unwrap()
             .contains("unknown tool")
@@ -171,7 +181,7 @@ fn every_method_over_stdio_and_eof_exits_zero() {
     // stdout carried protocol only: every line parsed as JSON above.
     let ledger = rusqlite::Connection::open(dir.path().join("state/ledger.db")).unwrap();
     let rows = query_json(&ledger, "SELECT * FROM tool_calls ORDER BY id");
-    assert_eq!(rows.len(), 3);
+    assert_eq!(rows.len(), 4);
     assert_eq!(rows[0]["transport"], "stdio");
     assert!(rows[0]["principal"].as_str().unwrap().starts_with("uid:"));
 }

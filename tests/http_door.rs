@@ -1473,3 +1473,39 @@ reason = "bob is suspended"
     let unix_row = rows.iter().find(|r| r["transport"] != "http").unwrap();
     assert_eq!(unix_row["decision"], "allowed");
 }
+
+/// While the gateway drains after SIGTERM it cannot take calls: `/health` says 503 on a
+/// connection that was already open.
+#[test]
+fn health_is_503_while_draining() {
+    // A silent upstream keeps one call in flight, so the drain lasts.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = silent.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in silent.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    let gw = HttpGateway::start(
+        "http_auth = \"none\"\n",
+        &format!(
+            "[gateway]\ndrain_secs = 5\n\n[builtin.http]\nallow = [\"127.0.0.1:{upstream}\"]\n"
+        ),
+    );
+    let mut health = gw.http();
+    let ok = health.call(&Req::new("GET", "/health", gw.port));
+    assert_eq!(ok.status, 200);
+    let mut busy = gw.http();
+    let session = open_session(&mut busy, gw.port, None);
+    let call = Req::post_mcp(gw.port, &rpc(7, "tools/call", serde_json::json!({"name": "local__fetch_http", "arguments": {"url": format!("http://127.0.0.1:{upstream}/")}})))
+        .session(&session)
+        .header("MCP-Protocol-Version", "2025-11-25");
+    busy.send(&call);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    unsafe { libc::kill(gw.pid() as i32, libc::SIGTERM) };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let draining = health.call(&Req::new("GET", "/health", gw.port));
+    assert_eq!(draining.status, 503, "{}", draining.text());
+    assert_eq!(draining.json()["mcp_enabled"], true);
+}

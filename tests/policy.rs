@@ -81,15 +81,21 @@ arg_present = "extra"
         r["result"]["structuredContent"]["error"]["rule"],
         "presence"
     );
+    // Wrapped arguments are judged unwrapped.
+    let r = c.tool("local__echo", json!({"input": {"text": "please rm -rf /"}}));
+    assert_eq!(
+        r["result"]["structuredContent"]["error"]["rule"], "contains",
+        "{r}"
+    );
     for text in ["exactly this!", "rm -r", "table drop", "key.pem.txt"] {
         assert_eq!(echoed(&echo(&mut c, text)), Some(text));
     }
-    let rows = gw.wait_rows("9 rows", |r| r.len() == 9);
+    let rows = gw.wait_rows("10 rows", |r| r.len() == 10);
     assert_eq!(rows[0]["decision"], "denied");
     assert_eq!(rows[0]["policy_rule"], "eq");
     assert_eq!(rows[0]["policy_reason"], "equals rule");
-    assert_eq!(rows[5]["decision"], "allowed");
-    assert_eq!(rows[5]["policy_reason"], "default");
+    assert_eq!(rows[6]["decision"], "allowed");
+    assert_eq!(rows[6]["policy_reason"], "default");
     let n: i64 = gw
         .ledger()
         .query_row(

@@ -168,3 +168,80 @@ fn sigterm_drains_and_exits_zero_with_no_worker_left() {
     let rows = gw.tool_calls();
     assert_eq!(rows[0]["decision"], "allowed");
 }
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn worker_restarts_leak_no_fd_and_leave_no_zombie() {
+    let gw = TestGateway::start("");
+    let mut c = gw.connect();
+    c.tool("local__echo", json!({"text": "warm"}));
+    let before = open_fds(gw.pid());
+    for round in 0..3 {
+        let pid = gw.worker_pid();
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+        wait_until("a restarted worker", || {
+            let s = gw.admin(json!({"op": "status"}));
+            s["workers"][0]["state"] == "ready" && s["workers"][0]["pid"] != json!(pid)
+        });
+        wait_until("the old worker reaped", || {
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        });
+        let r = c.tool("local__echo", json!({"text": format!("round {round}")}));
+        assert_eq!(r["result"]["content"][0]["text"], format!("round {round}"));
+    }
+    // The admin connections of wait_until are closed by now; allow the loop a turn.
+    wait_until("fds back to where they were", || {
+        open_fds(gw.pid()) == before
+    });
+    let status = gw.admin(json!({"op": "status"}));
+    assert_eq!(status["workers"][0]["restarts"], 3);
+}
+
+#[test]
+fn a_second_sigterm_stops_at_once_keeping_committed_rows() {
+    let port = slow_server(Duration::from_secs(60));
+    let mut gw = TestGateway::start(&format!(
+        "[gateway]\ndrain_secs = 60\n\n[builtin.http]\nallow = [\"127.0.0.1:{port}\"]\n"
+    ));
+    let mut c = gw.connect();
+    let url = format!("http://127.0.0.1:{port}/");
+    c.request(
+        json!("slow"),
+        "tools/call",
+        Some(json!({"name": "local__fetch_http", "arguments": {"url": url}})),
+    );
+    gw.wait_rows("the pending row", |r| r.len() == 1);
+    let mut child = gw.child.take().unwrap();
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    gw.wait_for_log("stopping:");
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    // Well before the 60 s drain: the second signal does not wait for the call.
+    let status = wait_timeout(&mut child, PATIENCE).expect("exits on the second SIGTERM");
+    assert!(status.success());
+    let r = c
+        .recv()
+        .expect("the call in flight is answered, not dropped");
+    assert_eq!(
+        r.body["result"]["structuredContent"]["error"]["code"],
+        "shutting_down"
+    );
+    let rows = gw.tool_calls();
+    assert_eq!(rows[0]["decision"], "error");
+    assert!(
+        rows[0]["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("stopping")
+    );
+}

@@ -1237,6 +1237,12 @@ impl Core {
             );
             return;
         };
+        // `{"input": {...}}` from clients built that way means the inner object; policy
+        // and the tool see it unwrapped (the row keeps what arrived).
+        let unwrapped = (!entry.declares_input)
+            .then(|| crate::mcp::catalog::unwrap_input(arguments))
+            .flatten();
+        let arguments: &str = unwrapped.as_deref().unwrap_or(arguments);
         // Policy, on the whole arguments when a rule needs them.
         let policy = Rc::clone(&self.policy);
         let mut parsed: Option<Value> = None;
@@ -2113,6 +2119,7 @@ struct Route {
     worker: WorkerId,
     server: String,
     upstream: String,
+    declares_input: bool,
 }
 
 impl From<&crate::mcp::catalog::Entry> for Route {
@@ -2121,6 +2128,7 @@ impl From<&crate::mcp::catalog::Entry> for Route {
             worker: e.worker,
             server: e.server.clone(),
             upstream: e.upstream.clone(),
+            declares_input: e.declares_input,
         }
     }
 }

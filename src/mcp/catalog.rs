@@ -24,6 +24,9 @@ pub struct Entry {
     pub worker: WorkerId,
     /// The definition as agents see it (namespaced), serialized once.
     pub json: String,
+    /// The tool's input schema has an `input` property: `{"input": {...}}` arguments are
+    /// meant as they are, never unwrapped.
+    pub declares_input: bool,
 }
 
 #[derive(Debug, Default)]
@@ -136,12 +139,14 @@ impl Catalog {
                 }
             };
             let json = item.to_string();
+            let declares_input = item.pointer("/inputSchema/properties/input").is_some();
             entries.push(Entry {
                 name,
                 server: server.to_owned(),
                 upstream,
                 worker,
                 json,
+                declares_input,
             });
         }
         Ok(match kind {
@@ -285,5 +290,34 @@ mod tests {
     fn entry_without_name_refused() {
         let mut c = Catalog::default();
         assert!(c.set(Kind::Tools, "s", 0, vec![json!({"x": 1})]).is_err());
+    }
+}
+
+/// Arguments some clients send wrapped as `{"input": {...}}`: the inner object, when that
+/// is the whole of them and the tool does not itself take an `input` property.
+pub fn unwrap_input(arguments: &str) -> Option<String> {
+    if !arguments.contains("\"input\"") {
+        return None;
+    }
+    let map: serde_json::Map<String, Value> = serde_json::from_str(arguments).ok()?;
+    match (map.len(), map.get("input")) {
+        (1, Some(inner @ Value::Object(_))) => Some(inner.to_string()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod unwrap_tests {
+    use super::unwrap_input;
+
+    #[test]
+    fn unwraps_only_a_lone_input_object() {
+        assert_eq!(
+            unwrap_input(r#"{"input":{"text":"a"}}"#).as_deref(),
+            Some(r#"{"text":"a"}"#)
+        );
+        assert_eq!(unwrap_input(r#"{"input":{"a":1},"b":2}"#), None);
+        assert_eq!(unwrap_input(r#"{"input":"x"}"#), None);
+        assert_eq!(unwrap_input(r#"{"text":"input"}"#), None);
     }
 }
