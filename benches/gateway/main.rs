@@ -72,17 +72,24 @@ fn newest_mtime(path: &Path) -> Option<SystemTime> {
         .max()
 }
 
-/// target/release/toolwall-relay, built (release) when missing or older than its sources.
+/// The relay as it ships to guests: static (glibc linked in, no loader or shared libc to
+/// page in), size-optimised (`release-small`), built when missing or older than its sources
+/// into `target/x86_64-unknown-linux-gnu/release-small/toolwall-relay`.
 fn relay_binary() -> Option<PathBuf> {
-    let bin = Path::new(TOOLWALL_BIN).with_file_name("toolwall-relay");
+    const TRIPLE: &str = "x86_64-unknown-linux-gnu";
+    let bin = target_dir()
+        .join(TRIPLE)
+        .join("release-small")
+        .join("toolwall-relay");
     let guest = Path::new(WORKSPACE).join("guest");
     let sources = newest_mtime(&guest.join("src")).max(newest_mtime(&guest.join("Cargo.toml")));
     let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
     if built.is_none() || built < sources {
-        eprintln!("building toolwall-relay (release)");
+        eprintln!("building toolwall-relay (static, release-small)");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "--release", "-p", "toolwall-relay"])
+            .args(["build", "--profile", "release-small", "-p", "toolwall-relay", "--target", TRIPLE])
+            .env("RUSTFLAGS", "-C target-feature=+crt-static")
             .current_dir(WORKSPACE)
             .status();
         if !status.is_ok_and(|s| s.success()) {
