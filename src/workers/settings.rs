@@ -25,6 +25,7 @@ impl WorkerSettings {
             tcp_connect_ports: self.tcp_connect_ports.clone(),
             read_paths: self.read_paths.clone(),
             forbidden_probe_dir: self.forbidden_probe_dir.clone(),
+            ..RoleGrant::default()
         }
     }
 }
