@@ -15,3 +15,4 @@ pub mod tokens;
 pub mod tools;
 pub mod transport;
 pub mod workers;
+pub mod workspace;
