@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use toolwall::sandbox::{ConfinementReport, SandboxConfig, SandboxMode, child_pre_exec};
 use toolwall::workers::rpc::{self, Message, Op, RpcReader};
+use toolwall::workspace::WorkspaceWorkerSettings;
 use toolwall::workspace::config::{Network, WorkspaceConfig, WorkspacesConfig};
 use toolwall::workspace::routing::worker_settings;
-use toolwall::workspace::WorkspaceWorkerSettings;
 
 use common::{BIN, PATIENCE};
 
@@ -75,10 +75,15 @@ impl Tree {
                 .into_iter()
                 .collect(),
         );
-        let protected = [self.path("toolwall.toml"), self.path("tools/secret/corp.toml")];
+        let protected = [
+            self.path("toolwall.toml"),
+            self.path("tools/secret/corp.toml"),
+        ];
         let all = worker_settings(&cfg, &protected, &self.path("state"), SandboxMode::Enforce)
             .expect("worker settings");
-        all.into_iter().find(|s| s.name == "ws").expect("ws settings")
+        all.into_iter()
+            .find(|s| s.name == "ws")
+            .expect("ws settings")
     }
 }
 
@@ -105,7 +110,10 @@ impl Worker {
             .stderr(Stdio::inherit());
         // SAFETY: child_pre_exec only makes async-signal-safe calls.
         unsafe {
-            cmd.pre_exec(child_pre_exec(theirs.as_raw_fd(), &SandboxConfig::default()));
+            cmd.pre_exec(child_pre_exec(
+                theirs.as_raw_fd(),
+                &SandboxConfig::default(),
+            ));
         }
         let mut child = cmd.spawn().expect("spawn worker");
         drop(theirs);
@@ -135,7 +143,10 @@ impl Worker {
         };
         match w.recv() {
             Message::Ready {
-                role, confinement, pid, ..
+                role,
+                confinement,
+                pid,
+                ..
             } => {
                 assert_eq!(role, "workspace");
                 assert_eq!(pid, w.child.id());
@@ -168,7 +179,13 @@ impl Worker {
         }
     }
 
-    fn send(&mut self, op: Op, name: Option<&str>, args: Option<Value>, target: Option<u64>) -> u64 {
+    fn send(
+        &mut self,
+        op: Op,
+        name: Option<&str>,
+        args: Option<Value>,
+        target: Option<u64>,
+    ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let msg = Message::Request {
@@ -242,7 +259,10 @@ impl Worker {
             if check(&t) {
                 return t;
             }
-            assert!(Instant::now() < deadline, "task {task} never showed {what}: {t}");
+            assert!(
+                Instant::now() < deadline,
+                "task {task} never showed {what}: {t}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -319,13 +339,21 @@ fn the_worker_attests_a_workspace_confinement_and_passes_the_verdict() {
     ] {
         assert!(probe(name).denied, "{:?}", probe(name));
     }
-    assert!(probe("child_create_file_tmp").detail.contains("inherited by the child"));
+    assert!(
+        probe("child_create_file_tmp")
+            .detail
+            .contains("inherited by the child")
+    );
     assert!(probe("signal_parent").detail.contains("landlock scope"));
     // From outside: seccomp and no_new_privs on, nothing of ours in its environment.
     let seen = toolwall::sandbox::observe_process(w.child.id()).expect("observe");
     assert_eq!(seen.seccomp_mode, Some(2));
     assert_eq!(seen.no_new_privs, Some(true));
-    assert!(seen.environment_names.is_empty(), "{:?}", seen.environment_names);
+    assert!(
+        seen.environment_names.is_empty(),
+        "{:?}",
+        seen.environment_names
+    );
     // The private temp dir exists, owner-only.
     let tmp = std::fs::metadata(tree.path("ws/.toolwall-tmp")).expect("tmp dir");
     assert_eq!(tmp.permissions().mode() & 0o777, 0o700);
@@ -357,8 +385,10 @@ fn commands_cannot_write_outside_read_secrets_connect_or_signal() {
         format!(
             "perl -MIO::Socket::INET -e 'IO::Socket::INET->new(PeerAddr => \"127.0.0.1:{port}\") or die \"connect: $!\\n\"'"
         ),
-        "perl -MSocket -e 'socket(my $s, AF_UNIX, SOCK_STREAM, 0) or die \"unix socket: $!\\n\"'".to_string(),
-        "perl -MSocket -e 'socket(my $s, AF_INET, SOCK_DGRAM, 0) or die \"udp socket: $!\\n\"'".to_string(),
+        "perl -MSocket -e 'socket(my $s, AF_UNIX, SOCK_STREAM, 0) or die \"unix socket: $!\\n\"'"
+            .to_string(),
+        "perl -MSocket -e 'socket(my $s, AF_INET, SOCK_DGRAM, 0) or die \"udp socket: $!\\n\"'"
+            .to_string(),
     ];
     for attempt in &attempts {
         let r = w.sh(attempt);
@@ -368,7 +398,10 @@ fn commands_cannot_write_outside_read_secrets_connect_or_signal() {
     assert!(!Path::new(&marker).exists());
     assert!(!tree.path("escape.txt").exists());
     assert!(!tree.path("tools/planted").exists());
-    assert!(listener.accept().is_err(), "a connection reached the listener");
+    assert!(
+        listener.accept().is_err(),
+        "a connection reached the listener"
+    );
     assert!(alive(me as i32) && alive(worker));
     // What is granted works: the root, the tools tree (minus its hidden file), /usr.
     let ok = w.sh(&format!(
@@ -439,9 +472,15 @@ fn every_file_tool_works_inside_and_refuses_outside() {
     let rest = w.ok("file_read", json!({"path": "src/lib.rs", "offset": 16}));
     assert_eq!(rest["content"], "b fn b() {}\n");
     assert_eq!(rest["eof"], true);
-    w.ok("file_write", json!({"path": "blob", "content": "AAEC/w==", "encoding": "base64"}));
+    w.ok(
+        "file_write",
+        json!({"path": "blob", "content": "AAEC/w==", "encoding": "base64"}),
+    );
     let blob = w.ok("file_read", json!({"path": "blob"}));
-    assert_eq!((blob["encoding"].as_str(), blob["content"].as_str()), (Some("base64"), Some("AAEC/w==")));
+    assert_eq!(
+        (blob["encoding"].as_str(), blob["content"].as_str()),
+        (Some("base64"), Some("AAEC/w=="))
+    );
     let list = w.ok("file_list", json!({}));
     let names: Vec<&str> = list["entries"]
         .as_array()
@@ -456,8 +495,15 @@ fn every_file_tool_works_inside_and_refuses_outside() {
         json!({"path": "src/lib.rs", "operations": [{"old": "fn a", "new": "fn x"}, {"old": "fn", "new": "f"}]}),
     );
     assert_eq!(code, "edit_mismatch");
-    assert!(message.contains("operation 2 of 2") && message.contains("occurs 2 times"), "{message}");
-    assert!(std::fs::read_to_string(w.root().join("src/lib.rs")).expect("read").contains("fn a"));
+    assert!(
+        message.contains("operation 2 of 2") && message.contains("occurs 2 times"),
+        "{message}"
+    );
+    assert!(
+        std::fs::read_to_string(w.root().join("src/lib.rs"))
+            .expect("read")
+            .contains("fn a")
+    );
     let edited = w.ok(
         "file_edit",
         json!({"path": "src/lib.rs", "operations": [{"old": "fn a", "new": "fn x"}, {"old": "fn", "new": "const fn", "count": 2}]}),
@@ -468,31 +514,51 @@ fn every_file_tool_works_inside_and_refuses_outside() {
         "pub const fn x() {}\npub const fn b() {}\n"
     );
     let found = w.ok("file_find", json!({"pattern": "*.rs"}));
-    assert_eq!(found["matches"], json!([{"path": "src/lib.rs", "type": "file"}]));
+    assert_eq!(
+        found["matches"],
+        json!([{"path": "src/lib.rs", "type": "file"}])
+    );
     let hits = w.ok("file_search", json!({"pattern": r"fn \w\(", "regex": true}));
     assert_eq!(hits["matches"].as_array().map(Vec::len), Some(2), "{hits}");
     assert_eq!(hits["skipped_binary"], 1);
     // Outside: absolute, `..`, and a link a command planted.
-    w.sh(&format!("ln -s {} leak && ln -s /etc escape_dir", tree.path("toolwall.toml").display()));
+    w.sh(&format!(
+        "ln -s {} leak && ln -s /etc escape_dir",
+        tree.path("toolwall.toml").display()
+    ));
     for (tool, args) in [
         ("file_read", json!({"path": "/etc/hostname"})),
         ("file_read", json!({"path": "../toolwall.toml"})),
         ("file_read", json!({"path": "leak"})),
-        ("file_write", json!({"path": "escape_dir/x", "content": "x"})),
+        (
+            "file_write",
+            json!({"path": "escape_dir/x", "content": "x"}),
+        ),
         ("file_list", json!({"path": "escape_dir"})),
         ("file_find", json!({"pattern": "*", "root": "../state"})),
         ("file_search", json!({"pattern": "x", "root": "/"})),
-        ("file_edit", json!({"path": "leak", "operations": [{"old": "a", "new": "b"}]})),
+        (
+            "file_edit",
+            json!({"path": "leak", "operations": [{"old": "a", "new": "b"}]}),
+        ),
     ] {
         let (code, message) = w.err(tool, args.clone());
         assert_eq!(code, "path_outside_workspace", "{tool} {args}: {message}");
     }
     let (code, _) = w.err("file_read", json!({"path": "missing"}));
     assert_eq!(code, "not_found");
-    let (code, _) = w.err("file_write", json!({"path": "big", "content": "x".repeat(5 * 1024 * 1024)}));
+    let (code, _) = w.err(
+        "file_write",
+        json!({"path": "big", "content": "x".repeat(5 * 1024 * 1024)}),
+    );
     assert_eq!(code, "too_large");
     // Another workspace named in `worker` is not found here either.
-    let id = w.send(Op::CallTool, Some("task_list"), Some(json!({"worker": "other"})), None);
+    let id = w.send(
+        Op::CallTool,
+        Some("task_list"),
+        Some(json!({"worker": "other"})),
+        None,
+    );
     let r = w.answer(id);
     assert_eq!(r["structuredContent"]["error"]["code"], "worker_not_found");
     // workers_list and system_info.
@@ -514,8 +580,15 @@ fn a_slow_command_turns_into_a_task_that_can_be_waited_for() {
         json!({"command": "echo started; while [ ! -e go ]; do sleep 0.02; done; echo finished", "timeout": 0.2}),
     );
     assert_eq!(r["status"], "running", "{r}");
-    assert_eq!(r["next_actions"], json!(["check_later", "wait_longer", "cancel"]));
-    assert!(r["hint"].as_str().is_some_and(|h| h.contains("ws__task_wait")));
+    assert_eq!(
+        r["next_actions"],
+        json!(["check_later", "wait_longer", "cancel"])
+    );
+    assert!(
+        r["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("ws__task_wait"))
+    );
     let task = r["task_id"].as_str().expect("task id").to_owned();
     w.until(&task, "its first line", |t| t["stdout"] == "started\n");
     let listed = w.ok("task_list", json!({}));
@@ -531,7 +604,10 @@ fn a_slow_command_turns_into_a_task_that_can_be_waited_for() {
     assert_eq!(done["exit_code"], 0);
     assert!(done.get("hint").is_none());
     let failed = w.sh("echo oops >&2; exit 3");
-    assert_eq!((failed["status"].as_str(), failed["exit_code"].as_i64()), (Some("failed"), Some(3)));
+    assert_eq!(
+        (failed["status"].as_str(), failed["exit_code"].as_i64()),
+        (Some("failed"), Some(3))
+    );
     assert_eq!(failed["stderr"], "oops\n");
     let (code, _) = w.err("task_get", json!({"task_id": "tsk_000000000000"}));
     assert_eq!(code, "task_not_found");
@@ -567,10 +643,18 @@ fn cancel_kills_the_whole_task_even_what_left_its_process_group() {
     };
     assert!(group_alive(pgid) && alive(escaped));
     // SAFETY: getpgid of a live pid.
-    assert_ne!(unsafe { libc::getpgid(escaped) }, pgid, "the escapee left the group");
+    assert_ne!(
+        unsafe { libc::getpgid(escaped) },
+        pgid,
+        "the escapee left the group"
+    );
     let cancelled = w.ok("task_cancel", json!({"task_id": task}));
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
-    assert_eq!(cancelled["signal"], libc::SIGKILL, "SIGTERM was ignored: {cancelled}");
+    assert_eq!(
+        cancelled["signal"],
+        libc::SIGKILL,
+        "SIGTERM was ignored: {cancelled}"
+    );
     // Gone by the time the answer came: the leader reaps every process before reporting.
     assert!(!group_alive(pgid), "process group {pgid} survived");
     assert!(!alive(escaped), "escapee {escaped} survived");
@@ -592,7 +676,10 @@ fn output_is_capped_and_limits_apply_per_task() {
     assert_eq!(big["truncated"], true);
     assert_eq!(big["stdout_bytes"], 100_000 + 1 + 8);
     let out = big["stdout"].as_str().expect("stdout");
-    assert!(out.starts_with("yyyy") && out.ends_with("the end\n"), "head and tail kept");
+    assert!(
+        out.starts_with("yyyy") && out.ends_with("the end\n"),
+        "head and tail kept"
+    );
     assert!(out.contains("bytes omitted (output_cap_bytes)"));
     assert!(out.len() < 1000, "{}", out.len());
     // rlimits as the command sees them (dash: -f in 512-byte blocks).
@@ -600,7 +687,9 @@ fn output_is_capped_and_limits_apply_per_task() {
     assert_eq!(limits["stdout"], "77\n3000\n19\n");
     let fsize = w.sh("head -c 20000 /dev/zero > big.bin");
     assert_eq!(fsize["status"], "failed");
-    let size = std::fs::metadata(w.root().join("big.bin")).map(|m| m.len()).unwrap_or(0);
+    let size = std::fs::metadata(w.root().join("big.bin"))
+        .map(|m| m.len())
+        .unwrap_or(0);
     assert!(size <= 10_000, "{size}");
 }
 
@@ -611,7 +700,10 @@ fn tasks_are_bounded_timed_out_and_survive_a_call_that_gave_up() {
         ws.max_tasks = 2;
         ws.cancel_grace_ms = 100;
     }));
-    let timed = w.ok("shell_dispatch", json!({"command": "sleep 1000", "timeout": 0.3}));
+    let timed = w.ok(
+        "shell_dispatch",
+        json!({"command": "sleep 1000", "timeout": 0.3}),
+    );
     let timed = timed["task_id"].as_str().expect("id").to_owned();
     let waited = w.ok("task_wait", json!({"task_id": timed, "timeout": 60}));
     assert_eq!(waited["status"], "timed_out", "{waited}");
@@ -646,7 +738,12 @@ fn tasks_are_bounded_timed_out_and_survive_a_call_that_gave_up() {
     let done = w.ok("task_wait", json!({"task_id": waiting, "timeout": 60}));
     assert_eq!(done["stdout"], "done\n");
     // The answer to the abandoned call never came: the next message answers a new call.
-    let probe = w.send(Op::CallTool, Some("task_list"), Some(json!({"worker": "ws"})), None);
+    let probe = w.send(
+        Op::CallTool,
+        Some("task_list"),
+        Some(json!({"worker": "ws"})),
+        None,
+    );
     loop {
         match w.recv() {
             Message::Response { id: got, .. } => {
@@ -663,7 +760,10 @@ fn tasks_are_bounded_timed_out_and_survive_a_call_that_gave_up() {
 fn when_the_worker_goes_its_tasks_go_with_it() {
     let tree = Tree::new();
     let mut w = Worker::start(tree.settings(|_| {}));
-    let task = w.ok("shell_dispatch", json!({"command": "sleep 1000 & sleep 1000"}));
+    let task = w.ok(
+        "shell_dispatch",
+        json!({"command": "sleep 1000 & sleep 1000"}),
+    );
     let task = task["task_id"].as_str().expect("id").to_owned();
     let pgid = w.until(&task, "its pid", |t| t["pid"].is_i64())["pid"]
         .as_i64()
@@ -680,7 +780,9 @@ fn when_the_worker_goes_its_tasks_go_with_it() {
 
 fn gateway_with_workspaces(extra: &str) -> (common::TestGateway, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let root = std::fs::canonicalize(dir.path()).expect("canonical").join("ws");
+    let root = std::fs::canonicalize(dir.path())
+        .expect("canonical")
+        .join("ws");
     std::fs::create_dir_all(&root).expect("mkdir");
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
@@ -715,17 +817,29 @@ fn gateway_serves_ws_only_for_the_callers_workspaces() {
     let workers = &list["result"]["structuredContent"]["workers"];
     assert_eq!(workers.as_array().map(Vec::len), Some(1), "{list}");
     assert_eq!(workers[0]["name"], "mine");
-    let theirs = agent.tool("ws__shell_run", json!({"worker": "theirs", "command": "true"}));
+    let theirs = agent.tool(
+        "ws__shell_run",
+        json!({"worker": "theirs", "command": "true"}),
+    );
     assert_eq!(
         theirs["result"]["structuredContent"]["error"]["code"],
         "worker_not_found"
     );
-    let ran = agent.tool("ws__shell_run", json!({"input": {"worker": "mine", "command": "echo hi"}}));
-    assert_eq!(ran["result"]["structuredContent"]["stdout"], "hi\n", "{ran}");
+    let ran = agent.tool(
+        "ws__shell_run",
+        json!({"input": {"worker": "mine", "command": "echo hi"}}),
+    );
+    assert_eq!(
+        ran["result"]["structuredContent"]["stdout"], "hi\n",
+        "{ran}"
+    );
     let rows = gw.wait_rows("three ws rows", |rows| {
         rows.iter().filter(|r| r["server_name"] == "ws").count() == 3
     });
-    assert!(rows.iter().all(|r| r["server_name"] != "ws" || r["decision"] != "pending"));
+    assert!(
+        rows.iter()
+            .all(|r| r["server_name"] != "ws" || r["decision"] != "pending")
+    );
 }
 
 #[test]
@@ -748,11 +862,17 @@ reason = "no recursive deletes"
         json!({"input": {"worker": "mine", "command": "rm -rf keep"}}),
     ] {
         let r = agent.tool("ws__shell_run", args);
-        assert_eq!(r["result"]["structuredContent"]["error"]["code"], "policy_blocked", "{r}");
+        assert_eq!(
+            r["result"]["structuredContent"]["error"]["code"], "policy_blocked",
+            "{r}"
+        );
     }
     assert!(root.join("keep").exists());
     let rows = gw.wait_rows("two denied rows", |rows| {
-        rows.iter().filter(|r| r["decision"] == "denied" && r["policy_rule"] == "no-rm-rf").count() == 2
+        rows.iter()
+            .filter(|r| r["decision"] == "denied" && r["policy_rule"] == "no-rm-rf")
+            .count()
+            == 2
     });
     assert!(!rows.is_empty());
 }
@@ -773,12 +893,22 @@ fn a_task_survives_its_agents_disconnect() {
     drop(agent);
     std::fs::write(root.join("go"), "").expect("go");
     let mut again = gw.connect();
-    let done = again.tool("ws__task_wait", json!({"worker": "mine", "task_id": task, "timeout": 60}));
-    assert_eq!(done["result"]["structuredContent"]["status"], "completed", "{done}");
+    let done = again.tool(
+        "ws__task_wait",
+        json!({"worker": "mine", "task_id": task, "timeout": 60}),
+    );
+    assert_eq!(
+        done["result"]["structuredContent"]["status"], "completed",
+        "{done}"
+    );
     assert_eq!(
         std::fs::read_to_string(root.join("out.txt")).expect("out"),
         "survived\n"
     );
     let finished = gw.events("worker_event");
-    assert!(finished.iter().any(|e| e["detail"].as_str().unwrap_or("").contains("task_finished")));
+    assert!(
+        finished
+            .iter()
+            .any(|e| e["detail"].as_str().unwrap_or("").contains("task_finished"))
+    );
 }

@@ -126,7 +126,11 @@ mod tests {
         for d in ["etc/toolwall", "etc/ssl/certs", "usr/bin"] {
             std::fs::create_dir_all(root.join(d)).expect("mkdir");
         }
-        for f in ["etc/hosts", "etc/toolwall/toolwall.toml", "etc/ssl/certs/ca.pem"] {
+        for f in [
+            "etc/hosts",
+            "etc/toolwall/toolwall.toml",
+            "etc/ssl/certs/ca.pem",
+        ] {
             std::fs::write(root.join(f), b"x").expect("write");
         }
         std::os::unix::fs::symlink(root.join("etc/toolwall"), root.join("etc/alias"))

@@ -61,7 +61,14 @@ pub(super) fn restrict(
     let read_paths = carve_hidden(&grant.read_paths, &grant.hidden_paths, notes)?;
     let execute_paths = carve_hidden(&grant.execute_paths, &grant.hidden_paths, notes)?;
     let read_dir = AccessFs::ReadFile | AccessFs::ReadDir;
-    let rule_sets: [(&[PathBuf], BitFlags<AccessFs>, BitFlags<AccessFs>, &str); 4] = [
+    // (paths, rights on a directory, rights on a file, what the grant is called)
+    type RuleSet<'a> = (
+        &'a [PathBuf],
+        BitFlags<AccessFs>,
+        BitFlags<AccessFs>,
+        &'a str,
+    );
+    let rule_sets: [RuleSet; 4] = [
         (&read_paths, read_dir, AccessFs::ReadFile.into(), "read"),
         (
             &execute_paths,
@@ -106,8 +113,8 @@ pub(super) fn restrict(
             } else {
                 file_access
             };
-            let fd = PathFd::new(path)
-                .map_err(|e| format!("{kind} path {}: {e}", path.display()))?;
+            let fd =
+                PathFd::new(path).map_err(|e| format!("{kind} path {}: {e}", path.display()))?;
             created = created
                 .add_rule(PathBeneath::new(fd, access))
                 .map_err(|e| err("path rule", e))?;

@@ -6,9 +6,9 @@
 use std::path::Path;
 
 use super::attest::{
-    allowed, errno_text, last_errno, probe_bind, probe_clone3, probe_create_file,
-    probe_exec, probe_fork, probe_posix_spawn, probe_read_dir, probe_signal_parent,
-    probe_unix_socket, reap, ungranted_port,
+    allowed, errno_text, last_errno, probe_bind, probe_clone3, probe_create_file, probe_exec,
+    probe_fork, probe_posix_spawn, probe_read_dir, probe_signal_parent, probe_unix_socket, reap,
+    ungranted_port,
 };
 use super::{Probe, RoleGrant};
 
@@ -68,7 +68,10 @@ pub fn attest_workspace(grant: &RoleGrant) -> Vec<Probe> {
 
 fn by_design(mut probe: Probe) -> Probe {
     if !probe.denied {
-        probe.detail = format!("allowed by design (the workspace runs programs): {}", probe.detail);
+        probe.detail = format!(
+            "allowed by design (the workspace runs programs): {}",
+            probe.detail
+        );
     }
     probe
 }
@@ -85,7 +88,10 @@ fn probe_outside_root(grant: &RoleGrant) -> Probe {
     let name = "create_file_outside_root";
     match grant.write_paths.first().and_then(|root| root.parent()) {
         Some(parent) => probe_create_file(name, parent),
-        None => allowed(name, "not proven: no workspace root with a parent".to_string()),
+        None => allowed(
+            name,
+            "not proven: no workspace root with a parent".to_string(),
+        ),
     }
 }
 
@@ -110,7 +116,10 @@ fn probe_read_hidden(grant: &RoleGrant) -> Option<Probe> {
         if fd >= 0 {
             // SAFETY: closing the fd just opened.
             unsafe { libc::close(fd) };
-            return Some(allowed(name, format!("opened {} for reading", path.display())));
+            return Some(allowed(
+                name,
+                format!("opened {} for reading", path.display()),
+            ));
         }
         match last_errno() {
             libc::EACCES | libc::EPERM => {}
@@ -123,7 +132,8 @@ fn probe_read_hidden(grant: &RoleGrant) -> Option<Probe> {
         }
     }
     let mut p = denied_by(name, libc::EACCES, "landlock");
-    p.detail.push_str(&format!(" for {} hidden paths", existing.len()));
+    p.detail
+        .push_str(&format!(" for {} hidden paths", existing.len()));
     Some(p)
 }
 
@@ -172,7 +182,10 @@ fn probe_connect(grant: &RoleGrant) -> Probe {
         }
         e => allowed(
             name,
-            format!("not denied by the sandbox: {} for 127.0.0.1:{port}", errno_text(e)),
+            format!(
+                "not denied by the sandbox: {} for 127.0.0.1:{port}",
+                errno_text(e)
+            ),
         ),
     }
 }
@@ -184,7 +197,10 @@ fn probe_udp() -> Probe {
     if fd >= 0 {
         // SAFETY: closing the fd just created.
         unsafe { libc::close(fd) };
-        return allowed(name, "created a UDP socket with no network granted".to_string());
+        return allowed(
+            name,
+            "created a UDP socket with no network granted".to_string(),
+        );
     }
     match last_errno() {
         libc::EPERM => denied_by(name, libc::EPERM, "seccomp offline filter"),
@@ -245,13 +261,19 @@ fn probe_in_child(name: &str, what: ChildProbe) -> Probe {
         }
     }
     if pid < 0 {
-        return allowed(name, format!("not proven: fork: {}", errno_text(last_errno())));
+        return allowed(
+            name,
+            format!("not proven: fork: {}", errno_text(last_errno())),
+        );
     }
     let mut status = 0;
     // SAFETY: waiting for our own child.
     let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
     if rc != pid || !libc::WIFEXITED(status) {
-        return allowed(name, format!("not proven: child {pid} {}", reap_note(rc, pid)));
+        return allowed(
+            name,
+            format!("not proven: child {pid} {}", reap_note(rc, pid)),
+        );
     }
     let errno = libc::WEXITSTATUS(status);
     let layer = match (what, errno) {

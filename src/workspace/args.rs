@@ -39,8 +39,7 @@ pub fn unwrap_input_text(arguments: &str) -> Cow<'_, str> {
 
 /// Parses a tool's arguments (flat or wrapped) into its argument struct.
 pub fn parse<T: DeserializeOwned>(tool: &str, arguments: &Value) -> Result<T, WsError> {
-    T::deserialize(unwrap_input(arguments))
-        .map_err(|e| WsError::invalid(format!("{tool}: {e}")))
+    T::deserialize(unwrap_input(arguments)).map_err(|e| WsError::invalid(format!("{tool}: {e}")))
 }
 
 /// Seconds, as a JSON number (fractions allowed), never negative.
@@ -48,9 +47,9 @@ fn seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Err
     use serde::de::Error;
     let v = Option::<f64>::deserialize(d)?;
     match v {
-        Some(s) if !s.is_finite() || s < 0.0 => {
-            Err(D::Error::custom("timeout must be a number of seconds, 0 or more"))
-        }
+        Some(s) if !s.is_finite() || s < 0.0 => Err(D::Error::custom(
+            "timeout must be a number of seconds, 0 or more",
+        )),
         other => Ok(other),
     }
 }
@@ -195,7 +194,10 @@ mod tests {
         let a: ShellArgs = parse("shell_run", &wrapped).expect("wrapped");
         let b: ShellArgs = parse("shell_run", &flat).expect("flat");
         assert_eq!((a.command, a.worker), (b.command, b.worker));
-        assert!(matches!(unwrap_input_text(r#"{"command":"x"}"#), Cow::Borrowed(_)));
+        assert!(matches!(
+            unwrap_input_text(r#"{"command":"x"}"#),
+            Cow::Borrowed(_)
+        ));
         assert_eq!(
             unwrap_input_text(r#"{"input":{"command":"rm -rf /"}}"#),
             r#"{"command":"rm -rf /"}"#

@@ -287,9 +287,7 @@ impl WorkspaceConfig {
             }
         }
         if self.output_cap_bytes > MAX_OUTPUT_CAP_BYTES {
-            return Err(format!(
-                "output_cap_bytes: at most {MAX_OUTPUT_CAP_BYTES}"
-            ));
+            return Err(format!("output_cap_bytes: at most {MAX_OUTPUT_CAP_BYTES}"));
         }
         for (key, value) in [
             ("max_read_bytes", self.max_read_bytes),
@@ -327,7 +325,10 @@ mod tests {
         assert_eq!(cfg.0["a"].output_cap_bytes, DEFAULT_OUTPUT_CAP_BYTES);
         assert_eq!(cfg.0["b"].network, Network::Ports(vec![80, 443]));
         assert_eq!(cfg.0["b"].max_tasks, 3);
-        assert_eq!(parse("[a]\nnetwork = false\n").expect("off").0["a"].network, Network::Off);
+        assert_eq!(
+            parse("[a]\nnetwork = false\n").expect("off").0["a"].network,
+            Network::Off
+        );
         let err = parse("[a]\nnetwork = true\n").expect_err("true refused");
         assert!(err.contains("list the TCP ports"), "{err}");
         assert!(parse("[a]\nnetwork = [0]\n").is_err());
@@ -362,16 +363,25 @@ mod tests {
         let one = |name: &str, cfg: WorkspaceConfig| {
             WorkspacesConfig(BTreeMap::from([(name.to_string(), cfg)]))
         };
-        assert_eq!(one("proj", ws(&a)).validate(&[state.clone()]), Ok(()));
+        assert_eq!(
+            one("proj", ws(&a)).validate(std::slice::from_ref(&state)),
+            Ok(())
+        );
         // The ledger's directory inside a root, or a root inside it.
-        let err = one("proj", ws(dir.path())).validate(&[state.clone()]).expect_err("overlap");
+        let err = one("proj", ws(dir.path()))
+            .validate(std::slice::from_ref(&state))
+            .expect_err("overlap");
         assert!(err.contains("overlaps"), "{err}");
         // Two roots that nest.
         let two = WorkspacesConfig(BTreeMap::from([
             ("a".to_string(), ws(&a)),
             ("b".to_string(), ws(&a.join("inner"))),
         ]));
-        assert!(two.validate(&[]).expect_err("nested").contains("workspace a"));
+        assert!(
+            two.validate(&[])
+                .expect_err("nested")
+                .contains("workspace a")
+        );
         for bad in ["", "wrk_0123456789ab", "a/b", "a b"] {
             assert!(one(bad, ws(&a)).validate(&[]).is_err(), "{bad:?}");
         }
@@ -383,7 +393,12 @@ mod tests {
         assert!(one("p", missing).validate(&[]).is_err());
         let mut zero = ws(&a);
         zero.max_tasks = 0;
-        assert!(one("p", zero).validate(&[]).expect_err("zero").contains("max_tasks"));
+        assert!(
+            one("p", zero)
+                .validate(&[])
+                .expect_err("zero")
+                .contains("max_tasks")
+        );
         let mut huge = ws(&a);
         huge.output_cap_bytes = MAX_OUTPUT_CAP_BYTES + 1;
         assert!(one("p", huge).validate(&[]).is_err());

@@ -112,13 +112,22 @@ mod tests {
             (vec![op("one", "1", None), op("two", "2", None)], 2, 2),
             (vec![op("three", "3", None)], 1, 0),
             (vec![op("two", "2", Some(3))], 1, 2),
-            (vec![op("one", "1", None), op("1", "x", None), op("one", "y", None)], 3, 0),
+            (
+                vec![
+                    op("one", "1", None),
+                    op("1", "x", None),
+                    op("one", "y", None),
+                ],
+                3,
+                0,
+            ),
         ] {
             let e = apply_edits(text, &ops, 1024).expect_err("mismatch");
             assert_eq!(e.code, WsErrorCode::EditMismatch);
             let total = ops.len();
             assert!(
-                e.message.contains(&format!("operation {failing} of {total}"))
+                e.message
+                    .contains(&format!("operation {failing} of {total}"))
                     && e.message.contains(&format!("occurs {found} time")),
                 "{e}"
             );
@@ -129,11 +138,15 @@ mod tests {
     #[test]
     fn empty_old_zero_count_no_ops_and_growth_are_refused() {
         assert_eq!(
-            apply_edits("x", &[op("", "y", None)], 1024).expect_err("empty").code,
+            apply_edits("x", &[op("", "y", None)], 1024)
+                .expect_err("empty")
+                .code,
             WsErrorCode::InvalidArguments
         );
         assert_eq!(
-            apply_edits("x", &[op("x", "y", Some(0))], 1024).expect_err("zero").code,
+            apply_edits("x", &[op("x", "y", Some(0))], 1024)
+                .expect_err("zero")
+                .code,
             WsErrorCode::InvalidArguments
         );
         assert_eq!(
@@ -144,7 +157,9 @@ mod tests {
         assert_eq!(e.code, WsErrorCode::TooLarge);
         // Overlapping occurrences count as the replacement sees them: non-overlapping.
         assert_eq!(
-            apply_edits("aaa", &[op("aa", "b", None)], 16).expect("one").0,
+            apply_edits("aaa", &[op("aa", "b", None)], 16)
+                .expect("one")
+                .0,
             "ba"
         );
     }

@@ -123,7 +123,9 @@ impl WsError {
         let message = match code {
             WsErrorCode::PermissionDenied => format!("{what}: refused by the sandbox ({e})"),
             WsErrorCode::PathOutsideWorkspace => {
-                format!("{what}: a link on the way leads outside the workspace or is absolute ({e})")
+                format!(
+                    "{what}: a link on the way leads outside the workspace or is absolute ({e})"
+                )
             }
             _ => format!("{what}: {e}"),
         };
@@ -173,10 +175,7 @@ mod tests {
         let text: Value =
             serde_json::from_str(r["content"][0]["text"].as_str().expect("text")).expect("json");
         assert_eq!(&text, err);
-        assert_eq!(
-            WsErrorCode::WorkerOffline.mcp_error_code(),
-            TRANSPORT_ERROR
-        );
+        assert_eq!(WsErrorCode::WorkerOffline.mcp_error_code(), TRANSPORT_ERROR);
     }
 
     #[test]
@@ -184,8 +183,14 @@ mod tests {
         let nf = std::io::Error::from_raw_os_error(libc::ENOENT);
         assert_eq!(WsError::io("a", &nf).code, WsErrorCode::NotFound);
         let denied = std::io::Error::from_raw_os_error(libc::EACCES);
-        assert_eq!(WsError::io("a", &denied).code, WsErrorCode::PermissionDenied);
+        assert_eq!(
+            WsError::io("a", &denied).code,
+            WsErrorCode::PermissionDenied
+        );
         let xdev = std::io::Error::from_raw_os_error(libc::EXDEV);
-        assert_eq!(WsError::io("a", &xdev).code, WsErrorCode::PathOutsideWorkspace);
+        assert_eq!(
+            WsError::io("a", &xdev).code,
+            WsErrorCode::PathOutsideWorkspace
+        );
     }
 }

@@ -43,7 +43,11 @@ fn modified_ms(meta: &std::fs::Metadata) -> Option<u64> {
 }
 
 /// `file_list`: the entries of a directory, links not followed, sorted by name.
-pub fn list(root: &WorkspaceRoot, cfg: &WorkspaceConfig, args: &ListArgs) -> Result<Value, WsError> {
+pub fn list(
+    root: &WorkspaceRoot,
+    cfg: &WorkspaceConfig,
+    args: &ListArgs,
+) -> Result<Value, WsError> {
     let path = root.check(args.path.as_deref().unwrap_or("."))?;
     let shown = path.display();
     let meta = std::fs::metadata(&path.abs).map_err(|e| WsError::io(&shown, &e))?;
@@ -108,7 +112,11 @@ fn as_text(bytes: &[u8]) -> Option<(&str, usize)> {
 
 /// `file_read`: `limit` bytes from `offset`, as text, or base64 when the bytes are not
 /// UTF-8 text.
-pub fn read(root: &WorkspaceRoot, cfg: &WorkspaceConfig, args: &ReadArgs) -> Result<Value, WsError> {
+pub fn read(
+    root: &WorkspaceRoot,
+    cfg: &WorkspaceConfig,
+    args: &ReadArgs,
+) -> Result<Value, WsError> {
     let path = root.check(&args.path)?;
     let shown = path.display();
     let fd = root
@@ -187,7 +195,9 @@ fn write_whole(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(WsError::new(
                 WsErrorCode::NotFound,
-                format!("{shown}: the parent directory does not exist (create_dirs: true creates it)"),
+                format!(
+                    "{shown}: the parent directory does not exist (create_dirs: true creates it)"
+                ),
             ));
         }
         Err(e) => return Err(WsError::io(&shown, &e)),
@@ -227,13 +237,11 @@ fn write_whole(
         abs: root.path().join(&temp_rel),
         rel: temp_rel,
     };
-    let mode = existing.as_ref().map_or(0o644, |m| m.permissions().mode() & 0o7777);
+    let mode = existing
+        .as_ref()
+        .map_or(0o644, |m| m.permissions().mode() & 0o7777);
     let fd = root
-        .open_beneath(
-            &temp,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
-            mode,
-        )
+        .open_beneath(&temp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, mode)
         .map_err(|e| WsError::io(&shown, &e))?;
     let mut file = std::fs::File::from(fd);
     let written = file
@@ -265,7 +273,11 @@ fn rename_beneath(root: &WorkspaceRoot, from: &Path, to: &Path) -> std::io::Resu
 }
 
 /// `file_write`.
-pub fn write(root: &WorkspaceRoot, cfg: &WorkspaceConfig, args: &WriteArgs) -> Result<Value, WsError> {
+pub fn write(
+    root: &WorkspaceRoot,
+    cfg: &WorkspaceConfig,
+    args: &WriteArgs,
+) -> Result<Value, WsError> {
     let path = root.check(&args.path)?;
     let bytes = match args.encoding {
         Encoding::Utf8 => args.content.as_bytes().to_vec(),
@@ -292,7 +304,11 @@ pub fn write(root: &WorkspaceRoot, cfg: &WorkspaceConfig, args: &WriteArgs) -> R
 }
 
 /// `file_edit`.
-pub fn edit(root: &WorkspaceRoot, cfg: &WorkspaceConfig, args: &EditArgs) -> Result<Value, WsError> {
+pub fn edit(
+    root: &WorkspaceRoot,
+    cfg: &WorkspaceConfig,
+    args: &EditArgs,
+) -> Result<Value, WsError> {
     let path = root.check(&args.path)?;
     let shown = path.display();
     let fd = root
@@ -301,12 +317,19 @@ pub fn edit(root: &WorkspaceRoot, cfg: &WorkspaceConfig, args: &EditArgs) -> Res
     let file = std::fs::File::from(fd);
     let meta = file.metadata().map_err(|e| WsError::io(&shown, &e))?;
     if meta.is_dir() {
-        return Err(WsError::new(WsErrorCode::IsDirectory, format!("{shown} is a directory")));
+        return Err(WsError::new(
+            WsErrorCode::IsDirectory,
+            format!("{shown} is a directory"),
+        ));
     }
     if meta.len() > cfg.max_write_bytes as u64 {
         return Err(WsError::new(
             WsErrorCode::TooLarge,
-            format!("{shown}: {} bytes (max_write_bytes {})", meta.len(), cfg.max_write_bytes),
+            format!(
+                "{shown}: {} bytes (max_write_bytes {})",
+                meta.len(),
+                cfg.max_write_bytes
+            ),
         ));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
@@ -379,8 +402,14 @@ mod tests {
         let bin = r("bin.dat", None, None).expect("binary");
         assert_eq!(bin["encoding"], "base64");
         assert_eq!(bin["content"], STANDARD.encode([0u8, 159, 146, 150]));
-        assert_eq!(r("src", None, None).expect_err("dir").code, WsErrorCode::IsDirectory);
-        assert_eq!(r("nope", None, None).expect_err("missing").code, WsErrorCode::NotFound);
+        assert_eq!(
+            r("src", None, None).expect_err("dir").code,
+            WsErrorCode::IsDirectory
+        );
+        assert_eq!(
+            r("nope", None, None).expect_err("missing").code,
+            WsErrorCode::NotFound
+        );
         for bad in ["leak", "../secret", "/etc/passwd"] {
             assert_eq!(
                 r(bad, None, None).expect_err(bad).code,
@@ -425,19 +454,37 @@ mod tests {
                 },
             )
         };
-        assert_eq!(w("a/b/c.txt", "x", false).expect_err("no parent").code, WsErrorCode::NotFound);
+        assert_eq!(
+            w("a/b/c.txt", "x", false).expect_err("no parent").code,
+            WsErrorCode::NotFound
+        );
         let made = w("a/b/c.txt", "hello", true).expect("create_dirs");
         assert_eq!(made["created"], true);
-        assert_eq!(std::fs::read_to_string(root.path().join("a/b/c.txt")).expect("read"), "hello");
-        std::fs::set_permissions(root.path().join("a/b/c.txt"), std::fs::Permissions::from_mode(0o600))
-            .expect("chmod");
+        assert_eq!(
+            std::fs::read_to_string(root.path().join("a/b/c.txt")).expect("read"),
+            "hello"
+        );
+        std::fs::set_permissions(
+            root.path().join("a/b/c.txt"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .expect("chmod");
         let again = w("a/b/c.txt", "bye", false).expect("replace");
         assert_eq!(again["created"], false);
         let meta = std::fs::metadata(root.path().join("a/b/c.txt")).expect("meta");
         assert_eq!(meta.permissions().mode() & 0o777, 0o600, "mode kept");
-        assert_eq!(w("big", &"x".repeat(65), false).expect_err("big").code, WsErrorCode::TooLarge);
-        assert_eq!(w("leak", "x", false).expect_err("link out").code, WsErrorCode::PathOutsideWorkspace);
-        assert_eq!(w("src", "x", false).expect_err("dir").code, WsErrorCode::IsDirectory);
+        assert_eq!(
+            w("big", &"x".repeat(65), false).expect_err("big").code,
+            WsErrorCode::TooLarge
+        );
+        assert_eq!(
+            w("leak", "x", false).expect_err("link out").code,
+            WsErrorCode::PathOutsideWorkspace
+        );
+        assert_eq!(
+            w("src", "x", false).expect_err("dir").code,
+            WsErrorCode::IsDirectory
+        );
         // No temporary file is left anywhere.
         let leftovers: Vec<_> = std::fs::read_dir(root.path().join("a/b"))
             .expect("list")
@@ -495,7 +542,15 @@ mod tests {
     #[test]
     fn list_is_sorted_bounded_and_does_not_follow_links() {
         let (_d, root, cfg) = setup();
-        let l = list(&root, &cfg, &ListArgs { worker: None, path: None }).expect("list");
+        let l = list(
+            &root,
+            &cfg,
+            &ListArgs {
+                worker: None,
+                path: None,
+            },
+        )
+        .expect("list");
         let names: Vec<&str> = l["entries"]
             .as_array()
             .expect("entries")
@@ -505,9 +560,26 @@ mod tests {
         assert_eq!(names, vec!["bin.dat", "leak"]);
         assert_eq!(l["truncated"], true);
         assert_eq!(l["entries"][1]["type"], "symlink");
-        let file = list(&root, &cfg, &ListArgs { worker: None, path: Some("bin.dat".into()) });
+        let file = list(
+            &root,
+            &cfg,
+            &ListArgs {
+                worker: None,
+                path: Some("bin.dat".into()),
+            },
+        );
         assert_eq!(file.expect_err("file").code, WsErrorCode::NotDirectory);
-        let out = list(&root, &cfg, &ListArgs { worker: None, path: Some("leak".into()) });
-        assert_eq!(out.expect_err("out").code, WsErrorCode::PathOutsideWorkspace);
+        let out = list(
+            &root,
+            &cfg,
+            &ListArgs {
+                worker: None,
+                path: Some("leak".into()),
+            },
+        );
+        assert_eq!(
+            out.expect_err("out").code,
+            WsErrorCode::PathOutsideWorkspace
+        );
     }
 }

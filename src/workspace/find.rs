@@ -167,21 +167,31 @@ fn shown(prefix: &Path, rel: &Path) -> String {
 }
 
 /// `file_find`.
-pub fn find(root: &WorkspaceRoot, cfg: &WorkspaceConfig, args: &FindArgs) -> Result<Value, WsError> {
+pub fn find(
+    root: &WorkspaceRoot,
+    cfg: &WorkspaceConfig,
+    args: &FindArgs,
+) -> Result<Value, WsError> {
     let glob = NameGlob::new(&args.pattern)?;
     let (start, prefix) = start_dir(root, args.root.as_deref())?;
     let mut matches = Vec::new();
-    let (scanned, _, stop) = walk(&start, cfg.max_scan_entries, cfg.max_matches, deadline(cfg), |e| {
-        if glob.is_match(e.rel) {
-            matches.push(json!({
+    let (scanned, _, stop) = walk(
+        &start,
+        cfg.max_scan_entries,
+        cfg.max_matches,
+        deadline(cfg),
+        |e| {
+            if glob.is_match(e.rel) {
+                matches.push(json!({
                 "path": shown(&prefix, e.rel),
                 "type": if e.is_dir { "directory" } else if e.is_file { "file" } else { "other" },
             }));
-            true
-        } else {
-            false
-        }
-    });
+                true
+            } else {
+                false
+            }
+        },
+    );
     Ok(json!({
         "root": if prefix.as_os_str().is_empty() { ".".to_string() } else { prefix.to_string_lossy().into_owned() },
         "pattern": args.pattern,
@@ -212,7 +222,11 @@ fn search_regex(args: &SearchArgs) -> Result<Regex, WsError> {
 
 /// `file_search`: lines matching the pattern, in files under `root` (binary files and
 /// files above `max_search_file_bytes` skipped and counted).
-pub fn search(root: &WorkspaceRoot, cfg: &WorkspaceConfig, args: &SearchArgs) -> Result<Value, WsError> {
+pub fn search(
+    root: &WorkspaceRoot,
+    cfg: &WorkspaceConfig,
+    args: &SearchArgs,
+) -> Result<Value, WsError> {
     let regex = search_regex(args)?;
     let filter = args.glob.as_deref().map(NameGlob::new).transpose()?;
     let (start, prefix) = start_dir(root, args.root.as_deref())?;
@@ -328,15 +342,43 @@ mod tests {
             )
             .expect("find")
         };
-        assert_eq!(paths(&f("*.rs", None)), vec!["src/a/one.rs", "src/b/two.rs"]);
+        assert_eq!(
+            paths(&f("*.rs", None)),
+            vec!["src/a/one.rs", "src/b/two.rs"]
+        );
         assert_eq!(paths(&f("a/*.rs", Some("src"))), vec!["src/a/one.rs"]);
         assert_eq!(paths(&f("**/two.rs", None)), vec!["src/b/two.rs"]);
         assert_eq!(paths(&f("*.rs", Some("src/b"))), vec!["src/b/two.rs"]);
-        assert!(paths(&f("secret*", None)).is_empty(), "a link is not followed");
-        let e = find(&root, &cfg, &FindArgs { worker: None, pattern: "*".into(), root: Some("src/escape".into()) });
-        assert_eq!(e.expect_err("outside").code, WsErrorCode::PathOutsideWorkspace);
-        let bad = find(&root, &cfg, &FindArgs { worker: None, pattern: "[".into(), root: None });
-        assert_eq!(bad.expect_err("bad glob").code, WsErrorCode::InvalidArguments);
+        assert!(
+            paths(&f("secret*", None)).is_empty(),
+            "a link is not followed"
+        );
+        let e = find(
+            &root,
+            &cfg,
+            &FindArgs {
+                worker: None,
+                pattern: "*".into(),
+                root: Some("src/escape".into()),
+            },
+        );
+        assert_eq!(
+            e.expect_err("outside").code,
+            WsErrorCode::PathOutsideWorkspace
+        );
+        let bad = find(
+            &root,
+            &cfg,
+            &FindArgs {
+                worker: None,
+                pattern: "[".into(),
+                root: None,
+            },
+        );
+        assert_eq!(
+            bad.expect_err("bad glob").code,
+            WsErrorCode::InvalidArguments
+        );
     }
 
     #[test]
@@ -346,7 +388,11 @@ mod tests {
             max_matches: 1,
             ..WorkspaceConfig::default()
         };
-        let args = FindArgs { worker: None, pattern: "*".into(), root: None };
+        let args = FindArgs {
+            worker: None,
+            pattern: "*".into(),
+            root: None,
+        };
         let v = find(&root, &cfg, &args).expect("find");
         assert_eq!(v["matches"].as_array().map(Vec::len), Some(1));
         assert_eq!(v["stopped_by"], "max_matches");
@@ -393,10 +439,22 @@ mod tests {
         // `.` is literal unless regex is set.
         assert!(paths(&s("fn.one", false, false, None)).is_empty());
         assert_eq!(paths(&s("fn.one", true, false, None)), vec!["src/a/one.rs"]);
-        let bad = search(&root, &cfg, &SearchArgs {
-            worker: None, pattern: "(".into(), root: None, regex: true, glob: None, case_insensitive: false,
-        });
-        assert_eq!(bad.expect_err("bad regex").code, WsErrorCode::InvalidArguments);
+        let bad = search(
+            &root,
+            &cfg,
+            &SearchArgs {
+                worker: None,
+                pattern: "(".into(),
+                root: None,
+                regex: true,
+                glob: None,
+                case_insensitive: false,
+            },
+        );
+        assert_eq!(
+            bad.expect_err("bad regex").code,
+            WsErrorCode::InvalidArguments
+        );
     }
 
     #[test]
@@ -408,9 +466,18 @@ mod tests {
             ..WorkspaceConfig::default()
         };
         let s = |pattern: &str| {
-            search(&root, &cfg, &SearchArgs {
-                worker: None, pattern: pattern.into(), root: None, regex: false, glob: None, case_insensitive: false,
-            })
+            search(
+                &root,
+                &cfg,
+                &SearchArgs {
+                    worker: None,
+                    pattern: pattern.into(),
+                    root: None,
+                    regex: false,
+                    glob: None,
+                    case_insensitive: false,
+                },
+            )
             .expect("search")
         };
         let v = s("o");

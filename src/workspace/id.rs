@@ -49,7 +49,13 @@ mod tests {
             workspace_id("a", Path::new("b/c")),
             workspace_id("ab", Path::new("/c"))
         );
-        for not_id in ["wrk_", "wrk_0123456789aB", "wrk_0123456789abc", "proj", "tsk_0123456789ab"] {
+        for not_id in [
+            "wrk_",
+            "wrk_0123456789aB",
+            "wrk_0123456789abc",
+            "proj",
+            "tsk_0123456789ab",
+        ] {
             assert!(!looks_like_id(not_id), "{not_id}");
         }
     }

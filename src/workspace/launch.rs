@@ -63,9 +63,8 @@ impl LaunchSpec {
         env: &[String],
         limits: TaskRlimits,
     ) -> Result<LaunchSpec, String> {
-        let c = |s: &[u8], what: &str| {
-            CString::new(s).map_err(|_| format!("{what} holds a NUL byte"))
-        };
+        let c =
+            |s: &[u8], what: &str| CString::new(s).map_err(|_| format!("{what} holds a NUL byte"));
         Ok(LaunchSpec {
             shell: c(SHELL.as_bytes(), "shell")?,
             argv: vec![
@@ -403,7 +402,13 @@ unsafe fn shell_main(leader: libc::pid_t, scoped: bool, shell: &Exec) -> ! {
     }
     // SAFETY (whole body): system calls on valid, pre-built arguments.
     unsafe {
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
             || libc::getppid() != leader
         {
             libc::_exit(EXIT_SETUP);

@@ -101,7 +101,11 @@ impl WorkspaceDirectory {
     }
 
     /// The workspace `worker` names (an id or a name) among those `principal` owns.
-    pub fn resolve(&self, principal: &str, worker: Option<&str>) -> Result<&WorkspaceEntry, WsError> {
+    pub fn resolve(
+        &self,
+        principal: &str,
+        worker: Option<&str>,
+    ) -> Result<&WorkspaceEntry, WsError> {
         let Some(worker) = worker.filter(|w| !w.is_empty()) else {
             return Err(WsError::invalid(
                 "worker is required: a workspace id (wrk_...) or name; ws__workers_list lists yours",
@@ -157,7 +161,10 @@ mod tests {
         };
         let cfg = WorkspacesConfig(BTreeMap::from([
             ("alice-proj".to_string(), ws("alice", &["uid:1000"])),
-            ("bob-proj".to_string(), ws("bob", &["uid:1001", "token:bob-*"])),
+            (
+                "bob-proj".to_string(),
+                ws("bob", &["uid:1001", "token:bob-*"]),
+            ),
             ("shared".to_string(), ws("shared", &["uid:*"])),
         ]));
         WorkspaceDirectory::new(&cfg).expect("directory")
@@ -171,7 +178,11 @@ mod tests {
         let by_id = d.resolve("uid:1000", Some(&alice.id)).expect("by id");
         assert_eq!(by_id.name, "alice-proj");
         // Bob's workspace, by name or id, is not found for alice: same code as a missing one.
-        let bob_id = d.resolve("uid:1001", Some("bob-proj")).expect("bob").id.clone();
+        let bob_id = d
+            .resolve("uid:1001", Some("bob-proj"))
+            .expect("bob")
+            .id
+            .clone();
         for other in ["bob-proj", bob_id.as_str(), "nope"] {
             let e = d.resolve("uid:1000", Some(other)).expect_err("not alice's");
             assert_eq!(e.code, WsErrorCode::WorkerNotFound, "{other}");
@@ -203,7 +214,11 @@ mod tests {
             .collect();
         assert_eq!(names, vec!["alice-proj", "shared"]);
         assert_eq!(list["workers"][0]["state"], "online");
-        assert!(list["workers"][0]["id"].as_str().is_some_and(|id| id.starts_with("wrk_")));
+        assert!(
+            list["workers"][0]["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("wrk_"))
+        );
         let none = d.workers_list("uid:4242", |_| WorkerState::Online);
         assert_eq!(none["workers"].as_array().map(Vec::len), Some(1));
         let none = d.workers_list("cid:3", |_| WorkerState::Online);

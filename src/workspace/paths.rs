@@ -121,9 +121,7 @@ impl WorkspaceRoot {
                         Err(_) if meta.file_type().is_symlink() => {
                             return Err(WsError::new(
                                 WsErrorCode::PathOutsideWorkspace,
-                                format!(
-                                    "{path:?} goes through a link whose target does not exist"
-                                ),
+                                format!("{path:?} goes through a link whose target does not exist"),
                             ));
                         }
                         Err(e) => return Err(WsError::io(path, &e)),
@@ -224,9 +222,14 @@ mod tests {
         }
         // `a/../b` stays inside, but `..` is refused anywhere: no guessing.
         assert!(lexical("a/../b").is_err());
-        assert_eq!(lexical("a\0b").expect_err("nul").code, WsErrorCode::InvalidArguments);
         assert_eq!(
-            lexical(&"a".repeat(MAX_PATH_BYTES + 1)).expect_err("long").code,
+            lexical("a\0b").expect_err("nul").code,
+            WsErrorCode::InvalidArguments
+        );
+        assert_eq!(
+            lexical(&"a".repeat(MAX_PATH_BYTES + 1))
+                .expect_err("long")
+                .code,
             WsErrorCode::TooLarge
         );
     }
@@ -234,7 +237,14 @@ mod tests {
     #[test]
     fn links_leading_outside_are_refused_inside_ones_allowed() {
         let (_dir, root) = root();
-        for bad in ["out", "out_rel", "up/secret", "up", "dangling", "dangling/x"] {
+        for bad in [
+            "out",
+            "out_rel",
+            "up/secret",
+            "up",
+            "dangling",
+            "dangling/x",
+        ] {
             let e = root.check(bad).expect_err(bad);
             assert_eq!(e.code, WsErrorCode::PathOutsideWorkspace, "{bad}: {e}");
         }
@@ -262,8 +272,12 @@ mod tests {
         let inside = root.check("in").expect("in");
         assert!(root.open_beneath(&inside, libc::O_RDONLY, 0).is_ok());
         let created = root.check("src/created").expect("new");
-        root.open_beneath(&created, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o644)
-            .expect("create beneath");
+        root.open_beneath(
+            &created,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+            0o644,
+        )
+        .expect("create beneath");
         assert!(root.path().join("src/created").exists());
     }
 }

@@ -178,23 +178,49 @@ mod tests {
     fn calls_route_to_the_callers_workspace_or_are_answered_here() {
         let (_d, _cfg, d) = setup();
         let online = |_: &str| WorkerState::Online;
-        let r = route_call(&d, "uid:1", "shell_run", r#"{"input":{"worker":"a","command":"ls"}}"#, online);
-        let WsRoute::Forward { workspace_id, arguments } = r else {
+        let r = route_call(
+            &d,
+            "uid:1",
+            "shell_run",
+            r#"{"input":{"worker":"a","command":"ls"}}"#,
+            online,
+        );
+        let WsRoute::Forward {
+            workspace_id,
+            arguments,
+        } = r
+        else {
             panic!("not forwarded: {r:?}");
         };
         assert!(workspace_id.starts_with("wrk_"));
         assert_eq!(arguments, r#"{"command":"ls","worker":"a"}"#);
-        let other = route_call(&d, "uid:1", "shell_run", r#"{"worker":"b","command":"ls"}"#, online);
+        let other = route_call(
+            &d,
+            "uid:1",
+            "shell_run",
+            r#"{"worker":"b","command":"ls"}"#,
+            online,
+        );
         assert_eq!(error_code(&other), "worker_not_found");
         let missing = route_call(&d, "uid:1", "file_read", r#"{"path":"x"}"#, online);
         assert_eq!(error_code(&missing), "invalid_arguments");
-        let offline = route_call(&d, "uid:1", "task_list", r#"{"worker":"a"}"#, |_| WorkerState::Offline);
+        let offline = route_call(&d, "uid:1", "task_list", r#"{"worker":"a"}"#, |_| {
+            WorkerState::Offline
+        });
         assert_eq!(error_code(&offline), "worker_offline");
         let list = route_call(&d, "uid:2", "workers_list", "{}", online);
-        let WsRoute::Answer(v) = list else { panic!("answered here") };
+        let WsRoute::Answer(v) = list else {
+            panic!("answered here")
+        };
         assert_eq!(v["structuredContent"]["workers"][0]["name"], "b");
-        assert_eq!(error_code(&route_call(&d, "uid:1", "x", "{}", online)), "invalid_arguments");
-        assert_eq!(error_code(&route_call(&d, "uid:1", "task_list", "[1]", online)), "invalid_arguments");
+        assert_eq!(
+            error_code(&route_call(&d, "uid:1", "x", "{}", online)),
+            "invalid_arguments"
+        );
+        assert_eq!(
+            error_code(&route_call(&d, "uid:1", "task_list", "[1]", online)),
+            "invalid_arguments"
+        );
         assert!(has_workspaces(&d, "uid:2") && !has_workspaces(&d, "uid:3"));
     }
 

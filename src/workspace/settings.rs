@@ -110,8 +110,12 @@ mod tests {
             read_only_paths: vec!["/opt/rust".into()],
             ..WorkspaceConfig::default()
         };
-        workspace.env.insert("PATH".into(), "/opt/rust/bin:/usr/bin".into());
-        workspace.env.insert("CARGO_HOME".into(), "/srv/ws/.cargo".into());
+        workspace
+            .env
+            .insert("PATH".into(), "/opt/rust/bin:/usr/bin".into());
+        workspace
+            .env
+            .insert("CARGO_HOME".into(), "/srv/ws/.cargo".into());
         let s = WorkspaceWorkerSettings {
             sandbox_mode: SandboxMode::Enforce,
             id: "wrk_000000000000".into(),

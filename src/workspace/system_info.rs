@@ -40,14 +40,18 @@ fn memory() -> Option<(u64, u64)> {
         return None;
     }
     let unit = u64::from(s.mem_unit.max(1));
-    Some((s.totalram as u64 * unit, (s.freeram as u64 + s.bufferram as u64) * unit))
+    Some((
+        s.totalram as u64 * unit,
+        (s.freeram as u64 + s.bufferram as u64) * unit,
+    ))
 }
 
 fn cpus() -> usize {
     // SAFETY: a zeroed cpu_set_t is valid; the call fills it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: a valid pointer and size.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if rc != 0 {
         return 0;
     }

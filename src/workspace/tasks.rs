@@ -97,7 +97,10 @@ struct Cancel {
 enum Phase {
     Running,
     /// The shell exited; output pipes are closing.
-    Ending { exit: Exit, at: Instant },
+    Ending {
+        exit: Exit,
+        at: Instant,
+    },
     Done {
         status: TaskStatus,
         exit: Exit,
@@ -507,7 +510,9 @@ impl Tasks {
             .map(|t| {
                 let (status, exit, end) = match t.phase {
                     Phase::Done {
-                        status, exit, ended,
+                        status,
+                        exit,
+                        ended,
                     } => (status, Some(exit), ended),
                     _ => (TaskStatus::Running, None, now),
                 };
@@ -530,7 +535,9 @@ impl Tasks {
         };
         let (status, exit, end) = match t.phase {
             Phase::Done {
-                status, exit, ended,
+                status,
+                exit,
+                ended,
             } => (status, Some(exit), ended),
             _ => (TaskStatus::Running, None, now),
         };
@@ -685,13 +692,22 @@ mod tests {
         assert_eq!(v["task_id"], "tsk_1");
         assert_eq!(v["preview"], "56789abc");
         assert_eq!(v["next_actions"], json!(NEXT_ACTIONS));
-        assert!(v["hint"].as_str().is_some_and(|h| h.contains("ws__task_wait")));
+        assert!(
+            v["hint"]
+                .as_str()
+                .is_some_and(|h| h.contains("ws__task_wait"))
+        );
         assert_eq!(tasks.status("tsk_1"), Some(TaskStatus::Running));
         // A later wait gets the end.
         tasks
             .wait(2, "tsk_1", Duration::from_secs(10), WaitKind::TaskWait, t0)
             .expect("wait");
-        end(&mut tasks, "tsk_1", Exit::Code(3), t0 + Duration::from_secs(31));
+        end(
+            &mut tasks,
+            "tsk_1",
+            Exit::Code(3),
+            t0 + Duration::from_secs(31),
+        );
         let actions = tasks.take_actions();
         let (rpc, v) = structured(&actions[1]);
         assert_eq!((rpc, v["status"].as_str()), (2, Some("failed")));
@@ -702,11 +718,19 @@ mod tests {
     fn cancel_terms_then_kills_after_the_grace_and_reports_cancelled() {
         let t0 = Instant::now();
         let mut tasks = Tasks::new(limits());
-        tasks.insert("tsk_1".into(), "trap '' TERM; sleep 100".into(), t0, 0, None);
+        tasks.insert(
+            "tsk_1".into(),
+            "trap '' TERM; sleep 100".into(),
+            t0,
+            0,
+            None,
+        );
         tasks.cancel(9, "tsk_1", t0).expect("cancel");
         assert_eq!(
             tasks.take_actions(),
-            vec![TaskAction::Terminate { task: "tsk_1".into() }]
+            vec![TaskAction::Terminate {
+                task: "tsk_1".into()
+            }]
         );
         // A second cancel does not signal again.
         tasks.cancel(10, "tsk_1", t0).expect("again");
@@ -716,9 +740,16 @@ mod tests {
         tasks.on_timer(t0 + Duration::from_secs(2));
         assert_eq!(
             tasks.take_actions(),
-            vec![TaskAction::Kill { task: "tsk_1".into() }]
+            vec![TaskAction::Kill {
+                task: "tsk_1".into()
+            }]
         );
-        end(&mut tasks, "tsk_1", Exit::Signal(9), t0 + Duration::from_secs(2));
+        end(
+            &mut tasks,
+            "tsk_1",
+            Exit::Signal(9),
+            t0 + Duration::from_secs(2),
+        );
         let actions = tasks.take_actions();
         assert_eq!(actions.len(), 3, "{actions:?}");
         for a in &actions[1..] {
@@ -733,21 +764,40 @@ mod tests {
     fn the_runtime_limit_cancels_as_timed_out() {
         let t0 = Instant::now();
         let mut tasks = Tasks::new(limits());
-        tasks.insert("tsk_1".into(), "sleep 1000".into(), t0, 0, Some(Duration::from_secs(5)));
+        tasks.insert(
+            "tsk_1".into(),
+            "sleep 1000".into(),
+            t0,
+            0,
+            Some(Duration::from_secs(5)),
+        );
         assert_eq!(tasks.next_deadline(), Some(t0 + Duration::from_secs(5)));
         tasks.on_timer(t0 + Duration::from_secs(5));
         assert_eq!(
             tasks.take_actions(),
-            vec![TaskAction::Terminate { task: "tsk_1".into() }]
+            vec![TaskAction::Terminate {
+                task: "tsk_1".into()
+            }]
         );
-        end(&mut tasks, "tsk_1", Exit::Signal(15), t0 + Duration::from_secs(6));
+        end(
+            &mut tasks,
+            "tsk_1",
+            Exit::Signal(15),
+            t0 + Duration::from_secs(6),
+        );
         assert_eq!(tasks.status("tsk_1"), Some(TaskStatus::TimedOut));
         // A runtime above the configured one is capped.
-        tasks.insert("tsk_2".into(), "x".into(), t0, 0, Some(Duration::from_secs(500)));
+        tasks.insert(
+            "tsk_2".into(),
+            "x".into(),
+            t0,
+            0,
+            Some(Duration::from_secs(500)),
+        );
         tasks.on_timer(t0 + Duration::from_secs(100));
-        assert!(tasks
-            .take_actions()
-            .contains(&TaskAction::Terminate { task: "tsk_2".into() }));
+        assert!(tasks.take_actions().contains(&TaskAction::Terminate {
+            task: "tsk_2".into()
+        }));
     }
 
     #[test]

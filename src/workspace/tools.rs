@@ -43,8 +43,15 @@ pub const ALL: [&str; 14] = [
 fn read_only(name: &str) -> bool {
     matches!(
         name,
-        WORKERS_LIST | SYSTEM_INFO | TASK_GET | TASK_WAIT | TASK_LIST | FILE_LIST | FILE_READ
-            | FILE_FIND | FILE_SEARCH
+        WORKERS_LIST
+            | SYSTEM_INFO
+            | TASK_GET
+            | TASK_WAIT
+            | TASK_LIST
+            | FILE_LIST
+            | FILE_READ
+            | FILE_FIND
+            | FILE_SEARCH
     )
 }
 

@@ -27,7 +27,7 @@ use super::launch::{LaunchSpec, Launched, launch};
 use super::paths::WorkspaceRoot;
 use super::settings::WorkspaceWorkerSettings;
 use super::system_info::system_info;
-use super::tasks::{Exit, Stream, TaskAction, Tasks, WaitKind, NEXT_ACTIONS};
+use super::tasks::{Exit, NEXT_ACTIONS, Stream, TaskAction, Tasks, WaitKind};
 use super::tools;
 use crate::sandbox::{self, ConfinementReport, RPC_FD, Role};
 use crate::workers::rpc::{self, Message, Op, RpcError, RpcReader};
@@ -72,7 +72,10 @@ pub fn run() -> i32 {
     }
     // Before confinement: the private temp dir and the stdin of every command.
     if let Err(e) = make_tmp_dir(&settings) {
-        crate::error!("workspace {name}: temp dir {}: {e}", settings.tmp_dir().display());
+        crate::error!(
+            "workspace {name}: temp dir {}: {e}",
+            settings.tmp_dir().display()
+        );
         return 2;
     }
     let devnull = match std::fs::OpenOptions::new()
@@ -302,12 +305,16 @@ impl Worker {
                     }
                 }
             }
-            let finished = std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()));
+            let finished =
+                std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()));
             for (rpc, result) in finished {
                 if self.cancelled_jobs.remove(&rpc) {
                     continue;
                 }
-                push(&mut self.out, &response(rpc, Some(result.to_string()), None));
+                push(
+                    &mut self.out,
+                    &response(rpc, Some(result.to_string()), None),
+                );
             }
             let now = Instant::now();
             self.tasks.on_timer(now);
@@ -323,7 +330,10 @@ impl Worker {
     }
 
     fn next_timeout(&self, now: Instant) -> Option<Duration> {
-        let mut next = self.tasks.next_deadline().map(|d| d.saturating_duration_since(now));
+        let mut next = self
+            .tasks
+            .next_deadline()
+            .map(|d| d.saturating_duration_since(now));
         if !self.unreaped.is_empty() {
             next = Some(next.map_or(REAP_RETRY, |n| n.min(REAP_RETRY)));
         }
@@ -400,7 +410,11 @@ impl Worker {
         }
         let parsed: Value = match serde_json::from_str(arguments.unwrap_or("{}")) {
             Ok(v) => v,
-            Err(e) => return value(Err(WsError::invalid(format!("arguments are not JSON: {e}")))),
+            Err(e) => {
+                return value(Err(WsError::invalid(format!(
+                    "arguments are not JSON: {e}"
+                ))));
+            }
         };
         let arguments = unwrap_input(&parsed).clone();
         // The gateway routed the call here; a `worker` naming another workspace is a bug
@@ -464,7 +478,8 @@ impl Worker {
                 };
                 let outcome = if name == tools::TASK_WAIT {
                     let wait = self.wait_for(args.timeout);
-                    self.tasks.wait(id, &args.task_id, wait, WaitKind::TaskWait, now)
+                    self.tasks
+                        .wait(id, &args.task_id, wait, WaitKind::TaskWait, now)
                 } else {
                     self.tasks.cancel(id, &args.task_id, now)
                 };
@@ -563,8 +578,9 @@ impl Worker {
             self.settings.rlimits(),
         )
         .map_err(WsError::invalid)?;
-        let launched = launch(&spec, &self.devnull)
-            .map_err(|e| WsError::new(WsErrorCode::IoError, format!("starting the command: {e}")))?;
+        let launched = launch(&spec, &self.devnull).map_err(|e| {
+            WsError::new(WsErrorCode::IoError, format!("starting the command: {e}"))
+        })?;
         let id = new_task_id();
         self.tasks
             .insert(id.clone(), command.to_owned(), now, now_ms(), runtime);
@@ -722,7 +738,10 @@ impl Worker {
                 TaskAction::Terminate { task } => self.signal(&task, b'T'),
                 TaskAction::Kill { task } => self.signal(&task, b'K'),
                 TaskAction::Reply { rpc, result } => {
-                    push(&mut self.out, &response(rpc, Some(result.to_string()), None));
+                    push(
+                        &mut self.out,
+                        &response(rpc, Some(result.to_string()), None),
+                    );
                 }
                 TaskAction::Finished { task, summary } => {
                     if let Some(slot) = self.slot_of(&task)

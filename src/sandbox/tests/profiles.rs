@@ -420,7 +420,10 @@ fn workspace_profile_is_a_deny_list_of_what_no_program_may_do() {
         .filter(|r| r["syscall"] == "socket" && r["args"][0]["op"] == "eq")
         .filter_map(|r| r["args"][0]["val"].as_i64())
         .collect();
-    assert_eq!(offline, vec![i64::from(libc::AF_INET), i64::from(libc::AF_INET6)]);
+    assert_eq!(
+        offline,
+        vec![i64::from(libc::AF_INET), i64::from(libc::AF_INET6)]
+    );
     // What a role that runs programs needs is never refused outright.
     for needed in [
         "execve",
@@ -431,7 +434,9 @@ fn workspace_profile_is_a_deny_list_of_what_no_program_may_do() {
         "socketpair",
     ] {
         assert!(
-            !deny.iter().any(|r| r["syscall"] == needed && r.get("args").is_none()),
+            !deny
+                .iter()
+                .any(|r| r["syscall"] == needed && r.get("args").is_none()),
             "{needed} is refused"
         );
     }
@@ -453,8 +458,13 @@ fn workspace_landlock_grants_system_dirs_to_read_and_run_and_only_devices_to_wri
     // The other roles never run or write anything.
     for role in allow_list_roles() {
         let g = role_grant_defaults(role);
-        assert!(g.execute_paths.is_empty() && g.device_paths.is_empty() && g.write_paths.is_empty());
+        assert!(
+            g.execute_paths.is_empty() && g.device_paths.is_empty() && g.write_paths.is_empty()
+        );
     }
     let bad = "abi = 7\n[[device]]\npath = \"/etc/passwd\"\nwhy = \"x\"\n";
-    assert!(parse_landlock_profile(bad).is_err(), "a device outside /dev");
+    assert!(
+        parse_landlock_profile(bad).is_err(),
+        "a device outside /dev"
+    );
 }

@@ -157,7 +157,9 @@ fn a_workspace_may_fork_spawn_and_exec_but_nothing_else() {
     }
     // The workspace's own probes are required of it: missing one refuses it.
     let mut missing = workspace_report();
-    missing.probes.retain(|p| p.name != "create_file_outside_root");
+    missing
+        .probes
+        .retain(|p| p.name != "create_file_outside_root");
     assert!(missing.verdict(SandboxMode::Enforce).is_err());
     // A builtin worker that could fork is refused, whatever the workspace may do.
     let mut builtin = confined_report();
