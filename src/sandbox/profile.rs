@@ -40,6 +40,9 @@ pub(super) struct LandlockProfile {
     /// Character devices under /dev opened read-write (roles that run programs only).
     #[serde(default)]
     pub device: Vec<ReadGrant>,
+    /// Paths carved out of the read and execute grants whatever the config says.
+    #[serde(default)]
+    pub hidden: Vec<ReadGrant>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -76,6 +79,7 @@ pub(super) fn parse_landlock_profile(text: &str) -> Result<LandlockProfile, Stri
         ("read", &profile.read),
         ("execute", &profile.execute),
         ("device", &profile.device),
+        ("hidden", &profile.hidden),
     ] {
         for grant in grants {
             if !grant.path.is_absolute() {
@@ -139,6 +143,7 @@ pub fn role_grant_defaults(role: Role) -> RoleGrant {
             forbidden_probe_dir,
             execute_paths: profile.execute.into_iter().map(|g| g.path).collect(),
             device_paths: profile.device.into_iter().map(|g| g.path).collect(),
+            hidden_paths: profile.hidden.into_iter().map(|g| g.path).collect(),
             ..RoleGrant::default()
         },
         Err(e) => {

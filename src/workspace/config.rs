@@ -16,6 +16,11 @@ pub const DEFAULT_OUTPUT_CAP_BYTES: usize = 1024 * 1024;
 pub const MAX_OUTPUT_CAP_BYTES: usize = 4 * 1024 * 1024;
 /// Largest `max_read_bytes` and `max_write_bytes` (base64 and JSON must fit one message).
 pub const MAX_TRANSFER_BYTES: usize = 8 * 1024 * 1024;
+/// Largest `max_tasks`: a running task holds 4 fds of the worker, whose open files are
+/// limited by `[sandbox] max_open_files` (1024 by default).
+pub const MAX_TASKS: usize = 200;
+/// Largest `threads`.
+pub const MAX_THREADS: usize = 64;
 /// Longest workspace name.
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -300,8 +305,13 @@ impl WorkspaceConfig {
         if self.default_timeout_secs > self.max_wait_secs {
             return Err("default_timeout_secs: more than max_wait_secs".into());
         }
-        if self.max_tasks > 10_000 || self.threads > 256 {
-            return Err("max_tasks (at most 10000) or threads (at most 256) too large".into());
+        if self.max_tasks > MAX_TASKS {
+            return Err(format!(
+                "max_tasks: at most {MAX_TASKS} (a running task holds 4 file descriptors of the worker)"
+            ));
+        }
+        if self.threads > MAX_THREADS {
+            return Err(format!("threads: at most {MAX_THREADS}"));
         }
         Ok(())
     }

@@ -188,6 +188,8 @@ struct Exec {
 }
 
 const FD_CONTROL: RawFd = 3;
+/// Signals a leader ignores (and its shell gets back at their default).
+const STOP_SIGNALS: [libc::c_int; 4] = [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM];
 const FD_STATUS: RawFd = 4;
 
 /// Leader exit codes when it cannot set the task up (the worker reports a lost task).
@@ -279,6 +281,11 @@ unsafe fn leader_main(
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        // Only SIGKILL or its control pipe ends a leader: a signal to the worker's process
+        // group must not leave the task without the one process that can clean it up.
+        for sig in STOP_SIGNALS {
+            libc::signal(sig, libc::SIG_IGN);
+        }
         if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
             libc::_exit(EXIT_SETUP);
         }
@@ -420,7 +427,11 @@ unsafe fn shell_main(leader: libc::pid_t, scoped: bool, shell: &Exec) -> ! {
         if scoped && restrict_scoped() != 0 {
             fail(b"toolwall: cannot scope the task's signals\n", 126);
         }
+        // Dispositions set to ignore survive exec: give the command the defaults.
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        for sig in STOP_SIGNALS {
+            libc::signal(sig, libc::SIG_DFL);
+        }
         libc::close(FD_CONTROL);
         libc::close(FD_STATUS);
         if libc::chdir(shell.cwd) != 0 {

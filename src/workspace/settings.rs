@@ -49,7 +49,7 @@ impl WorkspaceWorkerSettings {
             .execute_paths
             .extend(self.workspace.read_only_paths.iter().cloned());
         grant.tcp_connect_ports = self.workspace.network.ports().to_vec();
-        grant.hidden_paths = self.hidden_paths.clone();
+        grant.hidden_paths.extend(self.hidden_paths.iter().cloned());
         grant.forbidden_probe_dir = self.forbidden_probe_dir.clone();
         grant
     }
@@ -129,7 +129,8 @@ mod tests {
         assert!(g.execute_paths.contains(&PathBuf::from("/usr")));
         assert!(g.execute_paths.contains(&PathBuf::from("/opt/rust")));
         assert_eq!(g.tcp_connect_ports, vec![443]);
-        assert_eq!(g.hidden_paths, vec![PathBuf::from("/etc/toolwall")]);
+        assert!(g.hidden_paths.contains(&PathBuf::from("/etc/toolwall")));
+        assert!(g.hidden_paths.contains(&PathBuf::from("/etc/shadow")), "profile default");
         let env = s.task_env();
         assert!(env.contains(&"PATH=/opt/rust/bin:/usr/bin".to_string()));
         assert!(env.contains(&"CARGO_HOME=/srv/ws/.cargo".to_string()));

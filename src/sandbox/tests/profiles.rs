@@ -453,6 +453,10 @@ fn workspace_landlock_grants_system_dirs_to_read_and_run_and_only_devices_to_wri
     for path in &grant.device_paths {
         assert_eq!(path.parent(), Some(std::path::Path::new("/dev")));
     }
+    // toolwall's own directory and the system's secrets are hidden whatever is granted.
+    for path in ["/etc/toolwall", "/etc/shadow", "/etc/ssh", "/etc/ssl/private"] {
+        assert!(grant.hidden_paths.contains(&PathBuf::from(path)), "{path}");
+    }
     // Writes and ports come from the config only.
     assert!(grant.write_paths.is_empty() && grant.tcp_connect_ports.is_empty());
     // The other roles never run or write anything.
