@@ -6,6 +6,7 @@ use globset::{GlobBuilder, GlobMatcher};
 use regex::bytes::{Regex, RegexBuilder};
 use serde_json::{Value, json};
 use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -241,7 +242,12 @@ pub fn search(
         if filter.as_ref().is_some_and(|f| !f.is_match(e.rel)) {
             return false;
         }
-        let Ok(file) = std::fs::File::open(e.abs) else {
+        // A file swapped for a link since the listing is not followed.
+        let Ok(file) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(e.abs)
+        else {
             return false;
         };
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);

@@ -130,7 +130,10 @@ mod tests {
         assert!(g.execute_paths.contains(&PathBuf::from("/opt/rust")));
         assert_eq!(g.tcp_connect_ports, vec![443]);
         assert!(g.hidden_paths.contains(&PathBuf::from("/etc/toolwall")));
-        assert!(g.hidden_paths.contains(&PathBuf::from("/etc/shadow")), "profile default");
+        assert!(
+            g.hidden_paths.contains(&PathBuf::from("/etc/shadow")),
+            "profile default"
+        );
         let env = s.task_env();
         assert!(env.contains(&"PATH=/opt/rust/bin:/usr/bin".to_string()));
         assert!(env.contains(&"CARGO_HOME=/srv/ws/.cargo".to_string()));

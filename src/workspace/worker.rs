@@ -223,6 +223,8 @@ struct Worker {
     slots: Vec<Option<TaskPipes>>,
     unreaped: Vec<libc::pid_t>,
     out: Vec<u8>,
+    /// File tool calls at the pool, and those of them the gateway cancelled.
+    pending_jobs: HashSet<u64>,
     cancelled_jobs: HashSet<u64>,
     jobs: SyncSender<Job>,
     done: Done,
@@ -263,6 +265,7 @@ impl Worker {
             slots: Vec::new(),
             unreaped: Vec::new(),
             out: Vec::new(),
+            pending_jobs: HashSet::new(),
             cancelled_jobs: HashSet::new(),
             jobs,
             done,
@@ -308,6 +311,7 @@ impl Worker {
             let finished =
                 std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()));
             for (rpc, result) in finished {
+                self.pending_jobs.remove(&rpc);
                 if self.cancelled_jobs.remove(&rpc) {
                     continue;
                 }
@@ -370,7 +374,9 @@ impl Worker {
                 if let Some(t) = target {
                     // A waiting call stops waiting; its task goes on.
                     self.tasks.forget(t);
-                    self.cancelled_jobs.insert(t);
+                    if self.pending_jobs.contains(&t) {
+                        self.cancelled_jobs.insert(t);
+                    }
                 }
                 None
             }
@@ -498,7 +504,10 @@ impl Worker {
                     args: arguments,
                 };
                 match self.jobs.try_send(job) {
-                    Ok(()) => None,
+                    Ok(()) => {
+                        self.pending_jobs.insert(id);
+                        None
+                    }
                     Err(TrySendError::Full(_)) => value(Err(WsError::new(
                         WsErrorCode::Busy,
                         format!(

@@ -454,7 +454,12 @@ fn workspace_landlock_grants_system_dirs_to_read_and_run_and_only_devices_to_wri
         assert_eq!(path.parent(), Some(std::path::Path::new("/dev")));
     }
     // toolwall's own directory and the system's secrets are hidden whatever is granted.
-    for path in ["/etc/toolwall", "/etc/shadow", "/etc/ssh", "/etc/ssl/private"] {
+    for path in [
+        "/etc/toolwall",
+        "/etc/shadow",
+        "/etc/ssh",
+        "/etc/ssl/private",
+    ] {
         assert!(grant.hidden_paths.contains(&PathBuf::from(path)), "{path}");
     }
     // Writes and ports come from the config only.
