@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::gateway::event_loop::{Exit, Gateway, Mode};
+use crate::gateway::event_loop::{Exit, FromSystemd, Gateway, Mode};
 use crate::policy::{self, ExplainQuery, Phase, Policy, Transport};
 
 const USAGE: &str = "\
@@ -17,7 +17,8 @@ toolwall: an MCP firewall between AI agents and the tools they call
 Usage: toolwall <COMMAND> [--config FILE] [OPTIONS]
 
 Gateway:
-  serve                      Run the gateway daemon (framed unix/vsock doors, admin socket)
+  serve                      Run the gateway daemon (framed unix/vsock doors, HTTP door,
+                             admin socket)
   stdio                      Serve one host agent on stdin/stdout (no daemon needed)
 
 Daemon (over the admin socket):
@@ -26,6 +27,14 @@ Daemon (over the admin socket):
   approvals [--json]         Calls held by an `ask` rule, with their arguments
   approve ID                 Let a held call go to its tool
   deny ID [--reason TEXT]    Refuse a held call
+  pins list [--json]         Pinned upstream tools; a changed one shows old and new
+  pins approve SERVER__TOOL  Accept a pinned tool's changed definition
+
+Tokens for the HTTP door (stored as hashes in the ledger database):
+  token create --principal NAME [--kind client|admin] [--expires 30d|never]
+                             Prints the token once; keep it, it cannot be shown again
+  token list                 Ids, principals, kinds, expiry, revocation
+  token revoke ID
 
 Files (no daemon needed):
   ledger tail [-n N] [--json] [--ledger FILE]
@@ -65,6 +74,8 @@ fn run() -> Result<i32, String> {
     let mut ledger_path: Option<PathBuf> = None;
     let mut reason: Option<String> = None;
     let mut explain = ExplainArgs::default();
+    let mut kind: Option<String> = None;
+    let mut expires: Option<String> = None;
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
             Short('h') | Long("help") => {
@@ -95,6 +106,8 @@ fn run() -> Result<i32, String> {
             Long("phase") => explain.phase = Some(string(parser.value())?),
             Long("result") => explain.result = Some(string(parser.value())?),
             Long("resource") => explain.resource = Some(string(parser.value())?),
+            Long("kind") => kind = Some(string(parser.value())?),
+            Long("expires") => expires = Some(string(parser.value())?),
             Value(v) => command.push(
                 v.into_string()
                     .map_err(|v| format!("argument {v:?} is not UTF-8"))?,
@@ -150,6 +163,66 @@ fn run() -> Result<i32, String> {
                 serde_json::json!({"op": "deny", "id": id, "reason": reason})
             };
             let reply = admin_request(&config, &request)?;
+            admin_outcome(&reply, json_out)
+        }
+        ["token", "create"] => {
+            let config = load(config_path)?;
+            let principal = explain
+                .principal
+                .ok_or("token create needs --principal NAME")?;
+            crate::tokens::validate_principal(&principal)?;
+            let kind = crate::tokens::TokenKind::parse(kind.as_deref().unwrap_or("client"))?;
+            let lifetime =
+                crate::tokens::cli_output::parse_lifetime(expires.as_deref().unwrap_or("never"))?;
+            let store =
+                crate::tokens::TokenStore::open(&config.ledger.path).map_err(|e| e.to_string())?;
+            let new = store
+                .create(&principal, kind, lifetime, crate::ledger::now_ms())
+                .map_err(|e| e.to_string())?;
+            print!("{}", crate::tokens::cli_output::format_created(&new));
+            Ok(0)
+        }
+        ["token", "list"] => {
+            let config = load(config_path)?;
+            let store =
+                crate::tokens::TokenStore::open(&config.ledger.path).map_err(|e| e.to_string())?;
+            let tokens = store.list().map_err(|e| e.to_string())?;
+            print!(
+                "{}",
+                crate::tokens::cli_output::format_list(&tokens, crate::ledger::now_ms())
+            );
+            Ok(0)
+        }
+        ["token", "revoke", id] => {
+            let id = crate::tokens::cli_output::parse_token_id(id)?;
+            let config = load(config_path)?;
+            let store =
+                crate::tokens::TokenStore::open(&config.ledger.path).map_err(|e| e.to_string())?;
+            let outcome = store
+                .revoke(id, crate::ledger::now_ms())
+                .map_err(|e| e.to_string())?;
+            let (text, code) = crate::tokens::cli_output::format_revoked(id, &outcome);
+            print!("{text}");
+            Ok(code)
+        }
+        ["pins", "list"] => {
+            let config = load(config_path)?;
+            let reply = admin_request(&config, &serde_json::json!({"op": "pins"}))?;
+            if json_out {
+                println!("{reply}");
+            } else if reply["ok"] == true {
+                print!("{}", crate::pins::cli_output::format_pins(&reply["pins"]));
+            } else {
+                eprintln!("toolwall: {}", reply["error"].as_str().unwrap_or("failed"));
+            }
+            Ok(if reply["ok"] == true { 0 } else { 1 })
+        }
+        ["pins", "approve", tool] => {
+            let config = load(config_path)?;
+            let reply = admin_request(
+                &config,
+                &serde_json::json!({"op": "pin_approve", "tool": tool}),
+            )?;
             admin_outcome(&reply, json_out)
         }
         ["ledger", "tail"] => {
@@ -211,8 +284,18 @@ fn origin(config: &Config) -> String {
 }
 
 fn serve(config_path: Option<PathBuf>, mode: Mode) -> Result<i32, String> {
+    // What systemd passed is taken before anything opens an fd or starts a thread.
+    let from_systemd = match mode {
+        Mode::Serve => FromSystemd {
+            inherited: crate::systemd::listen_fds()?,
+            notifier: crate::systemd::Notifier::from_env()
+                .map_err(|e| format!("NOTIFY_SOCKET: {e}"))?,
+            watchdog_period: crate::systemd::watchdog_interval(),
+        },
+        Mode::Stdio => FromSystemd::default(),
+    };
     let config = load(config_path)?;
-    let mut gateway = Gateway::new(config, mode)?;
+    let mut gateway = Gateway::with_systemd(config, mode, from_systemd)?;
     match gateway.run()? {
         Exit::Stopped | Exit::StdinClosed => Ok(0),
     }
@@ -333,6 +416,7 @@ fn format_status(s: &serde_json::Value) -> String {
             let _ = writeln!(out, "    last exit: {e}");
         }
     }
+    out.push_str(&crate::aggregator::status::format_servers(&s["servers"]));
     out
 }
 

@@ -7,10 +7,14 @@
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
+use crate::aggregator::ServersConfig;
 use crate::ledger::LedgerConfig;
 use crate::policy::PolicyConfig;
 use crate::sandbox::SandboxConfig;
 use crate::tools::http::HttpToolsConfig;
+use crate::transport::http::HttpConfig;
+use crate::transport::http::auth::HttpAuth;
+use std::net::SocketAddr;
 
 /// Where `serve` looks when `--config` is not given.
 pub const SYSTEM_CONFIG: &str = "/etc/toolwall/toolwall.toml";
@@ -27,6 +31,10 @@ pub struct Config {
     pub sandbox: SandboxConfig,
     pub admin: AdminConfig,
     pub builtin: BuiltinConfig,
+    /// Limits of the Streamable HTTP door (`[listen] http` says where it listens).
+    pub http: HttpConfig,
+    /// `[servers]` and `[servers.NAME]`: the upstream MCP servers of the aggregator.
+    pub servers: ServersConfig,
     /// Where the config came from (None: embedded defaults). Not a TOML key.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -39,6 +47,19 @@ pub struct ListenConfig {
     pub unix: Option<PathBuf>,
     /// Framed vsock port, any CID.
     pub vsock: Option<u32>,
+    /// The Streamable HTTP door (`POST /mcp`), e.g. `"127.0.0.1:9210"`.
+    pub http: Option<SocketAddr>,
+    /// PEM certificate chain and private key: the HTTP door speaks TLS (reloaded on SIGHUP).
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// The URL clients use (`https://mcp.example.com`): `Origin` and `Host` are checked
+    /// against it.
+    pub public_url: Option<String>,
+    /// `"tokens"` (default): every MCP request needs a client token. `"none"`: no tokens,
+    /// refused unless `http` is a loopback address.
+    pub http_auth: HttpAuth,
+    /// Serve `/metrics` without an admin token.
+    pub metrics_public: bool,
 }
 
 impl Default for ListenConfig {
@@ -46,6 +67,12 @@ impl Default for ListenConfig {
         ListenConfig {
             unix: Some(PathBuf::from(DEFAULT_STATE_DIR).join("mcp.sock")),
             vsock: None,
+            http: None,
+            tls_cert: None,
+            tls_key: None,
+            public_url: None,
+            http_auth: HttpAuth::Tokens,
+            metrics_public: false,
         }
     }
 }
@@ -193,6 +220,9 @@ impl Config {
                 )));
             }
         }
+        self.servers
+            .validate()
+            .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
         Ok(())
     }
 

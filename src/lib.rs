@@ -3,11 +3,13 @@
 
 pub mod log;
 
+pub mod aggregator;
 pub mod cli;
 pub mod config;
 pub mod gateway;
 pub mod ledger;
 pub mod mcp;
+pub mod pins;
 pub mod policy;
 pub mod sandbox;
 pub mod systemd;

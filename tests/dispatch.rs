@@ -6,8 +6,10 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 
-/// (request, what the answer must show). `None` params means none sent.
-fn matrix() -> Vec<(&'static str, Option<Value>, fn(&Value))> {
+/// A method, its params (`None`: none sent), and what the answer must show.
+type Case = (&'static str, Option<Value>, fn(&Value));
+
+fn matrix() -> Vec<Case> {
     vec![
         (
             "initialize",

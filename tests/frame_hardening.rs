@@ -7,6 +7,7 @@ use serde_json::json;
 use toolwall_relay::frame::{self, FLAG_NOTIFICATION, HEADER_LEN, MAGIC, MAX_TOTAL, VERSION};
 
 /// A hand-built frame with any header field set.
+#[allow(clippy::too_many_arguments)]
 fn raw_frame(
     magic: u16,
     version: u8,

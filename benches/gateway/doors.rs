@@ -481,12 +481,121 @@ impl Door for ToolwallRelay {
     }
 }
 
-/// HTTP `POST /mcp` with keep-alive. The gateway has no HTTP door yet; when it does, this
-/// starts `toolwall serve` with an HTTP listener on a free loopback port and returns a door
-/// whose `connect` opens a TCP connection (after the MCP handshake the door needs, if any)
-/// with `Wire::Http { host, path: "/mcp", headers }`. The client already speaks it.
-fn open_toolwall_http(_: &Ctx) -> Opened {
-    Err("the gateway has no HTTP door yet".into())
+/// HTTP `POST /mcp` with keep-alive, the legacy era: each connection initializes its own
+/// session with a client token (created with `toolwall token create`), then sends its
+/// calls with `Mcp-Session-Id`, `MCP-Protocol-Version` and `Authorization` headers.
+struct ToolwallHttp {
+    served: Served,
+    port: u16,
+    token: String,
+}
+
+fn open_toolwall_http(ctx: &Ctx) -> Opened {
+    // A free loopback port: bind, read it back, release it for the gateway.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("free port: {e}"))?
+        .port();
+    let setup = Setup::with_http(ctx.with_rules, Some(port)).map_err(|e| e.to_string())?;
+    let out = Command::new(&ctx.toolwall_bin)
+        .args(["token", "create", "--principal", "bench", "--config"])
+        .arg(&setup.config)
+        .current_dir(setup.dir.path())
+        .output()
+        .map_err(|e| format!("toolwall token create: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let token = text
+        .split_whitespace()
+        .find(|w| w.starts_with("twt_"))
+        .ok_or_else(|| format!("no token in the output of toolwall token create: {text}"))?
+        .to_owned();
+    let gateway = setup
+        .spawn(&ctx.toolwall_bin, "serve", Stdio::null())
+        .map_err(|e| e.to_string())?;
+    let worker = gateway.worker_pid(Some(&setup.admin));
+    Ok(Box::new(ToolwallHttp {
+        served: Served {
+            setup,
+            gateway,
+            worker,
+            ledger_is_real: ctx.ledger_is_real,
+        },
+        port,
+        token,
+    }))
+}
+
+impl Door for ToolwallHttp {
+    fn name(&self) -> &str {
+        "toolwall http"
+    }
+    fn runs_at(&self, _: Level) -> bool {
+        true
+    }
+    fn connect(&mut self) -> Result<ClientConn, String> {
+        use std::io::{Read, Write};
+        let host = format!("127.0.0.1:{}", self.port);
+        let mut stream =
+            std::net::TcpStream::connect(&host).map_err(|e| format!("connect {host}: {e}"))?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        let body = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}"#;
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nAuthorization: Bearer {}\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            self.token,
+            body.len()
+        );
+        stream
+            .write_all(request.as_bytes())
+            .map_err(|e| e.to_string())?;
+        // Read the whole response (head + Content-Length body) to learn the session id.
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let probe = Wire::Http {
+            host: host.clone(),
+            path: "/mcp".into(),
+            headers: String::new(),
+        };
+        let session = loop {
+            let n = stream.read(&mut chunk).map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("the gateway closed the connection during initialize".into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if probe.decode(&buf)?.is_some() {
+                let head = String::from_utf8_lossy(&buf);
+                let id = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("mcp-session-id")
+                            .then(|| v.trim().to_owned())
+                    })
+                    .ok_or("initialize answered without Mcp-Session-Id")?;
+                break id;
+            }
+        };
+        let headers = format!(
+            "Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\nAuthorization: Bearer {}\r\n",
+            self.token
+        );
+        ClientConn::from_socket(
+            std::os::fd::OwnedFd::from(stream),
+            Wire::Http {
+                host,
+                path: "/mcp".into(),
+                headers,
+            },
+        )
+        .map_err(|e| e.to_string())
+    }
+    fn processes(&self) -> Vec<Proc> {
+        self.served.processes()
+    }
+    fn finish(&mut self, answered: u64) -> LedgerCheck {
+        self.served.finish(answered)
+    }
 }
 
 /// The worker's pid is found once the gateway is up; a door whose worker was not found

@@ -27,14 +27,22 @@ pub struct Setup {
 }
 
 fn config_text(dir: &Path, with_rules: bool) -> String {
+    config_text_http(dir, with_rules, None)
+}
+
+/// The bench config, with the HTTP door on `127.0.0.1:port` when given.
+fn config_text_http(dir: &Path, with_rules: bool, http_port: Option<u16>) -> String {
     let d = dir.display();
     let rules = if with_rules {
         policy_rules::TWENTY_RULES
     } else {
         ""
     };
+    let http = http_port
+        .map(|p| format!("http = \"127.0.0.1:{p}\"\n"))
+        .unwrap_or_default();
     format!(
-        "[listen]\nunix = \"{d}/mcp.sock\"\n\n[ledger]\npath = \"{d}/state/ledger.db\"\n\n\
+        "[listen]\nunix = \"{d}/mcp.sock\"\n{http}\n[ledger]\npath = \"{d}/state/ledger.db\"\n\n\
          [admin]\nsocket = \"{d}/admin.sock\"\n{rules}"
     )
 }
@@ -60,11 +68,16 @@ pub fn config_takes_rules() -> Result<bool, String> {
 
 impl Setup {
     pub fn new(with_rules: bool) -> std::io::Result<Setup> {
+        Setup::with_http(with_rules, None)
+    }
+
+    /// As [`Setup::new`], with the HTTP door on a loopback port.
+    pub fn with_http(with_rules: bool, http_port: Option<u16>) -> std::io::Result<Setup> {
         let dir = tempfile::Builder::new()
             .prefix("toolwall-bench")
             .tempdir()?;
         let config = dir.path().join("toolwall.toml");
-        std::fs::write(&config, config_text(dir.path(), with_rules))?;
+        std::fs::write(&config, config_text_http(dir.path(), with_rules, http_port))?;
         Ok(Setup {
             config,
             sock: dir.path().join("mcp.sock"),

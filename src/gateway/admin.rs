@@ -41,6 +41,12 @@ enum Request {
         #[serde(default)]
         reason: Option<String>,
     },
+    /// Every tool pin, with a waiting change's old and new definitions.
+    Pins,
+    /// Approve the waiting change of a pinned tool (`server__tool`).
+    PinApprove {
+        tool: String,
+    },
 }
 
 pub fn handle(gw: &mut Gateway, principal: &str, line: &[u8]) -> Value {
@@ -68,6 +74,17 @@ pub fn handle(gw: &mut Gateway, principal: &str, line: &[u8]) -> Value {
         }
         Request::Approve { id } => decide(gw, id, true, principal, None, now),
         Request::Deny { id, reason } => decide(gw, id, false, principal, reason.as_deref(), now),
+        Request::Pins => match gw.core().upstreams() {
+            Some(u) => u.pins_json(),
+            None => json!({"ok": true, "pins": []}),
+        },
+        Request::PinApprove { tool } => {
+            let who = format!("admin {principal}");
+            match gw.core_mut().approve_pin(&tool, &who, now) {
+                Ok(message) => json!({"ok": true, "message": message}),
+                Err(e) => json!({"ok": false, "error": e}),
+            }
+        }
     }
 }
 
@@ -124,5 +141,6 @@ fn status(gw: &Gateway, now: Instant) -> Value {
         "last_reload": gw.last_reload,
         "reloads": gw.reloads,
         "workers": workers,
+        "servers": core.upstreams().map(|u| u.status_json(core.catalog())).unwrap_or_else(|| json!([])),
     })
 }

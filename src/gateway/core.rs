@@ -10,11 +10,11 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::borrow::Cow;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::aggregator::gateway_state::UpstreamsState;
 use crate::config::GatewayConfig;
 use crate::ledger::{CallEnd, CallStart, Ledger};
 use crate::mcp::catalog::{Catalog, Kind, WorkerId, split_namespaced};
@@ -22,6 +22,7 @@ use crate::mcp::jsonrpc::{self, Message};
 use crate::mcp::protocol;
 use crate::mcp::tool_error::{ToolErrorCode, refusal};
 use crate::policy::{Decision, Phase, Policy, Subject, Transport, Verdict};
+use crate::transport::http::metrics::{self, Histogram};
 use crate::workers::rpc::{self, Op};
 
 /// A connection as the core knows it: its slot in the loop and a generation, so an answer
@@ -101,6 +102,8 @@ enum CallKind {
     Listing { kind: Kind, server: String },
     /// A fresh confinement report asked of a live worker.
     Attest,
+    /// The aggregator's `configure` request.
+    Configure,
 }
 
 #[derive(Debug)]
@@ -144,6 +147,29 @@ pub struct WorkerView {
     pub ready: bool,
 }
 
+/// What `/metrics` reports that only the core sees; bounded (method labels are a fixed
+/// set, rule ids come from the loaded policy).
+#[derive(Debug)]
+pub struct Observed {
+    /// Requests by (method label, outcome: ok | error | refused).
+    pub requests: BTreeMap<(&'static str, &'static str), u64>,
+    /// `tools/call` decisions by (deciding rule or "default", decision).
+    pub policy_decisions: BTreeMap<(String, &'static str), u64>,
+    pub tool_call_latency: Histogram,
+    pub ledger_commit_latency: Histogram,
+}
+
+impl Default for Observed {
+    fn default() -> Self {
+        Observed {
+            requests: BTreeMap::new(),
+            policy_decisions: BTreeMap::new(),
+            tool_call_latency: Histogram::new(metrics::TOOL_CALL_BUCKETS),
+            ledger_commit_latency: Histogram::new(metrics::LEDGER_COMMIT_BUCKETS),
+        }
+    }
+}
+
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct Counters {
     pub calls_total: u64,
@@ -168,14 +194,18 @@ pub struct Core {
     calls: HashMap<u64, Call>,
     in_flight: HashMap<ConnRef, usize>,
     sessions: HashMap<ConnRef, Session>,
-    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Every call's deadline, removed when the call ends: bounded by the calls in flight.
+    deadlines: BTreeSet<(Instant, u64)>,
     next_key: u64,
     actions: Vec<Action>,
     ledger_ok: bool,
     stopping: bool,
     pub counters: Counters,
+    pub observed: Observed,
     /// Tools per page of `tools/list` (and resources, prompts).
     pub page_size: usize,
+    /// The aggregator worker and its upstream servers, when any is configured.
+    upstreams: Option<UpstreamsState>,
 }
 
 fn now_ms() -> i64 {
@@ -228,14 +258,78 @@ impl Core {
             calls: HashMap::new(),
             in_flight: HashMap::new(),
             sessions: HashMap::new(),
-            deadlines: BinaryHeap::new(),
+            deadlines: BTreeSet::new(),
             next_key: 1,
             actions: Vec::new(),
             ledger_ok: true,
             stopping: false,
             counters: Counters::default(),
+            observed: Observed::default(),
             page_size: 200,
+            upstreams: None,
         }
+    }
+
+    /// The aggregator worker is `upstreams.worker`; the core lists and routes its servers.
+    pub fn set_upstreams(&mut self, upstreams: UpstreamsState) {
+        self.upstreams = Some(upstreams);
+    }
+
+    pub fn upstreams(&self) -> Option<&UpstreamsState> {
+        self.upstreams.as_ref()
+    }
+
+    pub fn upstreams_mut(&mut self) -> Option<&mut UpstreamsState> {
+        self.upstreams.as_mut()
+    }
+
+    fn is_aggregator(&self, worker: WorkerId) -> bool {
+        self.upstreams.as_ref().is_some_and(|u| u.is_worker(worker))
+    }
+
+    /// List every upstream server again (reload, refresh).
+    pub fn refresh_upstreams(&mut self, now: Instant) {
+        let Some(u) = &self.upstreams else { return };
+        let (worker, servers) = (u.worker, u.servers());
+        if !self.workers[worker].ready {
+            return;
+        }
+        for server in servers {
+            self.list_server(
+                worker,
+                &server,
+                &[Kind::Tools, Kind::Resources, Kind::Prompts],
+                now,
+            );
+        }
+    }
+
+    fn list_server(&mut self, worker: WorkerId, server: &str, kinds: &[Kind], now: Instant) {
+        for kind in kinds {
+            let op = match kind {
+                Kind::Tools => Op::ListTools,
+                Kind::Resources => Op::ListResources,
+                Kind::Prompts => Op::ListPrompts,
+            };
+            self.gateway_request(worker, op, *kind, server, now);
+        }
+    }
+
+    /// `toolwall pins approve TOOL`: the tool's server is listed again, so it reappears.
+    pub fn approve_pin(&mut self, tool: &str, who: &str, now: Instant) -> Result<String, String> {
+        let Some(u) = self.upstreams.as_mut() else {
+            return Err("no upstream servers are configured".into());
+        };
+        let server = u.approve_pin(tool, who)?;
+        let worker = u.worker;
+        self.event("pin", json!({"what": "approved", "tool": tool, "by": who}));
+        crate::info!("pin: {tool} approved by {who}");
+        if self.workers[worker].ready {
+            self.list_server(worker, &server, &[Kind::Tools], now);
+        }
+        Ok(format!(
+            "{tool} approved; its server {server} is being listed again"
+        ))
     }
 
     pub fn policy(&self) -> &Rc<Policy> {
@@ -300,6 +394,41 @@ impl Core {
     /// A worker attested and may get work: ask it what it serves.
     pub fn on_worker_ready(&mut self, worker: WorkerId, now: Instant) {
         self.workers[worker].ready = true;
+        if self.is_aggregator(worker) {
+            // Credentials first (only over this channel), then every server's lists.
+            let key = self.new_key();
+            let Some(msg) = self.upstreams.as_ref().map(|u| u.configure_request(key)) else {
+                return;
+            };
+            let deadline = now + Duration::from_secs(self.limits.request_timeout_secs);
+            self.calls.insert(
+                key,
+                Call {
+                    conn: None,
+                    stream: 0,
+                    id: String::new(),
+                    method: "configure".into(),
+                    worker,
+                    kind: CallKind::Configure,
+                    stage: Stage::AtWorker,
+                    principal: String::new(),
+                    process: String::new(),
+                    transport: Transport::Stdio,
+                    started: now,
+                    deadline,
+                    timeout_key: "gateway.request_timeout_secs",
+                    approved: None,
+                },
+            );
+            self.deadlines.insert((deadline, key));
+            self.actions.push(Action::ToWorker {
+                worker,
+                call: Some(key),
+                msg,
+            });
+            self.refresh_upstreams(now);
+            return;
+        }
         let server = self.workers[worker].server.clone();
         self.gateway_request(worker, Op::ListTools, Kind::Tools, &server, now);
         self.gateway_request(worker, Op::ListResources, Kind::Resources, &server, now);
@@ -338,14 +467,16 @@ impl Core {
                 approved: None,
             },
         );
-        self.deadlines.push(Reverse((deadline, key)));
+        self.deadlines.insert((deadline, key));
+        // The aggregator serves many servers: the request names the one to list.
+        let name = self.is_aggregator(worker).then(|| server.to_owned());
         self.actions.push(Action::ToWorker {
             worker,
             call: Some(key),
             msg: rpc::Message::Request {
                 id: key,
                 op,
-                name: None,
+                name,
                 args: None,
                 target: None,
             },
@@ -379,7 +510,7 @@ impl Core {
                 approved: None,
             },
         );
-        self.deadlines.push(Reverse((deadline, key)));
+        self.deadlines.insert((deadline, key));
         self.actions.push(Action::ToWorker {
             worker,
             call: Some(key),
@@ -397,6 +528,9 @@ impl Core {
     /// A worker is gone (exited, or broke the protocol): every call it held fails now.
     pub fn on_worker_gone(&mut self, worker: WorkerId, reason: &str) {
         self.workers[worker].ready = false;
+        if let Some(u) = self.upstreams.as_mut().filter(|u| u.is_worker(worker)) {
+            u.on_worker_gone(reason);
+        }
         let keys: Vec<u64> = self
             .calls
             .iter()
@@ -424,7 +558,7 @@ impl Core {
                 if call.worker != worker {
                     return;
                 }
-                let call = self.calls.remove(&id).unwrap_or_else(|| unreachable!());
+                let call = self.take_call(id).unwrap_or_else(|| unreachable!());
                 self.complete(call, ok, error, facts, now);
             }
             rpc::Message::Event { kind, detail } => {
@@ -432,6 +566,16 @@ impl Core {
                     "worker_event",
                     json!({"worker": self.workers[worker].name, "kind": kind, "detail": detail}),
                 );
+                let relist = self
+                    .upstreams
+                    .as_mut()
+                    .filter(|u| u.is_worker(worker))
+                    .and_then(|u| u.on_event(&kind, &detail));
+                if let Some(r) = relist
+                    && self.workers[worker].ready
+                {
+                    self.list_server(worker, &r.server, &r.kinds, now);
+                }
             }
             rpc::Message::Ready { .. } | rpc::Message::Request { .. } => {
                 // The supervisor handles ready; a worker never sends requests.
@@ -490,6 +634,13 @@ impl Core {
     /// A worker request could not be queued (the worker went down this turn).
     pub fn fail_unsent(&mut self, key: u64, why: &str) {
         self.fail_call(key, ToolErrorCode::WorkerUnavailable, why);
+    }
+
+    /// Remove a call and its deadline.
+    fn take_call(&mut self, key: u64) -> Option<Call> {
+        let call = self.calls.remove(&key)?;
+        self.deadlines.remove(&(call.deadline, key));
+        Some(call)
     }
 
     fn new_key(&mut self) -> u64 {
@@ -599,38 +750,36 @@ impl Core {
         }
     }
 
+    /// Only `notifications/cancelled` needs anything; initialized, roots/list_changed,
+    /// progress and the rest are accepted and ignored.
     fn on_notification(&mut self, conn: ConnRef, method: &str, params: Option<&RawValue>) {
-        match method {
-            "notifications/cancelled" => {
-                let Some(p) =
-                    params.and_then(|p| serde_json::from_str::<CancelParams>(p.get()).ok())
-                else {
-                    return;
-                };
-                let target = p.request_id.get();
-                let key = self
-                    .calls
-                    .iter()
-                    .find(|(_, c)| c.conn == Some(conn) && c.id == target)
-                    .map(|(k, _)| *k);
-                let reason = p.reason.unwrap_or_else(|| "cancelled by the client".into());
-                self.event(
-                    "cancelled",
-                    json!({"request_id": target, "reason": reason, "found": key.is_some()}),
-                );
-                if let Some(key) = key {
-                    self.cancel_call(key, &reason);
-                }
-            }
-            // initialized, roots/list_changed, progress...: nothing to do.
-            _ => {}
+        if method != "notifications/cancelled" {
+            return;
+        }
+        let Some(p) = params.and_then(|p| serde_json::from_str::<CancelParams>(p.get()).ok())
+        else {
+            return;
+        };
+        let target = p.request_id.get();
+        let key = self
+            .calls
+            .iter()
+            .find(|(_, c)| c.conn == Some(conn) && c.id == target)
+            .map(|(k, _)| *k);
+        let reason = p.reason.unwrap_or_else(|| "cancelled by the client".into());
+        self.event(
+            "cancelled",
+            json!({"request_id": target, "reason": reason, "found": key.is_some()}),
+        );
+        if let Some(key) = key {
+            self.cancel_call(key, &reason);
         }
     }
 
     /// The client cancelled: the worker is told, the row ends as an error, no answer is
     /// sent (the MCP rule for cancelled requests).
     fn cancel_call(&mut self, key: u64, reason: &str) {
-        let Some(call) = self.calls.remove(&key) else {
+        let Some(call) = self.take_call(key) else {
             return;
         };
         if matches!(call.stage, Stage::AtWorker) {
@@ -681,6 +830,11 @@ impl Core {
         params: Option<&RawValue>,
         now: Instant,
     ) {
+        *self
+            .observed
+            .requests
+            .entry((metrics::method_label(method), "received"))
+            .or_insert(0) += 1;
         if self.stopping {
             self.reply_error(
                 ctx.conn,
@@ -708,7 +862,20 @@ impl Core {
                     json!({"requested": asked, "negotiated": version, "client": client,
                            "principal": ctx.peer.principal, "transport": ctx.peer.transport.as_str()}),
                 );
-                let result = protocol::initialize_result(version).to_string();
+                let list_changed = ctx.peer.transport != Transport::Http;
+                let result = protocol::initialize_result(version, list_changed).to_string();
+                self.reply(
+                    ctx.conn,
+                    ctx.stream,
+                    ctx.id,
+                    jsonrpc::result_response(ctx.id, &result),
+                );
+            }
+            "server/discover" => {
+                // The modern era's handshake-free description; the HTTP door adds the
+                // era's fields (resultType, _meta) when it writes the answer.
+                let result = crate::transport::http::era::discover_result(protocol::INSTRUCTIONS)
+                    .to_string();
                 self.reply(
                     ctx.conn,
                     ctx.stream,
@@ -941,14 +1108,18 @@ impl Core {
                 approved: None,
             },
         );
-        self.deadlines.push(Reverse((deadline, key)));
+        self.deadlines.insert((deadline, key));
         self.actions.push(Action::ToWorker {
             worker: entry.worker,
             call: Some(key),
             msg: rpc::Message::Request {
                 id: key,
                 op,
-                name: Some(entry.upstream),
+                name: Some(if self.is_aggregator(entry.worker) {
+                    UpstreamsState::request_name(op, &entry.server, &entry.upstream)
+                } else {
+                    entry.upstream
+                }),
                 args: Some(args.to_string()),
                 target: None,
             },
@@ -1007,6 +1178,52 @@ impl Core {
             return;
         }
         // Only what routing needs; the definition text stays in the catalog.
+        let pin_refusal = self.upstreams.as_ref().and_then(|u| u.pin_refusal(name));
+        if let Some(message) = pin_refusal {
+            // Hidden by a changed pin: a row, and a refusal the model can read.
+            let start = CallStart {
+                decision: "denied",
+                ..start
+            };
+            self.ledger.stage_call(&start);
+            let call = Call {
+                conn: Some(ctx.conn),
+                stream: ctx.stream,
+                id: ctx.id.to_owned(),
+                method: "tools/call".into(),
+                worker: 0,
+                kind: CallKind::Tool {
+                    ledger_id,
+                    server: server.to_owned(),
+                    tool: bare_tool.to_owned(),
+                    decision: Decision {
+                        verdict: Verdict::Block,
+                        rule: None,
+                        reason: Some("pin_changed".into()),
+                        matched: Vec::new(),
+                    },
+                    rewritten: None,
+                },
+                stage: Stage::AtWorker,
+                principal: ctx.peer.principal.clone(),
+                process: ctx.process.to_owned(),
+                transport: ctx.peer.transport,
+                started: now,
+                deadline: now,
+                timeout_key: "gateway.tool_call_timeout_secs",
+                approved: None,
+            };
+            let result = refusal(ToolErrorCode::PinChanged, &message, None);
+            self.finish_tool(
+                call,
+                "denied",
+                &result.to_string(),
+                Some(&message),
+                None,
+                None,
+            );
+            return;
+        }
         let Some(entry) = self.catalog.get(Kind::Tools, name).map(Route::from) else {
             let message = format!("unknown tool: {name}");
             self.refuse_at_start(
@@ -1120,7 +1337,7 @@ impl Core {
                 };
                 call.deadline = now + policy.ask_timeout();
                 call.timeout_key = "policy.ask_timeout_secs";
-                self.deadlines.push(Reverse((call.deadline, key)));
+                self.deadlines.insert((call.deadline, key));
                 self.event("ask_pending", json!({"approval_id": key, "call_id": ledger_id, "tool": name, "principal": call.principal}));
                 self.calls.insert(key, call);
             }
@@ -1163,21 +1380,26 @@ impl Core {
             );
             return;
         }
-        let CallKind::Tool { tool, .. } = &call.kind else {
+        let CallKind::Tool { tool, server, .. } = &call.kind else {
             return;
+        };
+        let name = if self.is_aggregator(call.worker) {
+            UpstreamsState::request_name(Op::CallTool, server, tool)
+        } else {
+            tool.clone()
         };
         let key = self.new_key();
         call.stage = Stage::AtWorker;
         call.deadline = now + Duration::from_secs(self.limits.tool_call_timeout_secs);
         call.timeout_key = "gateway.tool_call_timeout_secs";
-        self.deadlines.push(Reverse((call.deadline, key)));
+        self.deadlines.insert((call.deadline, key));
         self.actions.push(Action::ToWorker {
             worker: call.worker,
             call: Some(key),
             msg: rpc::Message::Request {
                 id: key,
                 op: Op::CallTool,
-                name: Some(tool.clone()),
+                name: Some(name),
                 args: Some(args),
                 target: None,
             },
@@ -1253,6 +1475,33 @@ impl Core {
             "denied" => self.counters.calls_denied += 1,
             _ => self.counters.calls_error += 1,
         }
+        let outcome = match decision {
+            "allowed" => "ok",
+            "denied" => "refused",
+            _ => "error",
+        };
+        *self
+            .observed
+            .requests
+            .entry(("tools/call", outcome))
+            .or_insert(0) += 1;
+        let rule = policy_decision
+            .rule
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let verdict = match decision {
+            "denied" => "block",
+            "error" => "error",
+            _ => "allow",
+        };
+        *self
+            .observed
+            .policy_decisions
+            .entry((rule, verdict))
+            .or_insert(0) += 1;
+        self.observed
+            .tool_call_latency
+            .observe(call.started.elapsed());
         let rewritten_args = rewritten.as_deref().map(str::as_bytes);
         self.ledger.stage_call_end(
             *ledger_id,
@@ -1277,7 +1526,7 @@ impl Core {
 
     /// A call could not be served (worker gone, timeout, stopping, ledger): answer it.
     fn fail_call(&mut self, key: u64, code: ToolErrorCode, message: &str) {
-        let Some(call) = self.calls.remove(&key) else {
+        let Some(call) = self.take_call(key) else {
             return;
         };
         match &call.kind {
@@ -1303,6 +1552,9 @@ impl Core {
                 let name = self.workers[call.worker].name.clone();
                 crate::warn!("re-attestation of worker {name} failed: {message}");
             }
+            CallKind::Configure => {
+                crate::error!("configuring the aggregator failed: {message}");
+            }
         }
     }
 
@@ -1320,6 +1572,20 @@ impl Core {
                 let items = ok
                     .as_deref()
                     .and_then(|t| serde_json::from_str::<Vec<Value>>(t).ok());
+                let items = match (items, self.upstreams.as_mut()) {
+                    (Some(items), Some(u)) if kind == Kind::Tools && u.is_worker(call.worker) => {
+                        let review = u.review_tools(&server, items);
+                        for note in &review.notes {
+                            if let Some(line) = note.log_line() {
+                                crate::warn!("{line}");
+                            }
+                            let (kind, detail) = note.event();
+                            self.ledger.stage_event(kind, &detail);
+                        }
+                        Some(review.visible)
+                    }
+                    (items, _) => items,
+                };
                 match items {
                     Some(items) => {
                         match self.catalog.set(kind, &server, call.worker, items) {
@@ -1369,6 +1635,16 @@ impl Core {
                 }
             }
             CallKind::Tool { .. } => self.complete_tool(call, ok, error, facts),
+            CallKind::Configure => {
+                if let Some(e) = error {
+                    crate::error!(
+                        "configuring the aggregator failed: {}: {}",
+                        e.kind,
+                        e.message
+                    );
+                }
+                let _ = ok;
+            }
             CallKind::Attest => {
                 let name = self.workers[call.worker].name.clone();
                 let report: Value = ok
@@ -1396,10 +1672,10 @@ impl Core {
         error: Option<rpc::RpcError>,
         facts: Option<String>,
     ) {
-        if let Some(facts) = facts {
-            if let CallKind::Tool { ledger_id, .. } = &call.kind {
-                self.event("tool_facts", json!({"call_id": ledger_id, "facts": facts}));
-            }
+        if let Some(facts) = facts
+            && let CallKind::Tool { ledger_id, .. } = &call.kind
+        {
+            self.event("tool_facts", json!({"call_id": ledger_id, "facts": facts}));
         }
         let result = match (ok, error) {
             (Some(result), _) => result,
@@ -1605,7 +1881,7 @@ impl Core {
             }) => {}
             _ => return Err(format!("no call awaiting approval has id {id}")),
         }
-        let mut call = self.calls.remove(&id).unwrap_or_else(|| unreachable!());
+        let mut call = self.take_call(id).unwrap_or_else(|| unreachable!());
         let decided = now_ms();
         let ledger_id = match &call.kind {
             CallKind::Tool { ledger_id, .. } => *ledger_id,
@@ -1682,20 +1958,28 @@ impl Core {
     // ---- time -------------------------------------------------------------------------
 
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.peek().map(|Reverse((t, _))| *t)
+        let call = self.deadlines.first().map(|(t, _)| *t);
+        let refresh = self
+            .upstreams
+            .as_ref()
+            .and_then(UpstreamsState::next_refresh);
+        call.into_iter().chain(refresh).min()
     }
 
     pub fn on_timers(&mut self, now: Instant) {
-        while let Some(Reverse((t, key))) = self.deadlines.peek().copied() {
+        if self.upstreams.as_mut().is_some_and(|u| u.refresh_due(now)) {
+            self.refresh_upstreams(now);
+        }
+        while let Some((t, key)) = self.deadlines.first().copied() {
             if t > now {
                 break;
             }
-            self.deadlines.pop();
+            self.deadlines.pop_first();
             let Some(call) = self.calls.get(&key) else {
                 continue;
             };
             if call.deadline != t {
-                continue;
+                continue; // superseded (an approved ask got a new deadline)
             }
             match call.stage {
                 Stage::AwaitingApproval { .. } => {
@@ -1737,7 +2021,12 @@ impl Core {
         if self.ledger.staged() == 0 {
             return Ok(());
         }
-        match self.ledger.commit() {
+        let started = Instant::now();
+        let outcome = self.ledger.commit();
+        self.observed
+            .ledger_commit_latency
+            .observe(started.elapsed());
+        match outcome {
             Ok(_) => {
                 if !self.ledger_ok {
                     crate::info!("ledger writable again; serving calls");
@@ -1765,16 +2054,16 @@ impl Core {
                     call: Some(key), ..
                 } if self.calls.get(&key).is_some_and(|c| c.conn.is_some()) => {
                     // The row saying this call reaches the tool is not on disk: it must not.
-                    if let Some(call) = self.calls.remove(&key) {
-                        if let Some(conn) = call.conn {
-                            let bytes = refused_bytes(&call.method, &call.id);
-                            self.actions.push(Action::Reply {
-                                conn,
-                                stream: call.stream,
-                                id: call.id,
-                                bytes,
-                            });
-                        }
+                    if let Some(call) = self.take_call(key)
+                        && let Some(conn) = call.conn
+                    {
+                        let bytes = refused_bytes(&call.method, &call.id);
+                        self.actions.push(Action::Reply {
+                            conn,
+                            stream: call.stream,
+                            id: call.id,
+                            bytes,
+                        });
                     }
                 }
                 Action::Reply {

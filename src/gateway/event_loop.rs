@@ -7,8 +7,6 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
@@ -18,12 +16,14 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::gateway::admin;
 use crate::gateway::core::{Action, ConnRef, Core, Expect, Peer};
+use crate::gateway::http_door::{HttpConn, HttpDoor, Step};
 use crate::gateway::listeners::{self, Listener};
 use crate::gateway::stdio::StdioSide;
 use crate::ledger::Ledger;
 use crate::mcp::catalog::LOCAL_SERVER;
 use crate::policy::{Policy, Transport};
 use crate::sandbox::{self, Role};
+use crate::systemd;
 use crate::transport::framed::{self, FramedInbound, Inbound};
 use crate::transport::lines::{Line, LineInbound};
 use crate::workers::settings::WorkerSettings;
@@ -35,6 +35,10 @@ const ADMIN: Token = Token(2);
 const LISTENER_BASE: usize = 16;
 const WORKER_BASE: usize = 256;
 const CONN_BASE: usize = 4096;
+/// At stop, how long requests already sent are still read and refused, and how long
+/// without a new one ends that early.
+const LINGER: Duration = Duration::from_millis(500);
+const LINGER_QUIET: Duration = Duration::from_millis(50);
 /// Longest wait for the workers before agents are served anyway.
 const START_GRACE: Duration = Duration::from_secs(20);
 
@@ -50,6 +54,7 @@ pub enum Mode {
 enum ConnIo {
     Unix(UnixStream),
     Vsock(vsock::VsockStream),
+    Tcp(mio::net::TcpStream),
     /// Slot of the stdio connection: bytes move through [`StdioSide`].
     Stdio,
 }
@@ -59,6 +64,8 @@ enum Wire {
     Lines(LineInbound),
     /// The admin socket: JSON lines, never an agent.
     Admin(LineInbound),
+    /// The Streamable HTTP door.
+    Http(Box<HttpConn>),
 }
 
 struct Conn {
@@ -87,6 +94,7 @@ impl Read for ConnIo {
         match self {
             ConnIo::Unix(s) => s.read(buf),
             ConnIo::Vsock(s) => s.read(buf),
+            ConnIo::Tcp(s) => s.read(buf),
             ConnIo::Stdio => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
@@ -97,6 +105,7 @@ impl Write for ConnIo {
         match self {
             ConnIo::Unix(s) => s.write(buf),
             ConnIo::Vsock(s) => s.write(buf),
+            ConnIo::Tcp(s) => s.write(buf),
             ConnIo::Stdio => Ok(buf.len()),
         }
     }
@@ -124,7 +133,9 @@ pub struct Gateway {
     listeners: Vec<Listener>,
     admin: Option<mio::net::UnixListener>,
     signals: SignalFd,
-    frame_timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    /// When the oldest incomplete frame times out: one deadline for all connections,
+    /// found again by a scan when it passes (bounded memory whatever the call rate).
+    frame_deadline: Option<Instant>,
     stdio: Option<StdioSide>,
     stdio_slot: Option<usize>,
     waker: Arc<Waker>,
@@ -137,6 +148,24 @@ pub struct Gateway {
     pub started: Instant,
     pub last_reload: Option<String>,
     pub reloads: u64,
+    notifier: Option<systemd::Notifier>,
+    watchdog: Option<systemd::WatchdogTimer>,
+    /// The Streamable HTTP door, when `[listen] http` is set.
+    http: Option<HttpDoor>,
+    /// Next check of HTTP connections' request and keep-alive timers.
+    http_check_at: Option<Instant>,
+    /// Open HTTP connections (bounded by `http.max_connections`).
+    http_conns: usize,
+    /// The last STATUS= line sent, and when: sent again when it changes, at most once a second.
+    status_sent: (String, Instant),
+}
+
+/// What systemd handed the process; taken first thing in `serve`, before any fd is opened.
+#[derive(Default)]
+pub struct FromSystemd {
+    pub inherited: Vec<systemd::InheritedSocket>,
+    pub notifier: Option<systemd::Notifier>,
+    pub watchdog_period: Option<Duration>,
 }
 
 /// Frames of the current turn, for [`Gateway::deliver`].
@@ -148,6 +177,15 @@ enum Outgoing<'a> {
 impl Gateway {
     /// Open the ledger, bind the doors, start the workers. Errors name what failed.
     pub fn new(config: Config, mode: Mode) -> Result<Gateway, String> {
+        Gateway::with_systemd(config, mode, FromSystemd::default())
+    }
+
+    /// As [`Gateway::new`], using the sockets, notify socket and watchdog systemd passed.
+    pub fn with_systemd(
+        config: Config,
+        mode: Mode,
+        from_systemd: FromSystemd,
+    ) -> Result<Gateway, String> {
         // Signals first, before any thread exists, so every thread inherits the block.
         let mut mask = SigSet::empty();
         for s in [
@@ -186,34 +224,19 @@ impl Gateway {
             .map_err(|e| format!("register signals: {e}"))?;
 
         let mut listeners_out = Vec::new();
+        let mut http_door = None;
         if mode == Mode::Serve {
-            if let Some(path) = config
-                .listen
-                .unix
-                .as_ref()
-                .filter(|p| !p.as_os_str().is_empty())
-            {
-                let socket =
-                    listeners::bind_unix(path, 0o660).map_err(|e| format!("listen unix: {e}"))?;
-                listeners_out.push(Listener::Unix {
-                    socket,
-                    path: path.clone(),
-                    owned: true,
-                });
-            }
-            if let Some(port) = config.listen.vsock {
-                let socket = listeners::bind_vsock(port).map_err(|e| {
-                    format!(
-                        "listen vsock: {e} (is the vsock module loaded and /dev/vsock accessible?)"
-                    )
-                })?;
-                listeners_out.push(Listener::Vsock { socket, port });
-            }
+            http_door = HttpDoor::open(&config).map_err(|e| format!("http door: {e}"))?;
+            let tls = http_door.as_ref().is_some_and(HttpDoor::is_tls);
+            listeners_out = open_listeners(&config, from_systemd.inherited, tls)?;
         }
         for (i, l) in listeners_out.iter_mut().enumerate() {
             let token = Token(LISTENER_BASE + i);
             let r = match l {
                 Listener::Unix { socket, .. } => {
+                    poll.registry().register(socket, token, Interest::READABLE)
+                }
+                Listener::Http { socket, .. } => {
                     poll.registry().register(socket, token, Interest::READABLE)
                 }
                 Listener::Vsock { socket, .. } => poll.registry().register(
@@ -243,6 +266,23 @@ impl Gateway {
         let spec = builtin_spec(&config);
         let id = core.add_worker(&spec.name, &spec.server);
         supervisor.add(spec, id, Token(WORKER_BASE));
+        if let Some(spec) = crate::aggregator::spec::worker_spec(
+            &config.servers,
+            config.sandbox.mode,
+            &config.state_dir(),
+        ) {
+            // Credentials and addresses are read and resolved here, before the loop.
+            let setup = crate::aggregator::prepare::build_setup(&config.servers);
+            let id = core.add_worker(&spec.name, &spec.server);
+            supervisor.add(spec, id, Token(WORKER_BASE + 1));
+            core.set_upstreams(crate::aggregator::gateway_state::UpstreamsState::new(
+                id,
+                &config.servers,
+                setup,
+                &config.ledger.path,
+                Instant::now(),
+            ));
+        }
 
         let mut gw = Gateway {
             poll,
@@ -256,7 +296,7 @@ impl Gateway {
             listeners: listeners_out,
             admin,
             signals,
-            frame_timers: BinaryHeap::new(),
+            frame_deadline: None,
             stdio: None,
             stdio_slot: None,
             waker,
@@ -267,7 +307,21 @@ impl Gateway {
             started: Instant::now(),
             last_reload: None,
             reloads: 0,
+            notifier: from_systemd.notifier,
+            watchdog: from_systemd
+                .watchdog_period
+                .map(|p| systemd::WatchdogTimer::new(p, Instant::now())),
+            status_sent: (String::new(), Instant::now()),
+            http: http_door,
+            http_check_at: None,
+            http_conns: 0,
         };
+        if let Some(period) = gw.watchdog.as_ref().map(systemd::WatchdogTimer::period) {
+            crate::info!(
+                "systemd watchdog: pinging every {} ms from the loop",
+                period.as_millis()
+            );
+        }
         for l in &gw.listeners {
             crate::info!("listening on {}", l.describe());
         }
@@ -417,8 +471,10 @@ impl Gateway {
             self.apply_worker_events(&mut worker_events, now);
             self.core.on_timers(now);
             self.check_frame_timers(now);
+            self.check_http_timers(now);
             self.end_turn(now, &mut worker_events);
             self.maybe_announce_ready();
+            self.tell_systemd();
             self.resume_paused(now);
             self.end_turn(now, &mut worker_events);
             self.close_finished();
@@ -490,6 +546,19 @@ impl Gateway {
                 Outgoing::Reply(stream, b) => framed::encode_reply(&mut c.out, stream, false, b),
                 Outgoing::Notification(b) => framed::encode_reply(&mut c.out, 0, true, b),
             },
+            (_, Wire::Http(_)) => {
+                // An HTTP answer is the response to the one request the core holds; no
+                // stream carries notifications (no SSE), so those are dropped.
+                let Outgoing::Reply(_, bytes) = out else {
+                    return;
+                };
+                let (Some(door), Wire::Http(h)) = (self.http.as_mut(), &mut c.wire) else {
+                    return;
+                };
+                door.answer(h, bytes, &mut c.out, Instant::now());
+                // The next pipelined request, if any, is parsed by resume_paused.
+                c.paused = true;
+            }
             _ => {
                 let b = match out {
                     Outgoing::Reply(_, b) | Outgoing::Notification(b) => b,
@@ -532,6 +601,177 @@ impl Gateway {
         }
     }
 
+    /// An HTTP connection: read, parse, hand one request at a time to the core.
+    fn service_http(&mut self, slot: usize, now: Instant) {
+        loop {
+            let step = {
+                let (Some(door), Some(Some(c))) = (self.http.as_mut(), self.conns.get_mut(slot))
+                else {
+                    return;
+                };
+                let conn = ConnRef {
+                    slot,
+                    generation: c.generation,
+                };
+                let queued = c.queued();
+                let Wire::Http(h) = &mut c.wire else { return };
+                if !self.serving
+                    || self.core.in_flight_total() >= self.config.gateway.max_in_flight_total
+                    || queued > self.config.gateway.max_write_buffer_bytes
+                {
+                    c.paused = true;
+                    return;
+                }
+                c.paused = false;
+
+                loop {
+                    match door.process(h, &mut c.out, &mut self.core, conn, now) {
+                        Step::NeedBytes => {}
+                        other => break Some(other),
+                    }
+                    if c.read_closed || c.broken || h.closing || !door.wants_bytes(h) {
+                        break None;
+                    }
+                    let mut buf = [0u8; 16 * 1024];
+                    match c.io.read(&mut buf) {
+                        Ok(0) => {
+                            c.read_closed = true;
+                            break None;
+                        }
+                        Ok(n) => {
+                            if let Err(e) = door.on_bytes(h, &buf[..n], &mut c.out, now) {
+                                crate::debug!("http connection of {}: {e}", c.peer.principal);
+                                h.closing = true;
+                                break None;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => {
+                            c.broken = true;
+                            break None;
+                        }
+                    }
+                }
+            };
+            match step {
+                Some(Step::Health { keep_alive }) => {
+                    let report = self.health_report();
+                    if let (Some(door), Some(Some(c))) =
+                        (self.http.as_mut(), self.conns.get_mut(slot))
+                        && let Wire::Http(h) = &mut c.wire
+                    {
+                        door.write_health(h, &report, keep_alive, &mut c.out);
+                    }
+                }
+                Some(Step::Metrics { keep_alive }) => {
+                    let text = crate::transport::http::metrics::render(&self.metrics());
+                    if let (Some(door), Some(Some(c))) =
+                        (self.http.as_mut(), self.conns.get_mut(slot))
+                        && let Wire::Http(h) = &mut c.wire
+                    {
+                        door.write_metrics(h, &text, keep_alive, &mut c.out);
+                    }
+                }
+                _ => break,
+            }
+        }
+        self.flush_conn(slot);
+        self.http_check_at
+            .get_or_insert(now + Duration::from_secs(1));
+    }
+
+    /// What `/health` says.
+    fn health_report(&self) -> crate::transport::http::HealthReport {
+        let workers: Vec<serde_json::Value> = self
+            .supervisor
+            .workers
+            .iter()
+            .map(|w| serde_json::json!({"name": w.spec.name, "state": w.state.as_str(), "pid": w.pid, "restarts": w.restarts}))
+            .collect();
+        let confined = self.supervisor.workers.iter().all(|w| {
+            w.report
+                .as_ref()
+                .is_some_and(|r| r.seccomp && r.no_new_privs && r.landlock == "fully_enforced")
+        });
+        crate::transport::http::HealthReport {
+            serving: self.announced_ready && self.core.ledger_ok() && self.stop_deadline.is_none(),
+            workers: serde_json::Value::Array(workers),
+            sandbox: serde_json::json!({"mode": format!("{:?}", self.config.sandbox.mode).to_lowercase(), "confined": confined}),
+            ledger: serde_json::json!({"writable": self.core.ledger_ok()}),
+        }
+    }
+
+    /// What `/metrics` says.
+    fn metrics(&self) -> crate::transport::http::metrics::Metrics {
+        let mut m = crate::transport::http::metrics::Metrics::default();
+        let observed = &self.core.observed;
+        m.requests = observed.requests.clone();
+        m.policy_decisions = observed.policy_decisions.clone();
+        m.tool_call_latency = observed.tool_call_latency.clone();
+        m.ledger_commit_latency = observed.ledger_commit_latency.clone();
+        m.ledger_commit_failures = self.core.counters.ledger_failures;
+        m.in_flight = self.core.in_flight_total() as u64;
+        for c in self.conns.iter().flatten() {
+            if !matches!(c.wire, Wire::Admin(_)) {
+                *m.connections.entry(c.peer.transport.as_str()).or_insert(0) += 1;
+            }
+        }
+        for w in &self.supervisor.workers {
+            m.worker_restarts
+                .insert(w.spec.name.clone(), u64::from(w.restarts));
+        }
+        m.http_sessions = self.http.as_ref().map_or(0, |d| d.sessions() as u64);
+        m.http_responses = self
+            .http
+            .as_ref()
+            .map(HttpDoor::responses)
+            .unwrap_or_default();
+        m
+    }
+
+    /// Slow HTTP clients (408) and idle keep-alive connections (closed), once a second.
+    fn check_http_timers(&mut self, now: Instant) {
+        if self.http_check_at.is_none_or(|t| t > now) {
+            return;
+        }
+        self.http_check_at = None;
+        let Some(door) = self.http.as_mut() else {
+            return;
+        };
+        door.sweep(now);
+        let request_timeout = Duration::from_secs(self.config.http.request_timeout_secs);
+        let idle_timeout = Duration::from_secs(self.config.http.keepalive_idle_secs);
+        let mut any = false;
+        for c in self.conns.iter_mut().flatten() {
+            let Wire::Http(h) = &mut c.wire else { continue };
+            any = true;
+            if h.is_waiting() || h.closing {
+                continue;
+            }
+            if h.mid_request() {
+                if h.request_started
+                    .is_some_and(|t| t + request_timeout <= now)
+                {
+                    door.time_out(h, &mut c.out);
+                }
+            } else if h.idle_since + idle_timeout <= now && c.queued() == 0 {
+                c.broken = true;
+            }
+        }
+        if any {
+            self.http_check_at = Some(now + Duration::from_secs(1));
+        }
+        for slot in 0..self.conns.len() {
+            if self.conns[slot]
+                .as_ref()
+                .is_some_and(|c| matches!(c.wire, Wire::Http(_)) && c.queued() > 0)
+            {
+                self.flush_conn(slot);
+            }
+        }
+    }
+
     /// Read and hand messages to the core while the bounds allow.
     fn service_conn(&mut self, slot: usize, now: Instant) {
         let limits = self.config.gateway.clone();
@@ -545,6 +785,10 @@ impl Gateway {
         let is_stdio = matches!(c.io, ConnIo::Stdio);
         if matches!(c.wire, Wire::Admin(_)) {
             self.service_admin(slot);
+            return;
+        }
+        if matches!(c.wire, Wire::Http(_)) {
+            self.service_http(slot, now);
             return;
         }
         loop {
@@ -571,7 +815,7 @@ impl Gateway {
             c.paused = false;
             // Hand over one buffered message, if there is one.
             match &mut c.wire {
-                Wire::Framed(inb) => match inb.next() {
+                Wire::Framed(inb) => match inb.next_inbound() {
                     Some(Inbound::Message {
                         stream,
                         expect,
@@ -604,7 +848,7 @@ impl Gateway {
                     }
                     None => {}
                 },
-                Wire::Lines(inb) => match inb.next() {
+                Wire::Lines(inb) => match inb.next_line() {
                     Some(Line::Message(payload)) => {
                         let peer = &c.peer;
                         self.core.on_message(
@@ -624,7 +868,7 @@ impl Gateway {
                     }
                     None => {}
                 },
-                Wire::Admin(_) => return,
+                Wire::Admin(_) | Wire::Http(_) => return,
             }
             // Nothing whole is buffered: read more.
             if c.read_closed || c.broken {
@@ -667,8 +911,9 @@ impl Gateway {
                         if c.partial_since.is_none() {
                             c.partial_since = Some(now);
                             let deadline = now + Duration::from_secs(limits.frame_timeout_secs);
-                            self.frame_timers
-                                .push(Reverse((deadline, slot, c.generation)));
+                            if self.frame_deadline.is_none_or(|d| deadline < d) {
+                                self.frame_deadline = Some(deadline);
+                            }
                         }
                     } else {
                         c.partial_since = None;
@@ -707,35 +952,34 @@ impl Gateway {
     }
 
     fn check_frame_timers(&mut self, now: Instant) {
+        if self.frame_deadline.is_none_or(|d| d > now) {
+            return;
+        }
         let timeout = Duration::from_secs(self.config.gateway.frame_timeout_secs);
-        while let Some(Reverse((t, slot, generation))) = self.frame_timers.peek().copied() {
-            if t > now {
-                break;
-            }
-            self.frame_timers.pop();
-            let Some(Some(c)) = self.conns.get_mut(slot) else {
+        let mut next: Option<Instant> = None;
+        for c in self.conns.iter_mut().flatten() {
+            let Some(since) = c.partial_since else {
                 continue;
             };
-            if c.generation != generation {
-                continue;
-            }
-            match c.partial_since {
-                Some(since) if since + timeout <= now && !c.paused => {
-                    crate::warn!(
-                        "closing {} connection of {}: a frame did not arrive whole within {} s (gateway.frame_timeout_secs)",
-                        c.peer.transport.as_str(),
-                        c.peer.principal,
-                        timeout.as_secs()
-                    );
-                    c.broken = true;
-                }
-                Some(since) => {
-                    self.frame_timers
-                        .push(Reverse((since.max(now) + timeout, slot, generation)))
-                }
-                None => {}
+            if since + timeout <= now && !c.paused {
+                crate::warn!(
+                    "closing {} connection of {}: a frame did not arrive whole within {} s (gateway.frame_timeout_secs)",
+                    c.peer.transport.as_str(),
+                    c.peer.principal,
+                    timeout.as_secs()
+                );
+                c.broken = true;
+            } else {
+                // Paused connections hold whole frames; look again a timeout later.
+                let due = if since + timeout <= now {
+                    now + timeout
+                } else {
+                    since + timeout
+                };
+                next = Some(next.map_or(due, |n| n.min(due)));
             }
         }
+        self.frame_deadline = next;
     }
 
     fn close_finished(&mut self) {
@@ -752,7 +996,8 @@ impl Gateway {
                     } else {
                         c.queued() == 0
                     };
-                    c.broken || (c.read_closed && idle && drained)
+                    let closing = matches!(&c.wire, Wire::Http(h) if h.closing);
+                    c.broken || (c.read_closed && idle && drained) || (closing && drained)
                 }
                 None => false,
             };
@@ -770,6 +1015,9 @@ impl Gateway {
             ConnIo::Unix(s) => {
                 let _ = self.poll.registry().deregister(s);
             }
+            ConnIo::Tcp(s) => {
+                let _ = self.poll.registry().deregister(s);
+            }
             ConnIo::Vsock(s) => {
                 let _ = self
                     .poll
@@ -777,6 +1025,9 @@ impl Gateway {
                     .deregister(&mut SourceFd(&s.as_raw_fd()));
             }
             ConnIo::Stdio => {}
+        }
+        if matches!(c.wire, Wire::Http(_)) {
+            self.http_conns -= 1;
         }
         if !matches!(c.wire, Wire::Admin(_)) {
             self.core.on_disconnect(
@@ -802,6 +1053,37 @@ impl Gateway {
                         None
                     }
                 },
+                Some(Listener::Http { socket, .. }) => match socket.accept() {
+                    Ok((mut stream, addr)) => {
+                        let limit = self.config.http.max_connections;
+                        if self.http_conns >= limit {
+                            crate::warn!(
+                                "refusing an HTTP connection from {addr}: {} open (http.max_connections)",
+                                self.http_conns
+                            );
+                            let busy = crate::transport::http::endpoint::overloaded_response();
+                            let _ = stream.write(&busy.bytes);
+                            if let Some(door) = self.http.as_mut() {
+                                door.count_response(busy.status);
+                            }
+                            continue;
+                        }
+                        let _ = stream.set_nodelay(true);
+                        Some(Ok((
+                            ConnIo::Tcp(stream),
+                            Peer {
+                                transport: Transport::Http,
+                                principal: format!("tcp:{addr}"),
+                                process: "http".into(),
+                            },
+                        )))
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+                    Err(e) => {
+                        crate::warn!("accept on http listener: {e}");
+                        None
+                    }
+                },
                 Some(Listener::Vsock { socket, .. }) => match socket.accept() {
                     Ok((stream, addr)) => Some(self.vsock_conn(stream, addr.cid())),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
@@ -823,10 +1105,29 @@ impl Gateway {
                 );
                 continue;
             }
-            let slot = self.insert_conn(io, Wire::Framed(FramedInbound::new()), peer);
+            let wire = match &io {
+                ConnIo::Tcp(_) => match self.http.as_ref().map(HttpDoor::new_conn) {
+                    Some(Ok(h)) => Wire::Http(Box::new(h)),
+                    Some(Err(e)) => {
+                        crate::warn!("http connection: {e}");
+                        continue;
+                    }
+                    None => continue,
+                },
+                _ => Wire::Framed(FramedInbound::new()),
+            };
+            if matches!(wire, Wire::Http(_)) {
+                self.http_conns += 1;
+            }
+            let slot = self.insert_conn(io, wire, peer);
             let token = Token(CONN_BASE + slot);
             let registered = match &mut self.conns[slot].as_mut().map(|c| &mut c.io) {
                 Some(ConnIo::Unix(s)) => {
+                    self.poll
+                        .registry()
+                        .register(s, token, Interest::READABLE | Interest::WRITABLE)
+                }
+                Some(ConnIo::Tcp(s)) => {
                     self.poll
                         .registry()
                         .register(s, token, Interest::READABLE | Interest::WRITABLE)
@@ -963,7 +1264,7 @@ impl Gateway {
                 }
             }
             if let Wire::Admin(inb) = &mut c.wire {
-                while let Some(line) = inb.next() {
+                while let Some(line) = inb.next_line() {
                     match line {
                         Line::Message(bytes) => requests.push(bytes.to_vec()),
                         Line::Refuse(_) => c.broken = true,
@@ -1012,7 +1313,14 @@ impl Gateway {
 
     /// Re-read the config and swap the policy. The old policy stays on any error.
     pub fn reload(&mut self) -> Result<String, String> {
-        let result = (|| -> Result<Policy, String> {
+        self.notify(|n| n.reloading());
+        let outcome = self.reload_config();
+        self.notify(|n| n.ready());
+        outcome
+    }
+
+    fn reload_config(&mut self) -> Result<String, String> {
+        let result = (|| -> Result<(Policy, Config), String> {
             let config = match &self.config.source {
                 Some(path) => Config::from_file(path).map_err(|e| e.to_string())?,
                 None => Config::default(),
@@ -1022,17 +1330,49 @@ impl Gateway {
                 .as_ref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|| "embedded defaults".into());
-            Policy::load(&config.policy, &origin).map_err(|e| e.to_string())
+            let policy = Policy::load(&config.policy, &origin).map_err(|e| e.to_string())?;
+            Ok((policy, config))
         })();
         self.reloads += 1;
         match result {
-            Ok(policy) => {
+            Ok((policy, config)) => {
+                let now = Instant::now();
+                if config.servers != self.config.servers {
+                    let same_set = config.servers.same_connections(&self.config.servers);
+                    if let Some(u) = self.core.upstreams_mut() {
+                        u.reconfigure(&config.servers, now);
+                    }
+                    if !same_set {
+                        crate::warn!(
+                            "reload: the set of [servers] changed; restart toolwall to reach the new ones (pin modes and refresh_secs apply now)"
+                        );
+                    }
+                    self.config.servers = config.servers.clone();
+                }
+                self.core.refresh_upstreams(now);
                 let rules = policy.rule_count();
                 self.core.set_policy(Rc::new(policy));
-                let summary = format!("policy reloaded: {rules} rules");
+                let mut summary = format!("policy reloaded: {rules} rules");
+                // The HTTP door's settings and certificate follow; on error they stay.
+                if let Some(door) = self.http.as_mut() {
+                    match door.reload(&config) {
+                        Ok(()) => {
+                            // The loop's own [http] limits (connections, timers) follow too.
+                            self.config.http = config.http.clone();
+                            summary.push_str("; http door settings and certificate reloaded")
+                        }
+                        Err(e) => {
+                            crate::error!("http door kept its previous settings: {e}");
+                            summary
+                                .push_str(&format!("; http door kept its previous settings: {e}"));
+                        }
+                    }
+                }
                 crate::info!("{summary}");
-                self.core
-                    .event("reload", serde_json::json!({"ok": true, "rules": rules}));
+                self.core.event(
+                    "reload",
+                    serde_json::json!({"ok": true, "rules": rules, "summary": summary}),
+                );
                 self.last_reload = Some(summary.clone());
                 Ok(summary)
             }
@@ -1053,16 +1393,20 @@ impl Gateway {
             return;
         }
         let drain = Duration::from_secs(self.config.gateway.drain_secs);
+        self.notify(|n| n.stopping());
+        self.notify(|n| n.extend_timeout(drain + Duration::from_secs(10)));
         crate::info!(
             "stopping: no new connections; finishing {} calls in flight within {} s",
             self.core.in_flight_total(),
             drain.as_secs()
         );
         self.stop_deadline = Some(now + drain);
-        for (i, l) in self.listeners.iter_mut().enumerate() {
-            let _ = i;
+        for l in self.listeners.iter_mut() {
             match l {
                 Listener::Unix { socket, .. } => {
+                    let _ = self.poll.registry().deregister(socket);
+                }
+                Listener::Http { socket, .. } => {
                     let _ = self.poll.registry().deregister(socket);
                 }
                 Listener::Vsock { socket, .. } => {
@@ -1117,6 +1461,23 @@ impl Gateway {
             serde_json::json!({"uptime_s": now.saturating_duration_since(self.started).as_secs()}),
         );
         self.end_turn(now, &mut worker_events);
+        // Requests still in socket buffers get the stopping error rather than silence:
+        // keep reading (and refusing) until the agents go quiet, briefly.
+        let linger_until = Instant::now() + LINGER;
+        let mut quiet_since = Instant::now();
+        while Instant::now() < linger_until && quiet_since.elapsed() < LINGER_QUIET {
+            let before = self.core.counters.requests_total;
+            for slot in 0..self.conns.len() {
+                if Some(slot) != self.stdio_slot {
+                    self.service_conn(slot, Instant::now());
+                }
+            }
+            self.end_turn(Instant::now(), &mut worker_events);
+            if self.core.counters.requests_total != before {
+                quiet_since = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         // Give agents a moment to take their last answers.
         let until = Instant::now() + Duration::from_secs(2);
         while Instant::now() < until
@@ -1151,9 +1512,11 @@ impl Gateway {
         let candidates = [
             self.core.next_deadline(),
             self.supervisor.next_deadline(),
-            self.frame_timers.peek().map(|Reverse((t, _, _))| *t),
+            self.frame_deadline,
             self.stop_deadline,
             (!self.serving).then_some(self.started + START_GRACE),
+            self.watchdog.as_ref().map(systemd::WatchdogTimer::deadline),
+            self.http_check_at,
         ];
         candidates.into_iter().flatten().min().map(|t| {
             t.saturating_duration_since(now)
@@ -1225,6 +1588,9 @@ impl Gateway {
         }
         self.announced_ready = true;
         self.serving = true;
+        let line = self.status_line();
+        self.notify(|n| n.ready_with_status(&line));
+        self.status_sent = (line, Instant::now());
         crate::info!(
             "ready: {} tools",
             self.core.catalog().len(crate::mcp::catalog::Kind::Tools)
@@ -1234,6 +1600,122 @@ impl Gateway {
     pub fn is_ready(&self) -> bool {
         self.announced_ready
     }
+
+    /// Send one state to systemd, if it listens; a failure is logged, never waited on.
+    fn notify(&self, send: impl FnOnce(&systemd::Notifier) -> io::Result<()>) {
+        if let Some(n) = &self.notifier
+            && let Err(e) = send(n)
+        {
+            crate::warn!("sd_notify to {}: {e}", n.address());
+        }
+    }
+
+    fn status_line(&self) -> String {
+        let facts = systemd::StatusFacts {
+            ready: self.announced_ready,
+            stopping: self.stop_deadline.is_some(),
+            calls_served: self.core.counters.calls_total,
+            in_flight: self.core.in_flight_total(),
+            workers_ready: self.core.workers().iter().filter(|w| w.ready).count(),
+            workers_total: self.core.workers().len(),
+            last_reload: self.last_reload.clone(),
+        };
+        systemd::status_line(&facts)
+    }
+
+    /// The watchdog ping (from the loop itself, so a stuck loop is caught) and STATUS=.
+    fn tell_systemd(&mut self) {
+        if self.notifier.is_none() {
+            return;
+        }
+        let now = Instant::now();
+        if self.watchdog.as_mut().is_some_and(|w| w.due(now)) {
+            self.notify(|n| n.watchdog());
+        }
+        if now.saturating_duration_since(self.status_sent.1) >= Duration::from_secs(1) {
+            let line = self.status_line();
+            if line != self.status_sent.0 {
+                self.notify(|n| n.status(&line));
+            }
+            self.status_sent = (line, now);
+        }
+    }
+}
+
+/// The doors the config asks for: sockets systemd passed are used (matched by name and
+/// address), the rest are bound here; every mismatch is explained in the log.
+fn open_listeners(
+    config: &Config,
+    inherited: Vec<systemd::InheritedSocket>,
+    tls: bool,
+) -> Result<Vec<Listener>, String> {
+    let wanted = systemd::wanted_listeners(&config.listen);
+    let plan = systemd::match_listeners(inherited, &wanted);
+    for line in &plan.explanations {
+        crate::warn!("socket activation: {line}");
+    }
+    let mut out = Vec::new();
+    for (spec, socket) in plan.adopted {
+        crate::info!("using the socket systemd passed: {}", socket.describe());
+        match spec {
+            systemd::ListenerSpec::Unix { path } => {
+                let path = match &socket.kind {
+                    systemd::SocketKind::Unix { path } => path.clone(),
+                    _ => path,
+                };
+                let socket = socket
+                    .into_unix_listener()
+                    .map_err(|e| format!("listen unix: {e}"))?;
+                // systemd owns the socket file: never unlink it.
+                out.push(Listener::Unix {
+                    socket,
+                    path,
+                    owned: false,
+                });
+            }
+            systemd::ListenerSpec::Vsock { port } => {
+                let socket = socket
+                    .into_vsock_listener()
+                    .map_err(|e| format!("listen vsock: {e}"))?;
+                out.push(Listener::Vsock { socket, port });
+            }
+            systemd::ListenerSpec::Http { addr } => {
+                let socket = socket
+                    .into_tcp_listener()
+                    .map_err(|e| format!("listen http: {e}"))?;
+                let addr = socket.local_addr().unwrap_or(addr);
+                let socket = mio::net::TcpListener::from_std(socket);
+                out.push(Listener::Http { socket, addr, tls });
+            }
+        }
+    }
+    for spec in plan.to_bind {
+        match spec {
+            systemd::ListenerSpec::Unix { path } => {
+                let socket =
+                    listeners::bind_unix(&path, 0o660).map_err(|e| format!("listen unix: {e}"))?;
+                out.push(Listener::Unix {
+                    socket,
+                    path,
+                    owned: true,
+                });
+            }
+            systemd::ListenerSpec::Vsock { port } => {
+                let socket = listeners::bind_vsock(port).map_err(|e| {
+                    format!(
+                        "listen vsock: {e} (is the vsock module loaded and /dev/vsock accessible?)"
+                    )
+                })?;
+                out.push(Listener::Vsock { socket, port });
+            }
+            systemd::ListenerSpec::Http { addr } => {
+                let socket = listeners::bind_tcp(addr).map_err(|e| format!("listen http: {e}"))?;
+                let addr = socket.local_addr().unwrap_or(addr);
+                out.push(Listener::Http { socket, addr, tls });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The builtin worker's spec from the config.

@@ -17,6 +17,12 @@ pub enum Listener {
         socket: vsock::VsockListener,
         port: u32,
     },
+    /// The Streamable HTTP door (TLS when a certificate is configured).
+    Http {
+        socket: mio::net::TcpListener,
+        addr: std::net::SocketAddr,
+        tls: bool,
+    },
 }
 
 impl Listener {
@@ -24,6 +30,12 @@ impl Listener {
         match self {
             Listener::Unix { path, .. } => format!("unix:{} (framed)", path.display()),
             Listener::Vsock { port, .. } => format!("vsock:any:{port} (framed)"),
+            Listener::Http { addr, tls, .. } => {
+                format!(
+                    "{}://{addr}/mcp (Streamable HTTP)",
+                    if *tls { "https" } else { "http" }
+                )
+            }
         }
     }
 
@@ -130,4 +142,10 @@ pub fn process_name(pid: i32) -> Option<String> {
     Some(crate::transport::framed::sanitize_name(
         comm.trim_end_matches('\n'),
     ))
+}
+
+/// Bind the HTTP door's TCP listener, non-blocking.
+pub fn bind_tcp(addr: std::net::SocketAddr) -> io::Result<mio::net::TcpListener> {
+    mio::net::TcpListener::bind(addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))
 }

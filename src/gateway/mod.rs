@@ -3,5 +3,6 @@
 pub mod admin;
 pub mod core;
 pub mod event_loop;
+pub mod http_door;
 pub mod listeners;
 pub mod stdio;

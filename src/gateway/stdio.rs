@@ -32,14 +32,15 @@ impl StdioSide {
             .name("stdin".into())
             .spawn(move || {
                 let mut stdin = std::io::stdin().lock();
+                // One buffer for every read; each chunk is copied out at its size.
+                let mut buf = vec![0u8; CHUNK];
                 loop {
-                    let mut chunk = vec![0u8; CHUNK];
-                    let n = match stdin.read(&mut chunk) {
+                    let n = match stdin.read(&mut buf) {
                         Ok(n) => n,
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                         Err(_) => 0,
                     };
-                    chunk.truncate(n);
+                    let chunk = buf[..n].to_vec();
                     let eof = n == 0;
                     if in_tx.send(chunk).is_err() {
                         return;

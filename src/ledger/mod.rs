@@ -7,6 +7,7 @@
 //! Schema and queries: `src/ledger/README.md`.
 
 mod body;
+mod checkpointer;
 mod error;
 mod file;
 pub mod measure;

@@ -23,10 +23,16 @@ pub struct Migration {
 }
 
 /// Applied in order; the version of a file is how many of these it has had.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    what: "tool_calls, security_rule_events, event_body_blobs, events, tool_call_bodies",
-    sql: MIGRATION_1,
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        what: "tool_calls, security_rule_events, event_body_blobs, events, tool_call_bodies",
+        sql: MIGRATION_1,
+    },
+    Migration {
+        what: "tool_pins",
+        sql: MIGRATION_2,
+    },
+];
 
 /// The schema version this build writes.
 pub fn current_version() -> u32 {
@@ -61,7 +67,6 @@ CREATE TABLE tool_calls (
     approved_by              TEXT,
     decided_at_ms            INTEGER
 );
-CREATE INDEX tool_calls_ts ON tool_calls(ts_ms);
 CREATE INDEX tool_calls_tool ON tool_calls(server_name, tool_name, ts_ms);
 
 CREATE TABLE security_rule_events (
@@ -106,6 +111,24 @@ LEFT JOIN event_body_blobs req  ON req.hash  = c.request_body_hash
 LEFT JOIN event_body_blobs res  ON res.hash  = c.response_body_hash
 LEFT JOIN event_body_blobs rew  ON rew.hash  = c.rewritten_arguments_hash
 LEFT JOIN event_body_blobs orig ON orig.hash = c.original_response_hash;
+";
+
+/// Tool pins against "rug pulls" (`crate::pins`): per upstream tool, the digest of the
+/// definition the operator accepted, and a different one seen since, waiting for approval.
+const MIGRATION_2: &str = "
+CREATE TABLE tool_pins (
+    tool               TEXT PRIMARY KEY,
+    server             TEXT NOT NULL,
+    digest             TEXT NOT NULL,
+    definition         TEXT NOT NULL,
+    first_seen_ms      INTEGER NOT NULL,
+    approved_ms        INTEGER NOT NULL,
+    approved_by        TEXT,
+    changed_digest     TEXT,
+    changed_definition TEXT,
+    changed_seen_ms    INTEGER
+);
+CREATE INDEX tool_pins_server ON tool_pins(server);
 ";
 
 fn read_i64(conn: &Connection, sql: &str, path: &Path) -> Result<i64, LedgerError> {

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 /// Arena capacity kept across commits; a burst beyond it is given back afterwards.
-const ARENA_KEEP_BYTES: usize = 4 << 20;
+const ARENA_KEEP_BYTES: usize = 1 << 20;
 /// Queue capacity kept across commits.
 const OPS_KEEP: usize = 16 * 1024;
 

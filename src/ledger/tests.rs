@@ -109,7 +109,7 @@ fn open_creates_private_dir_and_file_with_current_schema() {
             .unwrap();
         assert_eq!(n, 1, "table {table}");
     }
-    for index in ["tool_calls_ts", "tool_calls_tool", "events_ts"] {
+    for index in ["tool_calls_tool", "events_ts"] {
         let plan_uses = conn
             .query_row(
                 "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = ?1",

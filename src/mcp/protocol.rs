@@ -7,6 +7,10 @@ pub const LEGACY_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26",
 /// The newest version a legacy `initialize` can negotiate.
 pub const NEWEST_LEGACY: &str = LEGACY_VERSIONS[0];
 
+/// What the server tells clients about itself.
+pub const INSTRUCTIONS: &str =
+    "toolwall is an MCP firewall: every call is checked by policy and recorded before it runs.";
+
 /// The version `initialize` answers with: the one asked for when supported, else the newest.
 pub fn negotiate(requested: Option<&str>) -> &'static str {
     requested
@@ -14,13 +18,14 @@ pub fn negotiate(requested: Option<&str>) -> &'static str {
         .unwrap_or(NEWEST_LEGACY)
 }
 
-/// The `initialize` result. Only capabilities toolwall has are declared: tools (and it
-/// sends `notifications/tools/list_changed` when its catalog changes), resources, prompts.
-pub fn initialize_result(version: &str) -> Value {
+/// The `initialize` result. Only capabilities toolwall has are declared: tools, resources,
+/// prompts; `listChanged` only where the door can carry `notifications/tools/list_changed`
+/// (framed and stdio; the HTTP door opens no stream for server messages).
+pub fn initialize_result(version: &str, list_changed: bool) -> Value {
     json!({
         "protocolVersion": version,
         "capabilities": {
-            "tools": { "listChanged": true },
+            "tools": { "listChanged": list_changed },
             "resources": {},
             "prompts": {}
         },
@@ -28,7 +33,7 @@ pub fn initialize_result(version: &str) -> Value {
             "name": "toolwall",
             "version": env!("CARGO_PKG_VERSION"),
         },
-        "instructions": "toolwall is an MCP firewall: every call is checked by policy and recorded before it runs."
+        "instructions": INSTRUCTIONS
     })
 }
 

@@ -115,6 +115,9 @@ pub fn wanted_listeners(listen: &ListenConfig) -> Vec<ListenerSpec> {
     if let Some(port) = listen.vsock {
         wanted.push(ListenerSpec::Vsock { port });
     }
+    if let Some(addr) = listen.http {
+        wanted.push(ListenerSpec::Http { addr });
+    }
     wanted
 }
 
@@ -462,6 +465,7 @@ mod tests {
         let mut listen = ListenConfig {
             unix: Some("/run/toolwall/mcp.sock".into()),
             vsock: Some(5002),
+            ..ListenConfig::default()
         };
         assert_eq!(
             wanted_listeners(&listen),

@@ -7,7 +7,9 @@ use toolwall_relay::frame::{self, Decoded, Decoder, FLAG_NOTIFICATION, MAX_TOTAL
 use crate::gateway::core::Expect;
 use crate::mcp::jsonrpc;
 
-/// Bytes asked of the socket per read.
+/// Bytes asked of the socket per read: starts small (most connections carry small
+/// messages, and every idle connection keeps its buffer) and doubles while reads fill it.
+const MIN_READ_CHUNK: usize = 4 * 1024;
 const READ_CHUNK: usize = 64 * 1024;
 
 /// What the next bytes hold.
@@ -34,6 +36,8 @@ pub struct FramedInbound {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// The next read's size, between MIN_READ_CHUNK and READ_CHUNK.
+    chunk: usize,
     last_stream: u32,
     closed: bool,
     /// The client's name from the meta line, sanitised.
@@ -72,8 +76,10 @@ impl FramedInbound {
         }
         if self.end == 0 && self.buf.len() > 4 * READ_CHUNK {
             self.buf = Vec::new();
+            self.chunk = MIN_READ_CHUNK;
         }
-        let want = (self.end + READ_CHUNK).min(PREFIX_LEN + MAX_TOTAL + READ_CHUNK);
+        self.chunk = self.chunk.clamp(MIN_READ_CHUNK, READ_CHUNK);
+        let want = (self.end + self.chunk).min(PREFIX_LEN + MAX_TOTAL + READ_CHUNK);
         if self.buf.len() < want {
             self.buf.resize(want, 0);
         }
@@ -82,6 +88,9 @@ impl FramedInbound {
 
     /// After a read of `n` bytes into the last `spare()`.
     pub fn filled(&mut self, n: usize) {
+        if n >= self.chunk {
+            self.chunk = (self.chunk * 2).min(READ_CHUNK);
+        }
         self.end = (self.end + n).min(self.buf.len());
     }
 
@@ -95,7 +104,7 @@ impl FramedInbound {
         self.closed
     }
 
-    pub fn next(&mut self) -> Option<Inbound<'_>> {
+    pub fn next_inbound(&mut self) -> Option<Inbound<'_>> {
         if self.closed {
             return None;
         }
@@ -244,7 +253,7 @@ mod tests {
         bytes.extend(frame(3, 0, b"{}"));
         feed(&mut inb, &bytes);
         assert!(matches!(
-            inb.next(),
+            inb.next_inbound(),
             Some(Inbound::Message {
                 stream: 1,
                 expect: Expect::Request,
@@ -254,7 +263,7 @@ mod tests {
         ));
         assert_eq!(inb.meta_name.as_deref(), Some("cli_ent_"));
         assert!(matches!(
-            inb.next(),
+            inb.next_inbound(),
             Some(Inbound::Message {
                 stream: 0,
                 expect: Expect::Notification,
@@ -262,19 +271,19 @@ mod tests {
             })
         ));
         assert!(matches!(
-            inb.next(),
+            inb.next_inbound(),
             Some(Inbound::Refuse { stream: 5, .. })
         ));
         assert!(matches!(
-            inb.next(),
+            inb.next_inbound(),
             Some(Inbound::Refuse { stream: 0, .. })
         ));
         assert!(matches!(
-            inb.next(),
+            inb.next_inbound(),
             Some(Inbound::Message { stream: 3, .. })
         ));
-        assert!(matches!(inb.next(), Some(Inbound::Close(_))));
-        assert!(inb.next().is_none());
+        assert!(matches!(inb.next_inbound(), Some(Inbound::Close(_))));
+        assert!(inb.next_inbound().is_none());
     }
 
     #[test]
@@ -282,10 +291,10 @@ mod tests {
         let mut inb = FramedInbound::new();
         let f = frame(1, 0, &vec![b' '; 600_000]);
         feed(&mut inb, &f[..100_000]);
-        assert!(inb.next().is_none());
+        assert!(inb.next_inbound().is_none());
         assert!(inb.has_partial());
         feed(&mut inb, &f[100_000..]);
-        assert!(matches!(inb.next(), Some(Inbound::Message { .. })));
+        assert!(matches!(inb.next_inbound(), Some(Inbound::Message { .. })));
         // Consumed: the next spare() compacts.
         let _ = inb.spare();
         assert_eq!(inb.end, 0);

@@ -46,7 +46,7 @@ impl LineInbound {
         self.buf.len() - self.start
     }
 
-    pub fn next(&mut self) -> Option<Line<'_>> {
+    pub fn next_line(&mut self) -> Option<Line<'_>> {
         loop {
             let rest = &self.buf[self.start..];
             match rest.iter().position(|&b| b == b'\n') {
@@ -102,17 +102,17 @@ mod tests {
     fn lines_and_overlong() {
         let mut l = LineInbound::new();
         l.push(b"{\"a\":1}\r\n\n  \n{\"b\"");
-        assert_eq!(l.next(), Some(Line::Message(b"{\"a\":1}")));
-        assert_eq!(l.next(), None);
+        assert_eq!(l.next_line(), Some(Line::Message(b"{\"a\":1}")));
+        assert_eq!(l.next_line(), None);
         l.push(b":2}\n");
-        assert_eq!(l.next(), Some(Line::Message(b"{\"b\":2}")));
+        assert_eq!(l.next_line(), Some(Line::Message(b"{\"b\":2}")));
         let big = vec![b'x'; MAX_LINE + 10];
         l.push(&big);
-        assert!(matches!(l.next(), Some(Line::Refuse(_))));
+        assert!(matches!(l.next_line(), Some(Line::Refuse(_))));
         l.push(&big);
-        assert_eq!(l.next(), None);
+        assert_eq!(l.next_line(), None);
         assert!(l.buffered() == 0);
         l.push(b"tail\n{\"c\":3}\n");
-        assert_eq!(l.next(), Some(Line::Message(b"{\"c\":3}")));
+        assert_eq!(l.next_line(), Some(Line::Message(b"{\"c\":3}")));
     }
 }

@@ -72,6 +72,10 @@ pub enum Op {
     /// Run the confinement probes again inside the live worker (threads running, work
     /// done): the answer is a fresh report. Operators and tests use it to re-check.
     Attest,
+    /// Aggregator only, once, first: `args` holds the upstream servers with their checked
+    /// addresses and credentials (`crate::aggregator::setup::AggregatorSetup` as JSON).
+    /// Credentials travel only here, after the worker attested its confinement.
+    Configure,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -129,44 +133,49 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Message, usize)>, RpcFault> {
     Ok(Some((msg, PREFIX + len)))
 }
 
-/// A bounded read buffer for one RPC peer: bytes in, messages out.
+/// A bounded read buffer for one RPC peer: bytes in, messages out. The buffer is zeroed
+/// once as it grows and reused; `start..end` holds unread bytes.
 #[derive(Debug, Default)]
 pub struct RpcReader {
     buf: Vec<u8>,
     start: usize,
+    end: usize,
 }
 
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 64 * 1024;
+
 impl RpcReader {
-    /// Room to read into (grows up to one maximal message).
+    /// Room to read into (grows up to one maximal message plus a chunk).
     pub fn spare(&mut self) -> &mut [u8] {
-        const CHUNK: usize = 64 * 1024;
-        if self.start > 0 && self.start == self.buf.len() {
-            self.buf.clear();
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
             self.start = 0;
         }
-        let len = self.buf.len();
-        self.buf.resize(len + CHUNK, 0);
-        &mut self.buf[len..]
+        if self.end == 0 && self.buf.len() > 4 * READ_CHUNK {
+            self.buf = Vec::new();
+        }
+        let want = (self.end + READ_CHUNK).min(PREFIX + MAX_MESSAGE + READ_CHUNK);
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
+        }
+        &mut self.buf[self.end..want]
     }
 
     /// After reading `n` bytes into `spare()`.
     pub fn filled(&mut self, n: usize) {
-        const CHUNK: usize = 64 * 1024;
-        let len = self.buf.len() - CHUNK + n;
-        self.buf.truncate(len);
+        self.end = (self.end + n).min(self.buf.len());
     }
 
     /// The next whole message, if any.
     pub fn next_message(&mut self) -> Result<Option<Message>, RpcFault> {
-        match decode(&self.buf[self.start..])? {
+        match decode(&self.buf[self.start..self.end])? {
             Some((msg, used)) => {
                 self.start += used;
-                if self.start == self.buf.len() {
-                    self.buf.clear();
+                if self.start == self.end {
                     self.start = 0;
-                } else if self.start > MAX_MESSAGE {
-                    self.buf.drain(..self.start);
-                    self.start = 0;
+                    self.end = 0;
                 }
                 Ok(Some(msg))
             }

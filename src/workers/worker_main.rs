@@ -13,6 +13,7 @@ use std::os::fd::FromRawFd;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 
+use crate::aggregator::worker::AggregatorRole;
 use crate::sandbox::{self, Role};
 use crate::tools;
 use crate::workers::rpc::{self, Message, Op, RpcError, RpcReader};
@@ -112,7 +113,15 @@ fn serve(
     let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
     let done: Done = Arc::new(Mutex::new(Vec::new()));
     let settings = Arc::new(settings);
-    let jobs = start_pool(&settings, &done, &waker)?;
+    // The aggregator starts its threads per upstream server when it is configured; the
+    // builtin's pool starts now.
+    let mut aggregator = (role == Role::Aggregator)
+        .then(|| AggregatorRole::new(Arc::clone(&done), Arc::clone(&waker)));
+    let jobs = if aggregator.is_some() {
+        sync_channel::<Job>(0).0
+    } else {
+        start_pool(&settings, &done, &waker)?
+    };
 
     let mut reader = RpcReader::default();
     let mut out: Vec<u8> = Vec::new();
@@ -145,6 +154,16 @@ fn serve(
         }
         loop {
             match reader.next_message() {
+                Ok(Some(Message::Request {
+                    id, op, name, args, ..
+                })) if aggregator.is_some() && aggregator_op(op) => {
+                    if let Some(reply) = aggregator
+                        .as_mut()
+                        .and_then(|a| a.handle(id, op, name, args))
+                    {
+                        push(&mut out, &reply);
+                    }
+                }
                 Ok(Some(msg)) => handle(
                     role,
                     &settings,
@@ -177,20 +196,25 @@ fn serve(
     }
 }
 
+/// Ops the aggregator role serves itself; cancel and attest stay with the common handler.
+fn aggregator_op(op: Op) -> bool {
+    !matches!(op, Op::Cancel | Op::Attest)
+}
+
 pub(crate) fn push(out: &mut Vec<u8>, msg: &Message) {
-    if let Err(fault) = rpc::encode(out, msg) {
-        if let Message::Response { id, .. } = msg {
-            let error = Message::Response {
-                id: *id,
-                ok: None,
-                error: Some(RpcError {
-                    kind: "too_large".into(),
-                    message: fault.to_string(),
-                }),
-                facts: None,
-            };
-            let _ = rpc::encode(out, &error);
-        }
+    if let Err(fault) = rpc::encode(out, msg)
+        && let Message::Response { id, .. } = msg
+    {
+        let error = Message::Response {
+            id: *id,
+            ok: None,
+            error: Some(RpcError {
+                kind: "too_large".into(),
+                message: fault.to_string(),
+            }),
+            facts: None,
+        };
+        let _ = rpc::encode(out, &error);
     }
 }
 
@@ -266,6 +290,11 @@ fn handle(
             id,
             "not_found",
             format!("the {role} worker serves no resources or prompts"),
+        ),
+        Op::Configure => response_err(
+            id,
+            "invalid_request",
+            format!("the {role} worker takes no configuration"),
         ),
         Op::Cancel => {
             if let Some(t) = target {

@@ -362,6 +362,14 @@ impl Worker {
                 None,
             )),
             Op::ListResources | Op::ListPrompts => Some(response(id, Some("[]".into()), None)),
+            Op::Configure => Some(response(
+                id,
+                None,
+                Some(RpcError {
+                    kind: "invalid_request".into(),
+                    message: "the workspace worker takes its settings on stdin only".into(),
+                }),
+            )),
             Op::ReadResource | Op::GetPrompt => Some(response(
                 id,
                 None,

@@ -25,8 +25,11 @@ mod tests;
 
 pub use address_policy::{AddressPolicy, AllowEntry};
 pub use config::{HttpToolsConfig, tool_ports};
-pub use outcome::{ErrorCode, HttpFacts, ToolOutcome};
+pub use outcome::{ErrorCode, HttpFacts, ToolError, ToolOutcome};
+// The aggregator checks and pins upstream addresses with the same parser and resolver.
+pub use resolver::{MAX_ADDRESSES_TRIED, PinnedResolver, resolve_name};
 pub use tools::{FETCH_HTTP, GREP_HTTP, HTTP_HEADERS};
+pub use url_target::{Target, TargetError, TargetHost, parse_target};
 
 /// The MCP `Tool` objects of the HTTP tools (names without the `local__` prefix).
 pub fn tool_definitions() -> Vec<serde_json::Value> {

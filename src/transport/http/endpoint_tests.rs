@@ -127,7 +127,7 @@ impl Fixture {
         );
         let answer = jsonrpc::result_response(
             &call.id,
-            &protocol::initialize_result(call.era.version()).to_string(),
+            &protocol::initialize_result(call.era.version(), false).to_string(),
         );
         let response = parse(&self.endpoint.answer(&call, &answer, self.now).bytes);
         assert_eq!(response.status, 200);

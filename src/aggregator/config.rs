@@ -1,0 +1,708 @@
+//! `[servers]`: the external MCP servers the aggregator worker reaches, and its limits.
+//!
+//! `[servers]` holds both the aggregator's settings (`refresh_secs`, `threads`, ...) and one
+//! `[servers.NAME]` table per upstream, so it is read by hand: a known setting key is a
+//! setting, any other key must be a server table. Server tables are read without serde's
+//! `deny_unknown_fields` on purpose: its error quotes the offending line of the file, and
+//! that line may hold a token someone pasted inline. Unknown keys are collected instead and
+//! refused by [`ServersConfig::validate`], whose messages never quote a value.
+
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use super::inline_secret;
+use crate::mcp::catalog::{GATEWAY_SERVER, LOCAL_SERVER, valid_server_name};
+use crate::pins::PinMode;
+use crate::tools::http::{TargetError, parse_target};
+
+/// Default of `[servers] refresh_secs`: how often every server is listed again.
+pub const DEFAULT_REFRESH_SECS: u64 = 300;
+/// Default of `[servers] threads`: blocking upstream exchanges at once.
+pub const DEFAULT_THREADS: usize = 16;
+/// Default of `[servers] queue`: upstream requests waiting beyond busy threads.
+pub const DEFAULT_QUEUE: usize = 256;
+/// Default of `[servers] max_body_bytes`: largest upstream answer read.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+/// Largest `max_body_bytes`: an answer must still fit one worker RPC message (16 MiB).
+pub const MAX_BODY_BYTES_LIMIT: usize = 15 * 1024 * 1024;
+/// Default of `[servers] connect_timeout_secs`.
+pub const DEFAULT_CONNECT_TIMEOUT_SECS: u64 = 10;
+/// Default of `[servers] retry_max_secs`: the backoff cap for a server that is down.
+pub const DEFAULT_RETRY_MAX_SECS: u64 = 60;
+/// Default of `[servers] max_pages`: list pages followed per listing.
+pub const DEFAULT_MAX_PAGES: usize = 100;
+/// Default of `[servers] max_items`: tools (or resources, prompts) kept per server.
+pub const DEFAULT_MAX_ITEMS: usize = 10_000;
+/// Default of `[servers.NAME] timeout_secs`: one upstream exchange, headers and body.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 120;
+/// Longest `url` accepted.
+pub const MAX_URL_BYTES: usize = 2048;
+/// Most `headers` per server.
+pub const MAX_HEADERS: usize = 32;
+/// Longest header value.
+pub const MAX_HEADER_VALUE_BYTES: usize = 4096;
+/// Durations past this overflow `Instant` arithmetic on some platforms.
+const MAX_SECS: u64 = 24 * 3600;
+
+/// Headers toolwall sets itself; `headers` may not name them (case-insensitive).
+pub const RESERVED_HEADERS: &[&str] = &[
+    "accept",
+    "authorization",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "mcp-method",
+    "mcp-name",
+    "last-event-id",
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "host",
+    "connection",
+];
+
+/// Setting keys of `[servers]`; every other key is a server name.
+const SETTING_KEYS: &[&str] = &[
+    "refresh_secs",
+    "threads",
+    "queue",
+    "max_body_bytes",
+    "connect_timeout_secs",
+    "retry_max_secs",
+    "max_pages",
+    "max_items",
+];
+
+/// `[servers]` in the config file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServersConfig {
+    /// Seconds between full listings of every server; 0: only at start, on reload and when
+    /// a server says its lists changed.
+    pub refresh_secs: u64,
+    /// Threads in the aggregator worker for upstream exchanges.
+    pub threads: usize,
+    /// Upstream requests queued in the worker beyond its busy threads (then `busy`).
+    pub queue: usize,
+    /// Bytes of one upstream answer read at most; more is `too_large`.
+    pub max_body_bytes: usize,
+    /// Seconds to connect (TCP and TLS) to an upstream.
+    pub connect_timeout_secs: u64,
+    /// Longest wait between attempts to reach a server that is down (backoff doubles from
+    /// one second up to this).
+    pub retry_max_secs: u64,
+    /// Pages of one list followed at most (cursors).
+    pub max_pages: usize,
+    /// Items of one kind kept per server at most.
+    pub max_items: usize,
+    /// `[servers.NAME]`, by name.
+    pub servers: BTreeMap<String, ServerConfig>,
+    /// Keys of `[servers]` that were neither a setting nor a table (refused by `validate`,
+    /// which names them without their values).
+    pub not_tables: Vec<String>,
+}
+
+impl Default for ServersConfig {
+    fn default() -> Self {
+        ServersConfig {
+            refresh_secs: DEFAULT_REFRESH_SECS,
+            threads: DEFAULT_THREADS,
+            queue: DEFAULT_QUEUE,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            connect_timeout_secs: DEFAULT_CONNECT_TIMEOUT_SECS,
+            retry_max_secs: DEFAULT_RETRY_MAX_SECS,
+            max_pages: DEFAULT_MAX_PAGES,
+            max_items: DEFAULT_MAX_ITEMS,
+            servers: BTreeMap::new(),
+            not_tables: Vec::new(),
+        }
+    }
+}
+
+/// `[servers.NAME] era`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EraChoice {
+    /// `server/discover` first; legacy `initialize` when it is not answered as modern.
+    #[default]
+    Auto,
+    /// Only the legacy handshake.
+    Legacy,
+    /// Only the modern era; a server that does not answer `server/discover` is down.
+    Modern,
+}
+
+/// `[servers.NAME]`: one upstream MCP server over Streamable HTTP.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, expecting = "a [servers.NAME] table")]
+pub struct ServerConfig {
+    /// The MCP endpoint, `http://` or `https://`.
+    pub url: String,
+    /// Extra request headers (not secrets, not the reserved ones).
+    pub headers: BTreeMap<String, String>,
+    /// A file holding the bearer token sent as `Authorization: Bearer ...`.
+    pub bearer_token_file: Option<PathBuf>,
+    /// An environment variable of the gateway holding that token.
+    pub bearer_token_env: Option<String>,
+    /// Seconds one upstream exchange may take (connect, headers and whole body).
+    pub timeout_secs: u64,
+    /// `false`: configured but not reached and not listed.
+    pub enabled: bool,
+    /// What happens when a tool's definition changes: see `crate::pins`.
+    pub pin: PinMode,
+    /// Which MCP era to speak: detected (`auto`), or forced for a server whose detection
+    /// misleads.
+    pub era: EraChoice,
+    /// Keys this build does not know (refused by `validate`, values never shown).
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, IgnoredAny>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            url: String::new(),
+            headers: BTreeMap::new(),
+            bearer_token_file: None,
+            bearer_token_env: None,
+            timeout_secs: DEFAULT_TIMEOUT_SECS,
+            enabled: true,
+            pin: PinMode::Enforce,
+            era: EraChoice::Auto,
+            unknown: BTreeMap::new(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ServersConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(ServersVisitor)
+    }
+}
+
+struct ServersVisitor;
+
+/// A `[servers]` value that is not a setting: a server table, or something else whose
+/// value is skipped unread (it might be a token).
+enum ServerEntry {
+    Table(Box<ServerConfig>),
+    NotATable,
+}
+
+impl<'de> Deserialize<'de> for ServerEntry {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = ServerEntry;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a [servers.NAME] table")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ServerEntry, A::Error> {
+                let server =
+                    ServerConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(ServerEntry::Table(Box::new(server)))
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<ServerEntry, E> {
+                Ok(ServerEntry::NotATable)
+            }
+            fn visit_string<E: serde::de::Error>(self, _: String) -> Result<ServerEntry, E> {
+                Ok(ServerEntry::NotATable)
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<ServerEntry, E> {
+                Ok(ServerEntry::NotATable)
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<ServerEntry, E> {
+                Ok(ServerEntry::NotATable)
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<ServerEntry, E> {
+                Ok(ServerEntry::NotATable)
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<ServerEntry, E> {
+                Ok(ServerEntry::NotATable)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ServerEntry, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(ServerEntry::NotATable)
+            }
+        }
+        deserializer.deserialize_any(EntryVisitor)
+    }
+}
+
+impl<'de> Visitor<'de> for ServersVisitor {
+    type Value = ServersConfig;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("the [servers] table")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ServersConfig, A::Error> {
+        let mut cfg = ServersConfig::default();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "refresh_secs" => cfg.refresh_secs = map.next_value()?,
+                "threads" => cfg.threads = map.next_value()?,
+                "queue" => cfg.queue = map.next_value()?,
+                "max_body_bytes" => cfg.max_body_bytes = map.next_value()?,
+                "connect_timeout_secs" => cfg.connect_timeout_secs = map.next_value()?,
+                "retry_max_secs" => cfg.retry_max_secs = map.next_value()?,
+                "max_pages" => cfg.max_pages = map.next_value()?,
+                "max_items" => cfg.max_items = map.next_value()?,
+                _ => match map.next_value::<ServerEntry>()? {
+                    ServerEntry::Table(server) => {
+                        cfg.servers.insert(key, *server);
+                    }
+                    ServerEntry::NotATable => cfg.not_tables.push(key),
+                },
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+impl ServersConfig {
+    /// The servers that are enabled, by name.
+    pub fn enabled(&self) -> impl Iterator<Item = (&String, &ServerConfig)> {
+        self.servers.iter().filter(|(_, s)| s.enabled)
+    }
+
+    /// Whether `other` reaches the same servers the same way (names, URLs, headers,
+    /// credentials' sources, timeouts, eras): if not, the worker needs a new grant and
+    /// setup. Pin modes and `refresh_secs` do not count: they apply without one.
+    pub fn same_connections(&self, other: &ServersConfig) -> bool {
+        let key = |c: &ServersConfig| {
+            c.enabled()
+                .map(|(n, s)| {
+                    (
+                        n.clone(),
+                        s.url.clone(),
+                        s.headers.clone(),
+                        s.bearer_token_file.clone(),
+                        s.bearer_token_env.clone(),
+                        s.timeout_secs,
+                        s.era,
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        key(self) == key(other)
+            && (
+                self.threads,
+                self.queue,
+                self.max_body_bytes,
+                self.connect_timeout_secs,
+            ) == (
+                other.threads,
+                other.queue,
+                other.max_body_bytes,
+                other.connect_timeout_secs,
+            )
+            && (self.retry_max_secs, self.max_pages, self.max_items)
+                == (other.retry_max_secs, other.max_pages, other.max_items)
+    }
+
+    /// Check what serde cannot. The error names the key (`servers.NAME.KEY`) and never
+    /// quotes a header value, a URL's query or anything that may be a secret.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(key) = self.not_tables.first() {
+            return Err(format!(
+                "servers.{key} is neither a setting ({}) nor a [servers.{key}] table (its value is not shown)",
+                SETTING_KEYS.join(", ")
+            ));
+        }
+        let positive = [
+            ("threads", self.threads as u64),
+            ("queue", self.queue as u64),
+            ("max_body_bytes", self.max_body_bytes as u64),
+            ("connect_timeout_secs", self.connect_timeout_secs),
+            ("retry_max_secs", self.retry_max_secs),
+            ("max_pages", self.max_pages as u64),
+            ("max_items", self.max_items as u64),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(format!("servers.{key} must be greater than 0"));
+            }
+        }
+        if self.max_body_bytes > MAX_BODY_BYTES_LIMIT {
+            return Err(format!(
+                "servers.max_body_bytes must be at most {MAX_BODY_BYTES_LIMIT} (an answer must fit one worker message)"
+            ));
+        }
+        for (key, value) in [
+            ("refresh_secs", self.refresh_secs),
+            ("connect_timeout_secs", self.connect_timeout_secs),
+            ("retry_max_secs", self.retry_max_secs),
+        ] {
+            if value > MAX_SECS {
+                return Err(format!("servers.{key} must be at most {MAX_SECS} seconds"));
+            }
+        }
+        for (name, server) in &self.servers {
+            check_server_name(name)?;
+            server.validate(name)?;
+        }
+        Ok(())
+    }
+}
+
+/// Server names: `[a-z0-9_-]+`, no `__`, not `local` or `toolwall`.
+pub fn check_server_name(name: &str) -> Result<(), String> {
+    if name == LOCAL_SERVER || name == GATEWAY_SERVER {
+        return Err(format!(
+            "[servers.{name}]: the server name {name:?} is reserved (the built-in tools are `local`, the gateway's own `toolwall`)"
+        ));
+    }
+    if !valid_server_name(name) {
+        return Err(format!(
+            "[servers.{}]: a server name may hold only a-z, 0-9, '_' and '-', and never \"__\"",
+            name.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+/// A valid HTTP header name (RFC 9110 token).
+fn valid_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'!' | b'#'
+                        | b'$'
+                        | b'%'
+                        | b'&'
+                        | b'\''
+                        | b'*'
+                        | b'+'
+                        | b'-'
+                        | b'.'
+                        | b'^'
+                        | b'_'
+                        | b'`'
+                        | b'|'
+                        | b'~'
+                )
+        })
+}
+
+/// A header value toolwall will send: visible ASCII and spaces, no control characters.
+fn valid_header_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b' ' || b == b'\t' || (0x21..0x7f).contains(&b))
+}
+
+/// A portable environment variable name.
+fn valid_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && name.len() <= 256
+}
+
+impl ServerConfig {
+    fn validate(&self, name: &str) -> Result<(), String> {
+        let at = |key: &str| format!("servers.{name}.{key}");
+        if let Some(key) = self.unknown.keys().next() {
+            let hint = if inline_secret::key_suggests_secret(key) {
+                " (tokens never go in the config: use bearer_token_file or bearer_token_env)"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "unknown key {}; known keys: url, headers, bearer_token_file, bearer_token_env, timeout_secs, enabled, pin, era{hint} (its value is not shown)",
+                at(key.as_str())
+            ));
+        }
+        self.validate_url(name)?;
+        if self.headers.len() > MAX_HEADERS {
+            return Err(format!(
+                "{} has more than {MAX_HEADERS} entries",
+                at("headers")
+            ));
+        }
+        for (header, value) in &self.headers {
+            let key = at(&format!("headers.{header}"));
+            if !valid_header_name(header) {
+                return Err(format!("{key}: not a valid HTTP header name"));
+            }
+            let lower = header.to_ascii_lowercase();
+            if RESERVED_HEADERS.contains(&lower.as_str()) {
+                return Err(format!(
+                    "{key}: toolwall sets this header itself and it cannot be overridden (reserved: {}); for a token use bearer_token_file or bearer_token_env",
+                    RESERVED_HEADERS.join(", ")
+                ));
+            }
+            if inline_secret::header_name_suggests_secret(&lower)
+                || inline_secret::looks_like_secret(value)
+            {
+                return Err(format!(
+                    "{key} looks like a credential; credentials never go in the config (use bearer_token_file or bearer_token_env; the value is not shown)"
+                ));
+            }
+            if value.len() > MAX_HEADER_VALUE_BYTES || !valid_header_value(value) {
+                return Err(format!(
+                    "{key}: a header value must be printable ASCII of at most {MAX_HEADER_VALUE_BYTES} bytes (the value is not shown)"
+                ));
+            }
+        }
+        match (&self.bearer_token_file, &self.bearer_token_env) {
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "servers.{name}: set bearer_token_file or bearer_token_env, not both"
+                ));
+            }
+            (Some(path), None) if path.as_os_str().is_empty() => {
+                return Err(format!("{} is empty", at("bearer_token_file")));
+            }
+            (None, Some(var)) if !valid_env_name(var) => {
+                let hint = if inline_secret::looks_like_secret(var) {
+                    "; it looks like a token itself: put the token in that variable, and the variable's name here"
+                } else {
+                    ""
+                };
+                return Err(format!(
+                    "{} must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*){hint} (the value is not shown)",
+                    at("bearer_token_env")
+                ));
+            }
+            _ => {}
+        }
+        if self.timeout_secs == 0 || self.timeout_secs > MAX_SECS {
+            return Err(format!(
+                "{} must be from 1 to {MAX_SECS} seconds",
+                at("timeout_secs")
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_url(&self, name: &str) -> Result<(), String> {
+        let key = format!("servers.{name}.url");
+        if self.url.is_empty() {
+            return Err(format!("{key} is required"));
+        }
+        // Checked before parsing, so no parse error can echo a password or a query token.
+        let authority_end = self
+            .url
+            .find("://")
+            .map(|i| i + 3)
+            .map(|start| {
+                start
+                    + self.url[start..]
+                        .find(['/', '?', '#'])
+                        .unwrap_or(self.url.len() - start)
+            })
+            .unwrap_or(0);
+        if self.url[..authority_end].contains('@') {
+            return Err(format!(
+                "{key} holds credentials (user:password@); use bearer_token_file or bearer_token_env (the URL is not shown)"
+            ));
+        }
+        if let Some((_, query)) = self.url.split_once('?') {
+            let query = query.split('#').next().unwrap_or("");
+            for pair in query.split('&') {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                if inline_secret::key_suggests_secret(&k.to_ascii_lowercase())
+                    || inline_secret::looks_like_secret(v)
+                {
+                    return Err(format!(
+                        "{key} carries what looks like a credential in its query; use bearer_token_file or bearer_token_env (the URL is not shown)"
+                    ));
+                }
+            }
+        }
+        if self.url.contains('#') {
+            return Err(format!("{key} must not have a fragment (#...)"));
+        }
+        match parse_target(&self.url, MAX_URL_BYTES) {
+            Ok(_) => Ok(()),
+            Err(TargetError::Invalid(why)) | Err(TargetError::Refused(why)) => {
+                Err(format!("{key}: {why}"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    struct Doc {
+        #[serde(default)]
+        servers: ServersConfig,
+    }
+
+    fn load(text: &str) -> Result<ServersConfig, String> {
+        let doc: Doc = toml::from_str(text).map_err(|e| e.to_string())?;
+        doc.servers.validate()?;
+        Ok(doc.servers)
+    }
+
+    #[test]
+    fn settings_and_servers_share_the_table() {
+        let c = load(
+            r#"
+[servers]
+refresh_secs = 30
+threads = 4
+
+[servers.github]
+url = "https://api.example.com/mcp"
+headers = { "X-Client" = "toolwall" }
+bearer_token_file = "/etc/toolwall/github.token"
+timeout_secs = 20
+pin = "warn"
+era = "legacy"
+
+[servers.local-files]
+url = "http://127.0.0.1:8931/mcp"
+enabled = false
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.refresh_secs, 30);
+        assert_eq!(c.threads, 4);
+        assert_eq!(c.queue, DEFAULT_QUEUE);
+        let gh = &c.servers["github"];
+        assert_eq!(gh.timeout_secs, 20);
+        assert_eq!(gh.pin, PinMode::Warn);
+        assert_eq!(gh.headers["X-Client"], "toolwall");
+        assert_eq!(gh.era, EraChoice::Legacy);
+        let lf = &c.servers["local-files"];
+        assert!(!lf.enabled);
+        assert_eq!(lf.pin, PinMode::Enforce);
+        assert_eq!(lf.timeout_secs, DEFAULT_TIMEOUT_SECS);
+        assert_eq!(c.enabled().count(), 1);
+        let mut other = c.clone();
+        other.servers.get_mut("github").unwrap().pin = PinMode::Off;
+        other.refresh_secs = 5;
+        assert!(c.same_connections(&other));
+        other.servers.get_mut("github").unwrap().url = "https://other.example.com/mcp".into();
+        assert!(!c.same_connections(&other));
+    }
+
+    #[test]
+    fn empty_and_absent_are_defaults() {
+        assert_eq!(load("").unwrap(), ServersConfig::default());
+        assert_eq!(load("[servers]\n").unwrap(), ServersConfig::default());
+    }
+
+    #[test]
+    fn bad_names_are_load_errors() {
+        for (name, needle) in [
+            ("local", "reserved"),
+            ("toolwall", "reserved"),
+            ("a__b", "__"),
+            ("Up", "a-z"),
+            ("\"a b\"", "a-z"),
+            ("\"é\"", "a-z"),
+        ] {
+            let text = format!("[servers.{name}]\nurl = \"http://127.0.0.1:1/\"\n");
+            let err = load(&text).unwrap_err();
+            assert!(err.contains(needle), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn inline_tokens_are_refused_without_being_printed() {
+        let secret = "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c";
+        let cases = [
+            format!("[servers.a]\nurl = \"http://127.0.0.1:1/\"\nbearer_token = \"{secret}\"\n"),
+            format!("[servers.a]\nurl = \"http://127.0.0.1:1/\"\ntoken = \"{secret}\"\n"),
+            format!(
+                "[servers.a]\nurl = \"http://127.0.0.1:1/\"\nheaders = {{ \"X-Api-Key\" = \"{secret}\" }}\n"
+            ),
+            format!(
+                "[servers.a]\nurl = \"http://127.0.0.1:1/\"\nheaders = {{ \"X-Thing\" = \"{secret}\" }}\n"
+            ),
+            format!(
+                "[servers.a]\nurl = \"http://127.0.0.1:1/\"\nheaders = {{ Authorization = \"Bearer {secret}\" }}\n"
+            ),
+            format!(
+                "[servers.a]\nurl = \"http://127.0.0.1:1/\"\nbearer_token_env = \"{secret}\"\n"
+            ),
+            format!("[servers.a]\nurl = \"http://user:{secret}@127.0.0.1:1/\"\n"),
+            format!("[servers.a]\nurl = \"http://127.0.0.1:1/mcp?api_key={secret}\"\n"),
+            format!("[servers.a]\nurl = \"http://127.0.0.1:1/mcp?x={secret}\"\n"),
+            format!("[servers]\ntoken = \"{secret}\"\n"),
+            format!("[servers]\na = [\"{secret}\"]\n"),
+        ];
+        for text in &cases {
+            let err = load(text).expect_err(text);
+            assert!(!err.contains(secret), "printed the secret: {err}");
+            assert!(!err.contains("4f9a8b"), "printed part of the secret: {err}");
+        }
+    }
+
+    #[test]
+    fn reserved_headers_cannot_be_overridden() {
+        for header in [
+            "Accept",
+            "mcp-session-id",
+            "MCP-Protocol-Version",
+            "Authorization",
+            "Host",
+        ] {
+            let text = format!(
+                "[servers.a]\nurl = \"http://127.0.0.1:1/\"\nheaders = {{ \"{header}\" = \"x\" }}\n"
+            );
+            let err = load(&text).unwrap_err();
+            assert!(err.contains("cannot be overridden"), "{header}: {err}");
+        }
+        // Plain, non-secret headers are fine.
+        let ok = "[servers.a]\nurl = \"http://127.0.0.1:1/\"\nheaders = { \"X-Tenant\" = \"blue team\" }\n";
+        assert!(load(ok).is_ok());
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key() {
+        let cases = [
+            (
+                "[servers.a]\nurl = \"http://127.0.0.1:1/\"\nbogus = 1\n",
+                "servers.a.bogus",
+            ),
+            ("[servers.a]\n", "servers.a.url is required"),
+            ("[servers.a]\nurl = \"ftp://h/\"\n", "servers.a.url"),
+            ("[servers.a]\nurl = \"http://h/#x\"\n", "fragment"),
+            (
+                "[servers.a]\nurl = \"http://h/\"\ntimeout_secs = 0\n",
+                "timeout_secs",
+            ),
+            (
+                "[servers.a]\nurl = \"http://h/\"\nbearer_token_file = \"/a\"\nbearer_token_env = \"B\"\n",
+                "not both",
+            ),
+            (
+                "[servers.a]\nurl = \"http://h/\"\npin = \"maybe\"\n",
+                "maybe",
+            ),
+            ("[servers]\nthreads = 0\n", "servers.threads"),
+            ("[servers]\nmax_body_bytes = 99999999\n", "max_body_bytes"),
+            ("[servers]\nrefreshsecs = 5\n", "servers.refreshsecs"),
+        ];
+        for (text, needle) in cases {
+            let err = load(text).unwrap_err();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn type_errors_keep_their_line() {
+        let err = load("[servers.a]\nurl = \"http://h/\"\ntimeout_secs = \"ten\"\n").unwrap_err();
+        assert!(
+            err.contains("timeout_secs") || err.contains("line"),
+            "{err}"
+        );
+    }
+}

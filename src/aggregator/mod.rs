@@ -1,0 +1,26 @@
+//! The aggregator: external MCP servers (Streamable HTTP, both eras) behind one namespaced,
+//! pinned, policy-checked catalog. See README.md in this directory.
+//!
+//! Gateway side: [`config`] (`[servers]`), [`prepare`] (credentials, addresses, ports),
+//! [`spec`] (the worker's spec and `configure` request), [`status`] (per-server state from
+//! the worker's events). Worker side: [`worker`] (requests), [`upstream`] (one server's
+//! connection), [`exchange`] (one HTTP exchange), and the sans-IO cores [`sse`], [`era`],
+//! [`message`].
+
+pub mod config;
+pub mod era;
+pub mod error;
+pub mod exchange;
+pub mod gateway_state;
+mod inline_secret;
+pub mod message;
+pub mod prepare;
+pub mod setup;
+pub mod spec;
+pub mod sse;
+pub mod status;
+pub mod upstream;
+pub mod worker;
+
+pub use config::{ServerConfig, ServersConfig};
+pub use setup::AggregatorSetup;

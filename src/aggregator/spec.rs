@@ -1,0 +1,140 @@
+//! The gateway's handles on the aggregator worker: its spec (grant, settings) and the RPC
+//! requests the core sends it, in the shapes `worker.rs` reads.
+
+use serde_json::Value;
+use std::path::Path;
+
+use super::config::ServersConfig;
+use super::prepare::upstream_ports;
+use super::setup::AggregatorSetup;
+use crate::mcp::catalog::NAMESPACE_SEP;
+use crate::sandbox::{self, Role, SandboxMode};
+use crate::tools::http::HttpToolsConfig;
+use crate::workers::rpc::{Message, Op};
+use crate::workers::settings::WorkerSettings;
+use crate::workers::supervisor::WorkerSpec;
+
+/// The aggregator worker's name in status, the ledger and errors.
+pub const WORKER_NAME: &str = "aggregator";
+
+/// The aggregator worker's spec, or `None` when no server is enabled (then no aggregator
+/// runs). Its grant: TCP connect to the ports of the enabled servers' URLs, nothing else
+/// (no files, no DNS: the gateway resolves upstream hosts and passes the addresses).
+/// `state_dir` is the ledger's directory, which the attestation proves unreadable.
+pub fn worker_spec(
+    servers: &ServersConfig,
+    sandbox_mode: SandboxMode,
+    state_dir: &Path,
+) -> Option<WorkerSpec> {
+    servers.enabled().next()?;
+    let mut grant = sandbox::role_grant_defaults(Role::Aggregator);
+    grant.tcp_connect_ports.extend(upstream_ports(servers));
+    grant.tcp_connect_ports.sort_unstable();
+    grant.tcp_connect_ports.dedup();
+    Some(WorkerSpec {
+        name: WORKER_NAME.into(),
+        role: Role::Aggregator,
+        // One worker serves every upstream server; the core asks per server.
+        server: String::new(),
+        settings: WorkerSettings {
+            sandbox_mode,
+            tcp_connect_ports: grant.tcp_connect_ports,
+            read_paths: grant.read_paths,
+            forbidden_probe_dir: std::fs::canonicalize(state_dir)
+                .unwrap_or_else(|_| state_dir.to_path_buf()),
+            threads: servers.threads,
+            queue: servers.queue,
+            // Unused by the aggregator; the settings type is shared with the builtin.
+            http: HttpToolsConfig::default(),
+        },
+    })
+}
+
+/// The first request to a ready aggregator worker. `setup` holds credentials: the message
+/// must never be logged or written to the ledger.
+pub fn configure_request(id: u64, setup: &AggregatorSetup) -> Message {
+    Message::Request {
+        id,
+        op: Op::Configure,
+        name: None,
+        args: Some(serde_json::to_string(setup).unwrap_or_else(|_| "{}".into())),
+        target: None,
+    }
+}
+
+/// `list_tools` / `list_resources` / `list_prompts` of one server.
+pub fn listing_request(id: u64, op: Op, server: &str) -> Message {
+    Message::Request {
+        id,
+        op,
+        name: Some(server.to_owned()),
+        args: None,
+        target: None,
+    }
+}
+
+/// `call_tool` of `tool` (the server's own name for it) on `server`.
+pub fn call_tool_request(id: u64, server: &str, tool: &str, arguments: String) -> Message {
+    Message::Request {
+        id,
+        op: Op::CallTool,
+        name: Some(format!("{server}{NAMESPACE_SEP}{tool}")),
+        args: Some(arguments),
+        target: None,
+    }
+}
+
+/// `get_prompt` of `prompt` (the server's own name) on `server`, with the agent's params.
+pub fn get_prompt_request(id: u64, server: &str, prompt: &str, params: &Value) -> Message {
+    Message::Request {
+        id,
+        op: Op::GetPrompt,
+        name: Some(format!("{server}{NAMESPACE_SEP}{prompt}")),
+        args: Some(params.to_string()),
+        target: None,
+    }
+}
+
+/// `read_resource` on `server`, with the agent's params (`uri` unchanged: resources keep
+/// their URIs, and the catalog remembers which server listed each).
+pub fn read_resource_request(id: u64, server: &str, params: &Value) -> Message {
+    Message::Request {
+        id,
+        op: Op::ReadResource,
+        name: Some(server.to_owned()),
+        args: Some(params.to_string()),
+        target: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregator::config::ServerConfig;
+
+    #[test]
+    fn no_servers_no_worker_and_ports_granted() {
+        let mut servers = ServersConfig::default();
+        assert!(worker_spec(&servers, SandboxMode::Enforce, Path::new(".")).is_none());
+        servers.servers.insert(
+            "a".into(),
+            ServerConfig {
+                url: "http://127.0.0.1:8931/mcp".into(),
+                ..ServerConfig::default()
+            },
+        );
+        let spec = worker_spec(&servers, SandboxMode::Enforce, Path::new(".")).unwrap();
+        assert_eq!(spec.role, Role::Aggregator);
+        assert_eq!(spec.settings.tcp_connect_ports, vec![8931]);
+        assert!(spec.settings.read_paths.is_empty());
+    }
+
+    #[test]
+    fn request_names() {
+        let Message::Request { name, .. } = call_tool_request(1, "gh", "search", "{}".into())
+        else {
+            panic!()
+        };
+        assert_eq!(name.as_deref(), Some("gh__search"));
+    }
+}

@@ -1,0 +1,240 @@
+//! The gateway's view of each upstream server, fed by the aggregator worker's events, for
+//! `toolwall status` and for deciding what to list again. The worker is not trusted
+//! blindly: events naming a server that is not configured are ignored.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+use super::config::ServersConfig;
+use crate::mcp::catalog::Kind;
+
+/// One server as status shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct UpstreamStatus {
+    pub server: String,
+    /// `starting`, `connecting`, `up`, `down`, `disabled`, `worker_down`.
+    pub state: String,
+    /// `legacy 2025-06-18`, `modern 2026-07-28`, or none before the first connection.
+    pub era: Option<String>,
+    pub last_error: Option<String>,
+    pub url: String,
+    pub pin: String,
+}
+
+/// What the gateway should do after an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relist {
+    pub server: String,
+    pub kinds: Vec<Kind>,
+}
+
+#[derive(Debug, Default)]
+pub struct UpstreamBoard {
+    servers: BTreeMap<String, UpstreamStatus>,
+}
+
+/// Longest error text kept from an event.
+const MAX_ERROR_CHARS: usize = 1000;
+
+impl UpstreamBoard {
+    pub fn new(config: &ServersConfig) -> UpstreamBoard {
+        let servers = config
+            .servers
+            .iter()
+            .map(|(name, s)| {
+                (
+                    name.clone(),
+                    UpstreamStatus {
+                        server: name.clone(),
+                        state: if s.enabled { "starting" } else { "disabled" }.into(),
+                        era: None,
+                        last_error: None,
+                        url: s.url.clone(),
+                        pin: s.pin.as_str().into(),
+                    },
+                )
+            })
+            .collect();
+        UpstreamBoard { servers }
+    }
+
+    /// An event from the aggregator worker (`kind`, `detail` as JSON text). Returns the
+    /// lists to fetch again, if any.
+    pub fn on_event(&mut self, kind: &str, detail: &str) -> Option<Relist> {
+        let detail: Value = serde_json::from_str(detail).ok()?;
+        let server = detail.get("server")?.as_str()?;
+        let entry = self.servers.get_mut(server)?;
+        if entry.state == "disabled" {
+            return None;
+        }
+        match kind {
+            "upstream_state" => {
+                let text = |k: &str| {
+                    detail
+                        .get(k)
+                        .and_then(Value::as_str)
+                        .map(|s| s.chars().take(MAX_ERROR_CHARS).collect::<String>())
+                };
+                if let Some(state) =
+                    text("state").filter(|s| matches!(s.as_str(), "connecting" | "up" | "down"))
+                {
+                    entry.state = state;
+                }
+                entry.era = text("era");
+                entry.last_error = text("last_error");
+                None
+            }
+            "list_changed" => {
+                let kinds: Vec<Kind> = detail
+                    .get("kinds")?
+                    .as_array()?
+                    .iter()
+                    .filter_map(|k| match k.as_str()? {
+                        "tools" => Some(Kind::Tools),
+                        "resources" => Some(Kind::Resources),
+                        "prompts" => Some(Kind::Prompts),
+                        _ => None,
+                    })
+                    .collect();
+                (!kinds.is_empty()).then(|| Relist {
+                    server: server.to_owned(),
+                    kinds,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The worker is gone: nothing is reachable until it is back.
+    pub fn on_worker_gone(&mut self, why: &str) {
+        for s in self.servers.values_mut() {
+            if s.state != "disabled" {
+                s.state = "worker_down".into();
+                s.last_error = Some(why.chars().take(MAX_ERROR_CHARS).collect());
+            }
+        }
+    }
+
+    /// Enabled server names, for listing every server (start, refresh, reload).
+    pub fn enabled(&self) -> impl Iterator<Item = &str> {
+        self.servers
+            .values()
+            .filter(|s| s.state != "disabled")
+            .map(|s| s.server.as_str())
+    }
+
+    pub fn get(&self, server: &str) -> Option<&UpstreamStatus> {
+        self.servers.get(server)
+    }
+
+    /// For `status --json`: every server with its tool count from the catalog.
+    pub fn to_json(&self, tools: impl Fn(&str) -> usize) -> Value {
+        Value::Array(
+            self.servers
+                .values()
+                .map(|s| {
+                    let mut v = json!(s);
+                    v["tools"] = json!(tools(&s.server));
+                    v
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The `servers` part of `toolwall status` as text, from the JSON of [`UpstreamBoard::to_json`].
+pub fn format_servers(servers: &Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for s in servers.as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "server {}  state {}  era {}  tools {}  pin {}  {}",
+            s["server"].as_str().unwrap_or(""),
+            s["state"].as_str().unwrap_or(""),
+            s["era"].as_str().unwrap_or("-"),
+            s["tools"],
+            s["pin"].as_str().unwrap_or(""),
+            s["url"].as_str().unwrap_or("")
+        );
+        if let Some(e) = s["last_error"].as_str() {
+            let _ = writeln!(
+                out,
+                "    last error: {}",
+                super::error::quote_upstream(e, MAX_ERROR_CHARS)
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregator::config::ServerConfig;
+
+    fn board() -> UpstreamBoard {
+        let mut c = ServersConfig::default();
+        c.servers.insert(
+            "a".into(),
+            ServerConfig {
+                url: "http://127.0.0.1:1/".into(),
+                ..ServerConfig::default()
+            },
+        );
+        c.servers.insert(
+            "off".into(),
+            ServerConfig {
+                url: "http://127.0.0.1:2/".into(),
+                enabled: false,
+                ..ServerConfig::default()
+            },
+        );
+        UpstreamBoard::new(&c)
+    }
+
+    #[test]
+    fn state_and_relists_from_events() {
+        let mut b = board();
+        assert_eq!(b.enabled().collect::<Vec<_>>(), vec!["a"]);
+        assert!(
+            b.on_event(
+                "upstream_state",
+                r#"{"server":"a","state":"up","era":"modern 2026-07-28","last_error":null}"#
+            )
+            .is_none()
+        );
+        assert_eq!(b.get("a").unwrap().state, "up");
+        assert_eq!(
+            b.get("a").unwrap().era.as_deref(),
+            Some("modern 2026-07-28")
+        );
+        let r = b
+            .on_event(
+                "list_changed",
+                r#"{"server":"a","kinds":["tools","bogus"]}"#,
+            )
+            .unwrap();
+        assert_eq!(r.kinds, vec![Kind::Tools]);
+        // Unknown or disabled servers, odd states and garbage are ignored.
+        assert!(
+            b.on_event("list_changed", r#"{"server":"zz","kinds":["tools"]}"#)
+                .is_none()
+        );
+        assert!(
+            b.on_event("list_changed", r#"{"server":"off","kinds":["tools"]}"#)
+                .is_none()
+        );
+        b.on_event("upstream_state", r#"{"server":"a","state":"pwned"}"#);
+        assert_eq!(b.get("a").unwrap().state, "up");
+        assert!(b.on_event("upstream_state", "not json").is_none());
+        b.on_worker_gone("killed");
+        assert_eq!(b.get("a").unwrap().state, "worker_down");
+        assert_eq!(b.get("off").unwrap().state, "disabled");
+        let j = b.to_json(|s| if s == "a" { 3 } else { 0 });
+        assert_eq!(j[0]["tools"], 3);
+        let text = format_servers(&j);
+        assert!(text.contains("server a  state worker_down"), "{text}");
+    }
+}

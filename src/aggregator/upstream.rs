@@ -1,0 +1,943 @@
+//! One upstream server inside the aggregator worker: its connection state (era, session,
+//! up or down), the requests the gateway sends it, and the thread that keeps it connected.
+//!
+//! The **watcher** thread owns (re)connection: it detects the era, retries a server that is
+//! down with backoff (one second doubling up to `retry_max_secs`), keeps a listening stream
+//! open when the server announces list changes (legacy: `GET`; modern: `POST
+//! subscriptions/listen`), and tells the gateway through events: `upstream_state` on every
+//! change of state, `list_changed` when a list changed or the server came back.
+//!
+//! Requests run on the server's own pool threads (so a slow server holds up only itself).
+//! A request never connects by itself: it takes the current session, and when the server
+//! is down it fails at once with the last error. A legacy session the server forgot (404)
+//! is renewed once (whoever meets the 404 first re-initializes; the others reuse the new
+//! session) and the request is repeated once, unless it is a `tools/call`.
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::config::EraChoice;
+use super::era::{
+    self, AfterStatus, Discovery, Era, ListChanges, after_status, judge_discover, judge_initialize,
+    params_for, protocol_headers, status_error,
+};
+use super::error::{UpstreamError, UpstreamErrorCode, quote_upstream};
+use super::exchange::{Notice, Reply, Transport};
+use super::message::{list_changed_kind, notification_body, refusal_body, request_body};
+use super::setup::{Limits, UpstreamSetup};
+
+/// Events the worker sends the gateway: `(kind, detail)`.
+pub type EventSink = Arc<dyn Fn(&str, Value) + Send + Sync>;
+
+/// First retry delay of a server that is down.
+pub const MIN_RETRY: Duration = Duration::from_secs(1);
+/// Silence on a listening stream before it is reopened.
+pub const LISTEN_IDLE: Duration = Duration::from_secs(300);
+/// Longest tool or prompt name kept from a listing.
+pub const MAX_NAME_CHARS: usize = 128;
+/// Longest resource URI kept from a listing.
+pub const MAX_URI_BYTES: usize = 4096;
+
+/// Which list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListKind {
+    Tools,
+    Resources,
+    Prompts,
+}
+
+impl ListKind {
+    pub fn method(self) -> &'static str {
+        match self {
+            ListKind::Tools => "tools/list",
+            ListKind::Resources => "resources/list",
+            ListKind::Prompts => "prompts/list",
+        }
+    }
+
+    pub fn key(self) -> &'static str {
+        match self {
+            ListKind::Tools => "tools",
+            ListKind::Resources => "resources",
+            ListKind::Prompts => "prompts",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The first attempt is under way: requests wait for it.
+    Connecting,
+    Up,
+    Down,
+}
+
+impl Phase {
+    fn as_str(self) -> &'static str {
+        match self {
+            Phase::Connecting => "connecting",
+            Phase::Up => "up",
+            Phase::Down => "down",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ConnState {
+    phase: Phase,
+    era: Option<Era>,
+    changes: ListChanges,
+    /// Bumped on every new session, so a 404 renews it once.
+    generation: u64,
+    last_error: Option<String>,
+    /// A request was refused because the server was down: list again once it is up.
+    refused_while_down: bool,
+    /// A request could not reach the server: the watcher should check it.
+    check: bool,
+    /// How many times the server came up.
+    ups: u64,
+}
+
+/// Notifications met while serving one request, by method (progress and log messages
+/// cannot be relayed to the agent from here: they are counted, and the counts go in the
+/// call's facts).
+#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+pub struct Notices {
+    pub counts: BTreeMap<String, u64>,
+}
+
+impl Notices {
+    fn count(&mut self, method: &str) {
+        let key = if method.len() > 64 { "other" } else { method };
+        *self.counts.entry(key.to_owned()).or_insert(0) += 1;
+    }
+}
+
+/// What a request sends as `params`.
+enum Params {
+    None,
+    Value(Value),
+    /// `tools/call`: the arguments stay the JSON text the gateway sent.
+    ToolCall {
+        name: String,
+        arguments: Box<RawValue>,
+    },
+}
+
+#[derive(Serialize)]
+struct ToolCallParams<'a> {
+    name: &'a str,
+    arguments: &'a RawValue,
+    #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
+    meta: Option<Value>,
+}
+
+pub struct Upstream {
+    name: String,
+    era_choice: EraChoice,
+    transport: Option<Transport>,
+    unusable: Option<String>,
+    limits: Limits,
+    state: Mutex<ConnState>,
+    changed: Condvar,
+    /// Held while a session is renewed, so only one thread re-initializes.
+    renewing: Mutex<()>,
+    next_id: AtomicU64,
+    events: EventSink,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl Upstream {
+    pub fn new(setup: &UpstreamSetup, limits: &Limits, events: EventSink) -> Arc<Upstream> {
+        let (transport, unusable) = match &setup.unusable {
+            Some(why) => (None, Some(why.clone())),
+            None => match Transport::new(setup, limits) {
+                Ok(t) => (Some(t), None),
+                Err(e) => (None, Some(e.message)),
+            },
+        };
+        Arc::new(Upstream {
+            name: setup.name.clone(),
+            era_choice: setup.era,
+            transport,
+            unusable,
+            limits: limits.clone(),
+            state: Mutex::new(ConnState {
+                phase: Phase::Connecting,
+                era: None,
+                changes: ListChanges::default(),
+                generation: 0,
+                last_error: None,
+                refused_while_down: false,
+                check: false,
+                ups: 0,
+            }),
+            changed: Condvar::new(),
+            renewing: Mutex::new(()),
+            next_id: AtomicU64::new(1),
+            events,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ConnState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Start the watcher thread.
+    pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
+        let me = Arc::clone(self);
+        std::thread::Builder::new()
+            .name(format!("watch-{}", truncate(&self.name, 9)))
+            .spawn(move || me.watch())?;
+        Ok(())
+    }
+
+    // ---- state ----------------------------------------------------------------------
+
+    fn emit_state(&self, st: &ConnState) {
+        (self.events)(
+            "upstream_state",
+            json!({
+                "server": self.name,
+                "state": st.phase.as_str(),
+                "era": st.era.as_ref().map(Era::describe),
+                "last_error": st.last_error,
+                "list_changed": {"tools": st.changes.tools, "resources": st.changes.resources, "prompts": st.changes.prompts},
+            }),
+        );
+    }
+
+    fn emit_list_changed(&self, kinds: &[&str]) {
+        (self.events)("list_changed", json!({"server": self.name, "kinds": kinds}));
+    }
+
+    fn mark_up(&self, era: Era, changes: ListChanges) {
+        let relist;
+        {
+            let mut st = self.lock();
+            st.generation += 1;
+            st.era = Some(era);
+            st.changes = changes;
+            st.last_error = None;
+            st.check = false;
+            st.ups += 1;
+            relist = st.ups > 1 || st.refused_while_down;
+            st.refused_while_down = false;
+            st.phase = Phase::Up;
+            self.emit_state(&st);
+        }
+        self.changed.notify_all();
+        if relist {
+            self.emit_list_changed(&["tools", "resources", "prompts"]);
+        }
+    }
+
+    fn mark_down(&self, error: &UpstreamError) {
+        {
+            let mut st = self.lock();
+            let changed =
+                st.phase != Phase::Down || st.last_error.as_deref() != Some(&error.message);
+            st.phase = Phase::Down;
+            st.last_error = Some(error.message.clone());
+            if changed {
+                self.emit_state(&st);
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    /// The current session, waiting for the first connection attempt if it is under way.
+    fn session(&self) -> Result<(Era, u64), UpstreamError> {
+        let wait = Duration::from_secs(self.limits.connect_timeout_secs)
+            + self
+                .transport
+                .as_ref()
+                .map(|_| Duration::from_secs(self.limits.connect_timeout_secs))
+                .unwrap_or_default()
+                * 2;
+        let deadline = Instant::now() + wait;
+        let mut st = self.lock();
+        while st.phase == Phase::Connecting {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        match (&st.phase, &st.era) {
+            (Phase::Up, Some(era)) => Ok((era.clone(), st.generation)),
+            _ => {
+                st.refused_while_down = true;
+                let why = st
+                    .last_error
+                    .clone()
+                    .or_else(|| self.unusable.clone())
+                    .unwrap_or_else(|| "still connecting".into());
+                Err(UpstreamError::new(
+                    UpstreamErrorCode::ServerDown,
+                    format!("server {} is not available: {why}", self.name),
+                ))
+            }
+        }
+    }
+
+    /// A request could not reach the server: let the watcher check it.
+    fn suspect(&self) {
+        self.lock().check = true;
+        self.changed.notify_all();
+    }
+
+    // ---- connecting -------------------------------------------------------------------
+
+    fn transport(&self) -> Result<&Transport, UpstreamError> {
+        self.transport.as_ref().ok_or_else(|| {
+            UpstreamError::new(
+                UpstreamErrorCode::ServerDown,
+                self.unusable
+                    .clone()
+                    .unwrap_or_else(|| format!("server {} cannot be reached", self.name)),
+            )
+        })
+    }
+
+    /// Detect the era and open a session. `legacy_only` skips discovery (renewing a
+    /// legacy session).
+    fn connect(&self, legacy_only: bool) -> Result<(Era, ListChanges), UpstreamError> {
+        let transport = self.transport()?;
+        let mut ignore = |_: Notice| {};
+        if !legacy_only && self.era_choice != EraChoice::Legacy {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let params = params_for(None, None).map(|p| p.to_string());
+            let headers = protocol_headers(None, "server/discover", None);
+            let body = request_body(id, "server/discover", params.as_deref());
+            let reply = transport.post(&headers, &body, Some(id), &mut ignore)?;
+            if matches!(reply.status, 401 | 403)
+                && let Some(e) = status_error(&self.name, reply.status)
+            {
+                return Err(e);
+            }
+            let outcome = match &reply.answer {
+                Some(Ok(r)) if reply.status == 200 => Some(Ok(r.as_str())),
+                Some(Err(f)) => Some(Err(f.message.as_str())),
+                _ => None,
+            };
+            match judge_discover(reply.status, outcome) {
+                Discovery::Modern { version, changes } => {
+                    return Ok((Era::Modern { version }, changes));
+                }
+                Discovery::TryLegacy(why) if self.era_choice == EraChoice::Modern => {
+                    return Err(UpstreamError::new(
+                        UpstreamErrorCode::BadResponse,
+                        format!(
+                            "server {} does not speak the modern era (servers.{}.era = \"modern\"): {why}",
+                            self.name, self.name
+                        ),
+                    ));
+                }
+                Discovery::TryLegacy(why) => {
+                    crate::debug!("server {}: {why}; trying the legacy handshake", self.name);
+                }
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = request_body(id, "initialize", Some(&era::initialize_params()));
+        let reply = transport.post(&[], &body, Some(id), &mut ignore)?;
+        if let Some(e) = status_error(&self.name, reply.status) {
+            return Err(e);
+        }
+        let result = match reply.answer {
+            Some(Ok(r)) => r,
+            Some(Err(f)) => {
+                return Err(UpstreamError::new(
+                    UpstreamErrorCode::UpstreamError,
+                    format!(
+                        "server {}: initialize failed: {} {}",
+                        self.name,
+                        f.code,
+                        quote_upstream(&f.message, 300)
+                    ),
+                ));
+            }
+            None => {
+                return Err(UpstreamError::new(
+                    UpstreamErrorCode::BadResponse,
+                    format!("server {}: initialize got no answer", self.name),
+                ));
+            }
+        };
+        let (version, changes) = judge_initialize(&result).map_err(|e| {
+            UpstreamError::new(e.code, format!("server {}: {}", self.name, e.message))
+        })?;
+        let era = Era::Legacy {
+            version,
+            session_id: reply.session_id,
+        };
+        let headers = protocol_headers(Some(&era), "notifications/initialized", None);
+        let body = notification_body("notifications/initialized", None);
+        let reply = transport.post(&headers, &body, None, &mut ignore)?;
+        if let Some(e) = status_error(&self.name, reply.status) {
+            return Err(e);
+        }
+        Ok((era, changes))
+    }
+
+    /// The session of generation `seen` is gone (404): renew it, unless another thread
+    /// already did.
+    fn renew(&self, seen: u64) -> Result<(), UpstreamError> {
+        let _one_at_a_time = self.renewing.lock().unwrap_or_else(|p| p.into_inner());
+        if self.lock().generation != seen {
+            return Ok(());
+        }
+        crate::info!(
+            "server {}: the session expired (404); initializing again",
+            self.name
+        );
+        match self.connect(true) {
+            Ok((era, changes)) => {
+                let mut st = self.lock();
+                st.generation += 1;
+                st.era = Some(era);
+                st.changes = changes;
+                st.phase = Phase::Up;
+                st.last_error = None;
+                self.emit_state(&st);
+                drop(st);
+                self.changed.notify_all();
+                Ok(())
+            }
+            Err(e) => {
+                self.mark_down(&e);
+                self.suspect();
+                Err(e)
+            }
+        }
+    }
+
+    // ---- requests ---------------------------------------------------------------------
+
+    fn params_text(
+        era: &Era,
+        params: &Params,
+    ) -> Result<(Option<String>, Option<Value>), UpstreamError> {
+        Ok(match params {
+            Params::None => (params_for(Some(era), None).map(|p| p.to_string()), None),
+            Params::Value(v) => {
+                let p = params_for(Some(era), Some(v.clone()));
+                (p.as_ref().map(Value::to_string), p)
+            }
+            Params::ToolCall { name, arguments } => {
+                let meta = params_for(Some(era), Some(json!({})))
+                    .and_then(|p| p.get("_meta").cloned())
+                    .filter(|_| era.is_modern());
+                let text = serde_json::to_string(&ToolCallParams {
+                    name,
+                    arguments,
+                    meta,
+                })
+                .map_err(|e| UpstreamError::new(UpstreamErrorCode::Internal, e.to_string()))?;
+                (Some(text), Some(json!({"name": name})))
+            }
+        })
+    }
+
+    /// Send one request and return its result as JSON text.
+    fn request(
+        &self,
+        method: &str,
+        params: Params,
+        notices: &mut Notices,
+    ) -> Result<String, UpstreamError> {
+        let transport = self.transport()?;
+        for attempt in 0..2 {
+            let (era, generation) = self.session()?;
+            let (text, for_headers) = Self::params_text(&era, &params)?;
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let headers = protocol_headers(Some(&era), method, for_headers.as_ref());
+            let body = request_body(id, method, text.as_deref());
+            let mut on_notice = |n: Notice| self.on_notice(&era, n, notices);
+            let reply = match transport.post(&headers, &body, Some(id), &mut on_notice) {
+                Ok(r) => r,
+                Err(e) => {
+                    if e.code.means_unreachable() {
+                        self.suspect();
+                    }
+                    return Err(e);
+                }
+            };
+            match after_status(&era, reply.status, method, attempt) {
+                AfterStatus::Proceed => return self.outcome(method, reply),
+                AfterStatus::RenewAndRetry => {
+                    self.renew(generation)?;
+                }
+                AfterStatus::RenewAndFail => {
+                    let renewed = self.renew(generation);
+                    let what = if method == "tools/call" {
+                        "the call was not repeated (tool calls never are)"
+                    } else {
+                        "the request failed again after one renewal"
+                    };
+                    let state = match renewed {
+                        Ok(()) => "a new session is open",
+                        Err(_) => "a new session could not be opened",
+                    };
+                    return Err(UpstreamError::new(
+                        UpstreamErrorCode::SessionExpired,
+                        format!(
+                            "server {} forgot the session (404); {state}, and {what}",
+                            self.name
+                        ),
+                    )
+                    .with_status(404));
+                }
+            }
+        }
+        Err(UpstreamError::new(
+            UpstreamErrorCode::Internal,
+            "no attempt left",
+        ))
+    }
+
+    fn outcome(&self, method: &str, reply: Reply) -> Result<String, UpstreamError> {
+        // A JSON-RPC error says more than the status that carried it.
+        match (reply.answer, status_error(&self.name, reply.status)) {
+            (Some(Err(f)), status) => {
+                let code = if matches!(reply.status, 401 | 403) {
+                    status
+                        .map(|s| s.code)
+                        .unwrap_or(UpstreamErrorCode::UpstreamError)
+                } else {
+                    UpstreamErrorCode::UpstreamError
+                };
+                Err(UpstreamError::new(
+                    code,
+                    format!(
+                        "server {} refused {method}: {} (JSON-RPC {})",
+                        self.name,
+                        quote_upstream(&f.message, 500),
+                        f.code
+                    ),
+                )
+                .with_status(reply.status))
+            }
+            (_, Some(e)) => Err(e.with_status(reply.status)),
+            (Some(Ok(result)), None) => {
+                if result.contains("\"input_required\"")
+                    && serde_json::from_str::<Value>(&result)
+                        .ok()
+                        .and_then(|v| {
+                            v.get("resultType")
+                                .and_then(Value::as_str)
+                                .map(str::to_owned)
+                        })
+                        .as_deref()
+                        == Some("input_required")
+                {
+                    return Err(UpstreamError::new(
+                        UpstreamErrorCode::UpstreamError,
+                        format!(
+                            "server {} asked for more input (a multi-round request), which toolwall does not relay",
+                            self.name
+                        ),
+                    ));
+                }
+                Ok(result)
+            }
+            (None, None) => Err(UpstreamError::new(
+                UpstreamErrorCode::BadResponse,
+                format!("server {}: no answer to {method}", self.name),
+            )),
+        }
+    }
+
+    fn on_notice(&self, era: &Era, notice: Notice, notices: &mut Notices) {
+        match notice {
+            Notice::Notification { method, .. } => {
+                notices.count(&method);
+                if let Some(kind) = list_changed_kind(&method) {
+                    self.emit_list_changed(&[kind]);
+                }
+            }
+            Notice::ServerRequest { id, method } => {
+                notices.count(&format!("request {method}"));
+                self.answer_server_request(era, &id, &method);
+            }
+        }
+    }
+
+    /// The server asked us something (legacy era): `ping` is answered, anything else
+    /// (sampling, elicitation, roots) is refused, so the server does not wait forever.
+    fn answer_server_request(&self, era: &Era, id: &RawValue, method: &str) {
+        let Ok(transport) = self.transport() else {
+            return;
+        };
+        let body = if method == "ping" {
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{}}}}",
+                id.get()
+            )
+            .into_bytes()
+        } else {
+            refusal_body(id, "toolwall does not serve requests from upstream servers")
+        };
+        let headers = protocol_headers(Some(era), "", None);
+        if let Err(e) = transport.post(&headers, &body, None, &mut |_| {}) {
+            crate::debug!(
+                "server {}: answering its {method} request failed: {e}",
+                self.name
+            );
+        }
+    }
+
+    /// Every item of one list, following cursors, as a JSON array.
+    pub fn list(&self, kind: ListKind) -> Result<String, UpstreamError> {
+        let mut notices = Notices::default();
+        let mut items: Vec<Value> = Vec::new();
+        let mut cursor: Option<String> = None;
+        let mut seen = HashSet::new();
+        let mut dropped = 0usize;
+        for _ in 0..self.limits.max_pages {
+            let params = match &cursor {
+                Some(c) => Params::Value(json!({ "cursor": c })),
+                None => Params::None,
+            };
+            let result = self.request(kind.method(), params, &mut notices)?;
+            let mut page: Value = serde_json::from_str(&result).map_err(|_| {
+                UpstreamError::new(
+                    UpstreamErrorCode::BadResponse,
+                    format!(
+                        "server {}: the {} result is not JSON",
+                        self.name,
+                        kind.method()
+                    ),
+                )
+            })?;
+            let Some(Value::Array(list)) = page.get_mut(kind.key()).map(Value::take) else {
+                return Err(UpstreamError::new(
+                    UpstreamErrorCode::BadResponse,
+                    format!(
+                        "server {}: the {} result has no {} array",
+                        self.name,
+                        kind.method(),
+                        kind.key()
+                    ),
+                ));
+            };
+            for item in list {
+                if !acceptable_item(kind, &item) {
+                    dropped += 1;
+                    continue;
+                }
+                if items.len() >= self.limits.max_items {
+                    dropped += 1;
+                    continue;
+                }
+                items.push(item);
+            }
+            match page.get("nextCursor").and_then(Value::as_str) {
+                Some(next) if !next.is_empty() => {
+                    if !seen.insert(next.to_owned()) {
+                        return Err(UpstreamError::new(
+                            UpstreamErrorCode::BadResponse,
+                            format!("server {}: {} repeats a cursor", self.name, kind.method()),
+                        ));
+                    }
+                    cursor = Some(next.to_owned());
+                }
+                _ => {
+                    if dropped > 0 {
+                        crate::warn!(
+                            "server {}: {dropped} {} left out (malformed names, or beyond servers.max_items = {})",
+                            self.name,
+                            kind.key(),
+                            self.limits.max_items
+                        );
+                    }
+                    return Ok(Value::Array(items).to_string());
+                }
+            }
+        }
+        Err(UpstreamError::new(
+            UpstreamErrorCode::BadResponse,
+            format!(
+                "server {}: {} has more than {} pages (servers.max_pages)",
+                self.name,
+                kind.method(),
+                self.limits.max_pages
+            ),
+        ))
+    }
+
+    /// `tools/call`; the notices met on the way come back for the call's facts.
+    pub fn call_tool(
+        &self,
+        tool: &str,
+        arguments: &str,
+    ) -> (Result<String, UpstreamError>, Notices) {
+        let mut notices = Notices::default();
+        let arguments: Box<RawValue> = match serde_json::from_str(arguments) {
+            Ok(a) => a,
+            Err(e) => {
+                return (
+                    Err(UpstreamError::new(
+                        UpstreamErrorCode::InvalidArguments,
+                        format!("arguments are not JSON: {e}"),
+                    )),
+                    notices,
+                );
+            }
+        };
+        let params = Params::ToolCall {
+            name: tool.to_owned(),
+            arguments,
+        };
+        let r = self.request("tools/call", params, &mut notices);
+        (r, notices)
+    }
+
+    /// `resources/read` or `prompts/get` with the params the gateway forwarded.
+    pub fn forward(&self, method: &str, params: Value) -> Result<String, UpstreamError> {
+        let mut notices = Notices::default();
+        self.request(method, Params::Value(params), &mut notices)
+    }
+
+    // ---- the watcher ------------------------------------------------------------------
+
+    fn watch(self: Arc<Self>) {
+        if let Some(why) = &self.unusable {
+            self.mark_down(&UpstreamError::new(
+                UpstreamErrorCode::ServerDown,
+                why.clone(),
+            ));
+            return;
+        }
+        let max = Duration::from_secs(self.limits.retry_max_secs).max(MIN_RETRY);
+        let mut backoff = MIN_RETRY;
+        loop {
+            match self.connect(false) {
+                Ok((era, changes)) => {
+                    crate::info!("server {}: up, {}", self.name, era.describe());
+                    self.mark_up(era, changes);
+                    backoff = MIN_RETRY;
+                    self.stay_connected();
+                }
+                Err(e) => {
+                    if self.lock().phase != Phase::Down {
+                        crate::warn!("server {}: down: {e}; retrying with backoff", self.name);
+                    }
+                    self.mark_down(&e);
+                    self.sleep_unless_checked(backoff);
+                    backoff = (backoff * 2).min(max);
+                }
+            }
+        }
+    }
+
+    /// While the server is up: keep a listening stream open if it announces changes, else
+    /// wait until a request finds it unreachable. Returns when it should be reconnected.
+    fn stay_connected(&self) {
+        let mut stream_works = true;
+        let mut pause = MIN_RETRY;
+        loop {
+            let (era, generation, changes) = {
+                let st = self.lock();
+                match (&st.era, st.phase) {
+                    (Some(era), Phase::Up) => (era.clone(), st.generation, st.changes),
+                    _ => return,
+                }
+            };
+            if !(changes.any() && stream_works) {
+                if self.wait_for_check(Duration::from_secs(3600)) {
+                    return;
+                }
+                continue;
+            }
+            match self.listen(&era, changes) {
+                Ok(()) => {
+                    pause = MIN_RETRY;
+                    std::thread::sleep(MIN_RETRY);
+                }
+                Err(e)
+                    if e.status == Some(404)
+                        && matches!(
+                            era,
+                            Era::Legacy {
+                                session_id: Some(_),
+                                ..
+                            }
+                        ) =>
+                {
+                    if self.renew(generation).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.status.is_some_and(|s| matches!(s, 400 | 404 | 405 | 406)) => {
+                    crate::debug!(
+                        "server {}: no listening stream ({e}); lists are refreshed by servers.refresh_secs",
+                        self.name
+                    );
+                    stream_works = false;
+                }
+                Err(e) if e.code.means_unreachable() && e.code != UpstreamErrorCode::Timeout => {
+                    crate::warn!("server {}: the listening stream broke: {e}", self.name);
+                    return;
+                }
+                Err(e) => {
+                    crate::debug!("server {}: listening stream: {e}", self.name);
+                    if self.wait_for_check(pause) {
+                        return;
+                    }
+                    pause = (pause * 2).min(Duration::from_secs(self.limits.retry_max_secs.max(1)));
+                }
+            }
+        }
+    }
+
+    fn listen(&self, era: &Era, changes: ListChanges) -> Result<(), UpstreamError> {
+        let transport = self.transport()?;
+        let mut on_notice = |n: Notice| match n {
+            Notice::Notification { method, .. } => {
+                if let Some(kind) = list_changed_kind(&method) {
+                    crate::info!("server {}: its {kind} changed", self.name);
+                    self.emit_list_changed(&[kind]);
+                }
+            }
+            Notice::ServerRequest { id, method } => self.answer_server_request(era, &id, &method),
+        };
+        match era {
+            Era::Legacy { .. } => {
+                let headers = protocol_headers(Some(era), "", None);
+                transport.listen(&headers, None, LISTEN_IDLE, &mut on_notice)
+            }
+            Era::Modern { .. } => {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let params = params_for(
+                    Some(era),
+                    Some(json!({"notifications": {
+                        "toolsListChanged": changes.tools,
+                        "resourcesListChanged": changes.resources,
+                        "promptsListChanged": changes.prompts,
+                    }})),
+                );
+                let text = params.as_ref().map(Value::to_string);
+                let headers = protocol_headers(Some(era), "subscriptions/listen", params.as_ref());
+                let body = request_body(id, "subscriptions/listen", text.as_deref());
+                transport.listen(&headers, Some(&body), LISTEN_IDLE, &mut on_notice)
+            }
+        }
+    }
+
+    /// Sleep `d`, or less when a request asked for a check. True when one did.
+    fn wait_for_check(&self, d: Duration) -> bool {
+        let deadline = Instant::now() + d;
+        let mut st = self.lock();
+        while !st.check {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        st.check = false;
+        true
+    }
+
+    fn sleep_unless_checked(&self, d: Duration) {
+        let _ = self.wait_for_check(d);
+    }
+
+    /// The state for tests and status: (state, era).
+    pub fn describe(&self) -> (String, Option<String>) {
+        let st = self.lock();
+        (
+            st.phase.as_str().to_owned(),
+            st.era.as_ref().map(Era::describe),
+        )
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+/// Whether a listed item can be offered: an object whose `name` (tools, prompts) is a
+/// sane identifier, or whose `uri` (resources) is a bounded string without controls.
+fn acceptable_item(kind: ListKind, item: &Value) -> bool {
+    match kind {
+        ListKind::Resources => item.get("uri").and_then(Value::as_str).is_some_and(|u| {
+            !u.is_empty() && u.len() <= MAX_URI_BYTES && !u.chars().any(char::is_control)
+        }),
+        ListKind::Tools | ListKind::Prompts => {
+            item.get("name").and_then(Value::as_str).is_some_and(|n| {
+                !n.is_empty()
+                    && n.chars().count() <= MAX_NAME_CHARS
+                    && n.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_items_are_checked() {
+        assert!(acceptable_item(
+            ListKind::Tools,
+            &json!({"name": "get_file.v2"})
+        ));
+        for bad in [
+            json!({"name": ""}),
+            json!({"name": "a b"}),
+            json!({"name": "x\u{1b}[2J"}),
+            json!({"name": "a".repeat(129)}),
+            json!({"nom": "x"}),
+            json!("x"),
+        ] {
+            assert!(!acceptable_item(ListKind::Tools, &bad), "{bad}");
+        }
+        assert!(acceptable_item(
+            ListKind::Resources,
+            &json!({"uri": "file:///a b"})
+        ));
+        assert!(!acceptable_item(
+            ListKind::Resources,
+            &json!({"uri": "x\ny"})
+        ));
+    }
+
+    #[test]
+    fn notices_are_counted_with_bounded_keys() {
+        let mut n = Notices::default();
+        n.count("notifications/progress");
+        n.count("notifications/progress");
+        n.count(&"x".repeat(100));
+        assert_eq!(n.counts["notifications/progress"], 2);
+        assert_eq!(n.counts["other"], 1);
+    }
+}

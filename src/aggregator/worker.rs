@@ -1,0 +1,347 @@
+//! The aggregator role's request handling inside `toolwall worker aggregator`.
+//!
+//! Requests (see `src/workers/rpc.rs` for the envelope):
+//! - `configure` (once, first): `args` is an [`AggregatorSetup`] as JSON. Starts, per
+//!   server, a watcher thread and a pool of `limits.threads` threads with a queue of
+//!   `limits.queue`, so one slow server holds up nothing but itself.
+//! - `list_tools`, `list_resources`, `list_prompts`: `name` = the server. Answer: a JSON
+//!   array of the definitions as the server gave them (every page).
+//! - `call_tool`: `name` = `server__tool`, `args` = the arguments (JSON text). Answer: the
+//!   CallToolResult; `facts` = `{"server", "notifications": {method: count}}`.
+//! - `read_resource`: `name` = the server, `args` = the `resources/read` params.
+//! - `get_prompt`: `name` = `server__prompt`, `args` = the `prompts/get` params.
+//!
+//! Events: `upstream_state` and `list_changed` (see `upstream.rs`), detail as JSON text.
+
+use mio::Waker;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+
+use super::error::{UpstreamError, UpstreamErrorCode};
+use super::setup::AggregatorSetup;
+use super::upstream::{EventSink, ListKind, Upstream};
+use crate::mcp::catalog::NAMESPACE_SEP;
+use crate::workers::rpc::{Message, Op, RpcError};
+
+/// Answers and events from threads, waiting for the worker's loop.
+pub type Outbox = Arc<Mutex<Vec<Message>>>;
+
+struct Job {
+    id: u64,
+    op: Op,
+    /// The tool or prompt name (without the server), when the op has one.
+    item: String,
+    args: Option<String>,
+}
+
+struct Server {
+    jobs: SyncSender<Job>,
+    queue: usize,
+    threads: usize,
+}
+
+/// The aggregator's state in its worker.
+pub struct AggregatorRole {
+    outbox: Outbox,
+    waker: Arc<Waker>,
+    servers: Option<HashMap<String, Server>>,
+}
+
+fn response_ok(id: u64, ok: String, facts: Option<String>) -> Message {
+    Message::Response {
+        id,
+        ok: Some(ok),
+        error: None,
+        facts,
+    }
+}
+
+fn response_err(id: u64, e: &UpstreamError) -> Message {
+    Message::Response {
+        id,
+        ok: None,
+        error: Some(RpcError {
+            kind: e.code.as_str().to_owned(),
+            message: e.message.clone(),
+        }),
+        facts: None,
+    }
+}
+
+fn push(outbox: &Outbox, waker: &Waker, msg: Message) {
+    outbox.lock().unwrap_or_else(|p| p.into_inner()).push(msg);
+    let _ = waker.wake();
+}
+
+/// `server` or `server__rest`: the server, and the rest (empty without `__`).
+pub fn split_target(name: &str) -> (&str, &str) {
+    name.split_once(NAMESPACE_SEP).unwrap_or((name, ""))
+}
+
+impl AggregatorRole {
+    pub fn new(outbox: Outbox, waker: Arc<Waker>) -> AggregatorRole {
+        AggregatorRole {
+            outbox,
+            waker,
+            servers: None,
+        }
+    }
+
+    /// Handle one request; `Some` is an immediate answer, `None` means a thread answers
+    /// later through the outbox.
+    pub fn handle(
+        &mut self,
+        id: u64,
+        op: Op,
+        name: Option<String>,
+        args: Option<String>,
+    ) -> Option<Message> {
+        if op == Op::Configure {
+            return Some(self.configure(id, args.as_deref()));
+        }
+        let Some(servers) = &self.servers else {
+            return Some(response_err(
+                id,
+                &UpstreamError::new(
+                    UpstreamErrorCode::Internal,
+                    "the aggregator has not been configured yet",
+                ),
+            ));
+        };
+        let name = name.unwrap_or_default();
+        let (server_name, item) = split_target(&name);
+        let Some(server) = servers.get(server_name) else {
+            return Some(response_err(
+                id,
+                &UpstreamError::new(
+                    UpstreamErrorCode::UnknownServer,
+                    format!(
+                        "no upstream server named {:?} is configured and enabled",
+                        server_name
+                    ),
+                ),
+            ));
+        };
+        let job = Job {
+            id,
+            op,
+            item: item.to_owned(),
+            args,
+        };
+        match server.jobs.try_send(job) {
+            Ok(()) => None,
+            Err(TrySendError::Full(_)) => Some(response_err(
+                id,
+                &UpstreamError::new(
+                    UpstreamErrorCode::Busy,
+                    format!(
+                        "server {server_name} is busy: {} threads and a queue of {} are in use (servers.threads, servers.queue)",
+                        server.threads, server.queue
+                    ),
+                ),
+            )),
+            Err(TrySendError::Disconnected(_)) => Some(response_err(
+                id,
+                &UpstreamError::new(UpstreamErrorCode::Internal, "the server's pool is gone"),
+            )),
+        }
+    }
+
+    fn configure(&mut self, id: u64, args: Option<&str>) -> Message {
+        if self.servers.is_some() {
+            return response_err(
+                id,
+                &UpstreamError::new(
+                    UpstreamErrorCode::Internal,
+                    "already configured: the gateway restarts the worker to change servers",
+                ),
+            );
+        }
+        let setup: AggregatorSetup = match args.map(serde_json::from_str) {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                return response_err(
+                    id,
+                    &UpstreamError::new(
+                        UpstreamErrorCode::InvalidArguments,
+                        format!("configure: bad setup: {e}"),
+                    ),
+                );
+            }
+            None => {
+                return response_err(
+                    id,
+                    &UpstreamError::new(UpstreamErrorCode::InvalidArguments, "configure: no setup"),
+                );
+            }
+        };
+        let outbox = Arc::clone(&self.outbox);
+        let waker = Arc::clone(&self.waker);
+        let events: EventSink = Arc::new(move |kind: &str, detail: Value| {
+            push(
+                &outbox,
+                &waker,
+                Message::Event {
+                    kind: kind.to_owned(),
+                    detail: detail.to_string(),
+                },
+            );
+        });
+        let mut servers = HashMap::new();
+        let mut names = Vec::new();
+        for s in &setup.servers {
+            let upstream = Upstream::new(s, &setup.limits, Arc::clone(&events));
+            let threads = setup.limits.threads.max(1);
+            let queue = setup.limits.queue.max(1);
+            let jobs = match self.start_pool(&upstream, threads, queue) {
+                Ok(j) => j,
+                Err(e) => {
+                    return response_err(
+                        id,
+                        &UpstreamError::new(
+                            UpstreamErrorCode::Internal,
+                            format!("server {}: cannot start threads: {e}", s.name),
+                        ),
+                    );
+                }
+            };
+            if let Err(e) = upstream.start() {
+                return response_err(
+                    id,
+                    &UpstreamError::new(
+                        UpstreamErrorCode::Internal,
+                        format!("server {}: cannot start its watcher: {e}", s.name),
+                    ),
+                );
+            }
+            names.push(s.name.clone());
+            servers.insert(
+                s.name.clone(),
+                Server {
+                    jobs,
+                    queue,
+                    threads,
+                },
+            );
+        }
+        self.servers = Some(servers);
+        response_ok(id, json!({ "servers": names }).to_string(), None)
+    }
+
+    fn start_pool(
+        &self,
+        upstream: &Arc<Upstream>,
+        threads: usize,
+        queue: usize,
+    ) -> std::io::Result<SyncSender<Job>> {
+        let (tx, rx) = sync_channel::<Job>(queue);
+        let rx = Arc::new(Mutex::new(rx));
+        for n in 0..threads {
+            let rx: Arc<Mutex<Receiver<Job>>> = Arc::clone(&rx);
+            let upstream = Arc::clone(upstream);
+            let outbox = Arc::clone(&self.outbox);
+            let waker = Arc::clone(&self.waker);
+            std::thread::Builder::new()
+                .name(format!("up-{n}"))
+                .spawn(move || {
+                    loop {
+                        let job = {
+                            let guard = rx.lock().unwrap_or_else(|p| p.into_inner());
+                            match guard.recv() {
+                                Ok(job) => job,
+                                Err(_) => return,
+                            }
+                        };
+                        let msg = run_job(&upstream, job);
+                        push(&outbox, &waker, msg);
+                    }
+                })?;
+        }
+        Ok(tx)
+    }
+}
+
+fn run_job(upstream: &Upstream, job: Job) -> Message {
+    let id = job.id;
+    let list = |kind| match upstream.list(kind) {
+        Ok(items) => response_ok(id, items, None),
+        Err(e) => response_err(id, &e),
+    };
+    match job.op {
+        Op::ListTools => list(ListKind::Tools),
+        Op::ListResources => list(ListKind::Resources),
+        Op::ListPrompts => list(ListKind::Prompts),
+        Op::CallTool => {
+            if job.item.is_empty() {
+                return response_err(
+                    id,
+                    &UpstreamError::new(
+                        UpstreamErrorCode::InvalidArguments,
+                        "call_tool needs name = server__tool",
+                    ),
+                );
+            }
+            let args = job.args.as_deref().unwrap_or("{}");
+            let (result, notices) = upstream.call_tool(&job.item, args);
+            let facts = json!({"server": upstream.name(), "notifications": notices.counts});
+            match result {
+                Ok(r) => response_ok(id, r, Some(facts.to_string())),
+                Err(e) => {
+                    let mut m = response_err(id, &e);
+                    if let Message::Response { facts: f, .. } = &mut m {
+                        *f = Some(facts.to_string());
+                    }
+                    m
+                }
+            }
+        }
+        Op::ReadResource | Op::GetPrompt => {
+            let mut params: Value = match job.args.as_deref().map(serde_json::from_str::<Value>) {
+                Some(Ok(v @ Value::Object(_))) => v,
+                None => json!({}),
+                _ => {
+                    return response_err(
+                        id,
+                        &UpstreamError::new(
+                            UpstreamErrorCode::InvalidArguments,
+                            "params must be a JSON object",
+                        ),
+                    );
+                }
+            };
+            let method = if job.op == Op::ReadResource {
+                "resources/read"
+            } else {
+                if !job.item.is_empty() {
+                    params["name"] = Value::String(job.item.clone());
+                }
+                "prompts/get"
+            };
+            match upstream.forward(method, params) {
+                Ok(r) => response_ok(id, r, None),
+                Err(e) => response_err(id, &e),
+            }
+        }
+        other => response_err(
+            id,
+            &UpstreamError::new(
+                UpstreamErrorCode::Internal,
+                format!("the aggregator does not serve {other:?}"),
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        assert_eq!(split_target("gh"), ("gh", ""));
+        assert_eq!(split_target("gh__search"), ("gh", "search"));
+        assert_eq!(split_target("gh__a__b"), ("gh", "a__b"));
+    }
+}

@@ -1,0 +1,136 @@
+//! Named limits at work: the in-flight bound per connection (reading pauses; nothing is
+//! read ahead) and the call timeouts (the agent is told which key, the row says error).
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+/// A server that accepts and never answers.
+fn silent_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    port
+}
+
+#[test]
+fn in_flight_bound_pauses_reading_and_resumes() {
+    let port = silent_server();
+    let gw = TestGateway::start(&format!(
+        "[gateway]\nmax_in_flight_per_connection = 2\ntool_call_timeout_secs = 2\n\n[builtin.http]\nallow = [\"127.0.0.1:{port}\"]\ntimeout_secs = 30\n"
+    ));
+    let mut c = gw.connect();
+    let url = format!("http://127.0.0.1:{port}/");
+    for i in 0..2 {
+        c.request(
+            json!(format!("slow{i}")),
+            "tools/call",
+            Some(json!({"name": "local__fetch_http", "arguments": {"url": url}})),
+        );
+    }
+    c.request(
+        json!("echo"),
+        "tools/call",
+        Some(json!({"name": "local__echo", "arguments": {"text": "third"}})),
+    );
+    // Two calls occupy the connection: the third is not even read, so it has no row.
+    gw.wait_rows("two rows", |r| r.len() == 2);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        gw.tool_calls().len(),
+        2,
+        "the third request waits in the socket, unread"
+    );
+    // When the two time out, reading resumes and the echo is served.
+    let mut answers = Vec::new();
+    while answers.len() < 3 {
+        answers.push(c.recv().expect("answers").body);
+    }
+    let echo = answers.iter().find(|a| a["id"] == "echo").unwrap();
+    assert_eq!(echo["result"]["content"][0]["text"], "third");
+    for a in answers.iter().filter(|a| a["id"] != "echo") {
+        let err = &a["result"]["structuredContent"]["error"];
+        assert_eq!(err["code"], "timeout", "{a}");
+        assert!(
+            err["message"]
+                .as_str()
+                .unwrap()
+                .contains("gateway.tool_call_timeout_secs"),
+            "names the key: {a}"
+        );
+    }
+    let rows = gw.wait_rows("three rows", |r| {
+        r.len() == 3 && r.iter().all(|x| !x["duration_us"].is_null())
+    });
+    let timed_out: Vec<_> = rows
+        .iter()
+        .filter(|r| r["tool_name"] == "fetch_http")
+        .collect();
+    assert_eq!(timed_out.len(), 2);
+    for r in timed_out {
+        assert_eq!(r["decision"], "error");
+        assert!(
+            r["error_message"].as_str().unwrap().contains("timed out"),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn total_in_flight_bound_holds_other_connections_too() {
+    let port = silent_server();
+    let gw = TestGateway::start(&format!(
+        "[gateway]\nmax_in_flight_total = 3\ntool_call_timeout_secs = 2\n\n[builtin.http]\nallow = [\"127.0.0.1:{port}\"]\n"
+    ));
+    let url = format!("http://127.0.0.1:{port}/");
+    let mut a = gw.connect();
+    for i in 0..3 {
+        a.request(
+            json!(i),
+            "tools/call",
+            Some(json!({"name": "local__fetch_http", "arguments": {"url": url}})),
+        );
+    }
+    gw.wait_rows("three rows", |r| r.len() == 3);
+    // Another connection's call waits until the total drops.
+    let mut b = gw.connect();
+    let started = Instant::now();
+    let r = b.tool("local__echo", json!({"text": "later"}));
+    assert_eq!(r["result"]["content"][0]["text"], "later");
+    let rows = gw.tool_calls();
+    let fetches_done = rows
+        .iter()
+        .filter(|r| r["tool_name"] == "fetch_http" && !r["duration_us"].is_null())
+        .count();
+    assert!(
+        fetches_done >= 1,
+        "the echo was read only after a fetch ended (waited {:?})",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_zero_limit_is_refused_naming_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    std::fs::write(
+        &path,
+        base_config(dir.path(), "[gateway]\nrequest_timeout_secs = 0\n"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gateway.request_timeout_secs"));
+}
