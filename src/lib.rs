@@ -17,3 +17,4 @@ pub mod tokens;
 pub mod tools;
 pub mod transport;
 pub mod workers;
+pub mod workspace;

@@ -12,7 +12,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use super::{Probe, RoleGrant};
+use super::{Probe, Role, RoleGrant};
 
 /// The probes every report must carry, each denied, for a worker to get work in enforce mode.
 pub const REQUIRED_PROBES: &[&str] = &[
@@ -28,6 +28,27 @@ pub const REQUIRED_PROBES: &[&str] = &[
     "unix_socket",
     "signal_parent",
 ];
+
+/// The probes a role's report must carry (by the role's name as the report spells it).
+/// Probes of [`probes_allowed_by_design`] must be present but may succeed; every other one
+/// must be denied.
+pub fn required_probes(role: &str) -> &'static [&'static str] {
+    if role == Role::Workspace.as_str() {
+        super::workspace_probes::WORKSPACE_PROBES
+    } else {
+        REQUIRED_PROBES
+    }
+}
+
+/// Probes whose success a role needs to do its job: the workspace runs programs, so its
+/// fork, spawn and exec probes succeed (their detail says so). Empty for other roles.
+pub fn probes_allowed_by_design(role: &str) -> &'static [&'static str] {
+    if role == Role::Workspace.as_str() {
+        super::workspace_probes::ALLOWED_BY_DESIGN
+    } else {
+        &[]
+    }
+}
 
 /// Runs every probe of [`REQUIRED_PROBES`] and returns the results (put them in the
 /// report's `probes`). Run it right after [`super::confine`], before serving; it is safe
@@ -48,7 +69,7 @@ pub fn attest(grant: &RoleGrant) -> Vec<Probe> {
     ]
 }
 
-fn denied(name: &str, errno: i32) -> Probe {
+pub(super) fn denied(name: &str, errno: i32) -> Probe {
     Probe {
         name: name.to_string(),
         denied: true,
@@ -56,7 +77,7 @@ fn denied(name: &str, errno: i32) -> Probe {
     }
 }
 
-fn allowed(name: &str, detail: String) -> Probe {
+pub(super) fn allowed(name: &str, detail: String) -> Probe {
     Probe {
         name: name.to_string(),
         denied: false,
@@ -96,15 +117,15 @@ pub(super) fn errno_text(errno: i32) -> String {
     format!("{name} {}", io::Error::from_raw_os_error(errno))
 }
 
-fn last_errno() -> i32 {
+pub(super) fn last_errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-fn c_path(path: &Path) -> Option<CString> {
+pub(super) fn c_path(path: &Path) -> Option<CString> {
     CString::new(path.as_os_str().as_bytes()).ok()
 }
 
-fn probe_create_file(name: &str, dir: &Path) -> Probe {
+pub(super) fn probe_create_file(name: &str, dir: &Path) -> Probe {
     let path = dir.join(format!(".toolwall-probe-{}", std::process::id()));
     let Some(c) = c_path(&path) else {
         return allowed(
@@ -132,7 +153,7 @@ fn probe_create_file(name: &str, dir: &Path) -> Probe {
     }
 }
 
-fn probe_read_dir(dir: &Path) -> Probe {
+pub(super) fn probe_read_dir(dir: &Path) -> Probe {
     let name = "read_probe_dir";
     let Some(c) = c_path(dir) else {
         return allowed(name, format!("cannot probe: path {dir:?} holds a NUL byte"));
@@ -158,7 +179,7 @@ fn probe_read_dir(dir: &Path) -> Probe {
 }
 
 /// Waits for a child a probe could not prevent, so none is left behind.
-fn reap(pid: libc::pid_t) -> String {
+pub(super) fn reap(pid: libc::pid_t) -> String {
     let mut status = 0;
     // SAFETY: waiting for our own child.
     let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
@@ -169,7 +190,7 @@ fn reap(pid: libc::pid_t) -> String {
     }
 }
 
-fn probe_fork() -> Probe {
+pub(super) fn probe_fork() -> Probe {
     let name = "fork";
     // SAFETY: the child only calls _exit, which is async-signal-safe.
     let pid = unsafe { libc::fork() };
@@ -186,7 +207,7 @@ fn probe_fork() -> Probe {
     }
 }
 
-fn probe_posix_spawn() -> Probe {
+pub(super) fn probe_posix_spawn() -> Probe {
     let name = "posix_spawn";
     let path = c"/bin/true";
     let argv = [path.as_ptr() as *mut libc::c_char, std::ptr::null_mut()];
@@ -212,7 +233,7 @@ fn probe_posix_spawn() -> Probe {
     }
 }
 
-fn probe_clone3() -> Probe {
+pub(super) fn probe_clone3() -> Probe {
     let name = "clone3";
     // A size below the first version of struct clone_args: a kernel that sees the call
     // answers EINVAL and creates nothing.
@@ -235,7 +256,7 @@ fn probe_clone3() -> Probe {
     }
 }
 
-fn probe_exec() -> Probe {
+pub(super) fn probe_exec() -> Probe {
     let name = "exec";
     // An unreadable argv (an address in the never-mapped first page): past the permission
     // checks the kernel answers EFAULT, so the worker is never replaced even when exec is
@@ -265,7 +286,7 @@ fn probe_exec() -> Probe {
 }
 
 /// A port the grant does not hold (1 unless granted).
-fn ungranted_port(grant: &RoleGrant) -> Option<u16> {
+pub(super) fn ungranted_port(grant: &RoleGrant) -> Option<u16> {
     (1..=u16::MAX).find(|p| !grant.tcp_connect_ports.contains(p))
 }
 
@@ -297,7 +318,7 @@ fn probe_connect(grant: &RoleGrant) -> Probe {
     }
 }
 
-fn probe_bind() -> Probe {
+pub(super) fn probe_bind() -> Probe {
     let name = "bind_tcp";
     match std::net::TcpListener::bind(("127.0.0.1", 0)) {
         Ok(listener) => allowed(
@@ -318,7 +339,7 @@ fn probe_bind() -> Probe {
     }
 }
 
-fn probe_unix_socket() -> Probe {
+pub(super) fn probe_unix_socket() -> Probe {
     let name = "unix_socket";
     // Landlock before ABI 9 does not cover connecting to pathname unix sockets, so the
     // worker must not be able to create one at all.
@@ -335,7 +356,7 @@ fn probe_unix_socket() -> Probe {
     }
 }
 
-fn probe_signal_parent() -> Probe {
+pub(super) fn probe_signal_parent() -> Probe {
     let name = "signal_parent";
     // SAFETY: getppid cannot fail; signal 0 only checks permission, it delivers nothing.
     let rc = unsafe {

@@ -10,7 +10,8 @@ use super::{
 };
 
 /// In the worker, before any thread starts: clears capabilities, applies the role's
-/// Landlock ruleset (no writes anywhere; reads only `grant.read_paths`; TCP connect only to
+/// Landlock ruleset (writes only under `grant.write_paths`, which only the workspace role
+/// has; reads only the granted paths minus `grant.hidden_paths`; TCP connect only to
 /// `grant.tcp_connect_ports`; no TCP bind; signals and abstract unix sockets scoped to the
 /// worker), sets no_new_privs, then installs the role's seccomp filters.
 ///
@@ -72,7 +73,8 @@ pub fn confine(
         }
     };
 
-    let seccomp = match seccomp_filter::install(&filters) {
+    let offline = grant.tcp_connect_ports.is_empty();
+    let seccomp = match seccomp_filter::install(&filters, offline) {
         Ok(()) => true,
         Err(e) if enforce => return Err(SandboxError::Seccomp(e)),
         Err(e) => {

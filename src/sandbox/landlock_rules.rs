@@ -2,10 +2,14 @@
 //! (so denied unless granted), signals and abstract unix sockets scoped to the worker.
 
 use landlock::{
-    Access, AccessFs, AccessNet, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    Access, AccessFs, AccessNet, BitFlags, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
     RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use std::collections::BTreeSet;
+use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
+
+use super::carve::carve_hidden;
 
 use super::profile::{landlock_abi, landlock_profile};
 use super::report::LandlockState;
@@ -27,7 +31,8 @@ pub(super) fn kernel_abi() -> i32 {
 }
 
 /// Restricts the calling thread (and every thread and child it creates later). Also sets
-/// no_new_privs. Missing read paths are skipped with a note.
+/// no_new_privs. Missing paths are skipped with a note; hidden paths are carved out of the
+/// read and execute grants (see [`carve_hidden`]).
 pub(super) fn restrict(
     role: Role,
     grant: &RoleGrant,
@@ -53,27 +58,67 @@ pub(super) fn restrict(
     }
     let mut created = ruleset.create().map_err(|e| err("create", e))?;
 
-    for path in &grant.read_paths {
-        let meta = match std::fs::metadata(path) {
-            Ok(meta) => meta,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                notes.push(format!(
-                    "read path {} is missing; not granted",
+    let read_paths = carve_hidden(&grant.read_paths, &grant.hidden_paths, notes)?;
+    let execute_paths = carve_hidden(&grant.execute_paths, &grant.hidden_paths, notes)?;
+    let read_dir = AccessFs::ReadFile | AccessFs::ReadDir;
+    // (paths, rights on a directory, rights on a file, what the grant is called)
+    type RuleSet<'a> = (
+        &'a [PathBuf],
+        BitFlags<AccessFs>,
+        BitFlags<AccessFs>,
+        &'a str,
+    );
+    let rule_sets: [RuleSet; 4] = [
+        (&read_paths, read_dir, AccessFs::ReadFile.into(), "read"),
+        (
+            &execute_paths,
+            read_dir | AccessFs::Execute,
+            AccessFs::ReadFile | AccessFs::Execute,
+            "execute",
+        ),
+        (
+            &grant.device_paths,
+            AccessFs::ReadFile.into(),
+            AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate,
+            "device",
+        ),
+        (
+            &grant.write_paths,
+            AccessFs::from_all(abi),
+            AccessFs::from_file(abi),
+            "write",
+        ),
+    ];
+    for (paths, dir_access, file_access, kind) in rule_sets {
+        for path in paths {
+            let meta = match std::fs::metadata(path) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    notes.push(format!(
+                        "{kind} path {} is missing; not granted",
+                        path.display()
+                    ));
+                    continue;
+                }
+                Err(e) => return Err(format!("{kind} path {}: {e}", path.display())),
+            };
+            if kind == "device" && !meta.file_type().is_char_device() {
+                return Err(format!(
+                    "device path {} is not a character device",
                     path.display()
                 ));
-                continue;
             }
-            Err(e) => return Err(format!("read path {}: {e}", path.display())),
-        };
-        let access = if meta.is_dir() {
-            AccessFs::ReadFile | AccessFs::ReadDir
-        } else {
-            AccessFs::ReadFile.into()
-        };
-        let fd = PathFd::new(path).map_err(|e| format!("read path {}: {e}", path.display()))?;
-        created = created
-            .add_rule(PathBeneath::new(fd, access))
-            .map_err(|e| err("read rule", e))?;
+            let access = if meta.is_dir() {
+                dir_access
+            } else {
+                file_access
+            };
+            let fd =
+                PathFd::new(path).map_err(|e| format!("{kind} path {}: {e}", path.display()))?;
+            created = created
+                .add_rule(PathBeneath::new(fd, access))
+                .map_err(|e| err("path rule", e))?;
+        }
     }
     if !net.is_empty() {
         let ports: BTreeSet<u16> = grant.tcp_connect_ports.iter().copied().collect();

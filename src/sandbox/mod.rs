@@ -12,6 +12,7 @@
 //! JSON, Landlock grants in TOML), compiled into the binary.
 
 mod attest;
+mod carve;
 mod confine;
 mod inherited_fds;
 mod landlock_rules;
@@ -20,17 +21,20 @@ mod observe;
 mod profile;
 mod report;
 mod seccomp_filter;
+mod workspace_probes;
 
 #[cfg(test)]
 mod tests;
 
-pub use attest::{REQUIRED_PROBES, attest};
+pub use attest::{REQUIRED_PROBES, attest, probes_allowed_by_design, required_probes};
+pub use carve::carve_hidden;
 pub use confine::confine;
 pub use inherited_fds::{RPC_FD, scrub_inherited_fds};
 pub use launch::child_pre_exec;
 pub use observe::{ObservedProcess, observe_process};
 pub use profile::role_grant_defaults;
 pub use report::{ConfinementReport, LandlockState, Probe};
+pub use workspace_probes::{WORKSPACE_PROBES, attest_workspace};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -107,16 +111,27 @@ pub enum Role {
     Builtin,
     /// External MCP servers reached over HTTP.
     Aggregator,
+    /// Shell and file tools in one workspace: runs programs (fork and exec are its job),
+    /// writes only under the workspace root.
+    Workspace,
 }
 
 impl Role {
-    pub const ALL: [Role; 2] = [Role::Builtin, Role::Aggregator];
+    pub const ALL: [Role; 3] = [Role::Builtin, Role::Aggregator, Role::Workspace];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Builtin => "builtin",
             Role::Aggregator => "aggregator",
+            Role::Workspace => "workspace",
         }
+    }
+
+    /// Whether the role runs programs: its seccomp profile is then a deny-list (the
+    /// programs are arbitrary) instead of an allow-list, and its attestation expects
+    /// fork, spawn and exec to succeed.
+    pub fn runs_programs(self) -> bool {
+        self == Role::Workspace
     }
 }
 
@@ -132,8 +147,9 @@ impl FromStr for Role {
         match s {
             "builtin" => Ok(Role::Builtin),
             "aggregator" => Ok(Role::Aggregator),
+            "workspace" => Ok(Role::Workspace),
             other => Err(format!(
-                "unknown worker role {other:?} (expected \"builtin\" or \"aggregator\")"
+                "unknown worker role {other:?} (expected \"builtin\", \"aggregator\" or \"workspace\")"
             )),
         }
     }
@@ -141,7 +157,7 @@ impl FromStr for Role {
 
 /// What one worker instance may do, decided by the gateway from the config and handed to
 /// the worker before it confines itself (serde, so it can travel as an argument or message).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct RoleGrant {
     /// TCP ports the worker may connect to (any address: Landlock filters by port only).
@@ -152,6 +168,22 @@ pub struct RoleGrant {
     /// An existing directory the worker must not read (the ledger's); the attestation
     /// proves it cannot be read or written.
     pub forbidden_probe_dir: PathBuf,
+    /// Directories the worker may read, list and execute from (directories: their whole
+    /// subtree). The workspace role's system directories and `read_only_paths`.
+    #[serde(default)]
+    pub execute_paths: Vec<PathBuf>,
+    /// Directories granted every right: read, write, create, remove, rename, execute.
+    /// The workspace root; empty for every other role.
+    #[serde(default)]
+    pub write_paths: Vec<PathBuf>,
+    /// Character devices the worker may open for reading and writing (`/dev/null`).
+    #[serde(default)]
+    pub device_paths: Vec<PathBuf>,
+    /// Paths carved out of `read_paths` and `execute_paths`: a granted directory that
+    /// holds one is granted entry by entry instead, without it (the config, the ledger,
+    /// the admin socket, other workspaces).
+    #[serde(default)]
+    pub hidden_paths: Vec<PathBuf>,
 }
 
 /// Why a worker could not be confined. In enforce mode any of these is fatal.

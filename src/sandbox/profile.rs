@@ -11,6 +11,7 @@ pub(super) fn seccomp_json(role: Role) -> &'static str {
     match role {
         Role::Builtin => include_str!("../../sandbox-profiles/builtin.json"),
         Role::Aggregator => include_str!("../../sandbox-profiles/aggregator.json"),
+        Role::Workspace => include_str!("../../sandbox-profiles/workspace.json"),
     }
 }
 
@@ -19,6 +20,7 @@ pub(super) fn landlock_toml(role: Role) -> &'static str {
     match role {
         Role::Builtin => include_str!("../../sandbox-profiles/builtin.landlock.toml"),
         Role::Aggregator => include_str!("../../sandbox-profiles/aggregator.landlock.toml"),
+        Role::Workspace => include_str!("../../sandbox-profiles/workspace.landlock.toml"),
     }
 }
 
@@ -32,6 +34,15 @@ pub(super) struct LandlockProfile {
     pub read: Vec<ReadGrant>,
     #[serde(default)]
     pub connect_tcp: Vec<PortGrant>,
+    /// Read, list and execute (roles that run programs only).
+    #[serde(default)]
+    pub execute: Vec<ReadGrant>,
+    /// Character devices under /dev opened read-write (roles that run programs only).
+    #[serde(default)]
+    pub device: Vec<ReadGrant>,
+    /// Paths carved out of the read and execute grants whatever the config says.
+    #[serde(default)]
+    pub hidden: Vec<ReadGrant>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -64,12 +75,28 @@ pub(super) fn parse_landlock_profile(text: &str) -> Result<LandlockProfile, Stri
             profile.abi
         ));
     }
-    for grant in &profile.read {
-        if !grant.path.is_absolute() {
-            return Err(format!("read path {:?} is not absolute", grant.path));
+    for (kind, grants) in [
+        ("read", &profile.read),
+        ("execute", &profile.execute),
+        ("device", &profile.device),
+        ("hidden", &profile.hidden),
+    ] {
+        for grant in grants {
+            if !grant.path.is_absolute() {
+                return Err(format!("{kind} path {:?} is not absolute", grant.path));
+            }
+            if grant.why.trim().is_empty() {
+                return Err(format!("{kind} path {:?} has no `why`", grant.path));
+            }
         }
-        if grant.why.trim().is_empty() {
-            return Err(format!("read path {:?} has no `why`", grant.path));
+    }
+    for grant in &profile.device {
+        // Read-write on anything but a device node would be a write grant in disguise.
+        if grant.path.parent() != Some(std::path::Path::new("/dev")) {
+            return Err(format!(
+                "device path {:?} is not directly under /dev",
+                grant.path
+            ));
         }
     }
     for grant in &profile.connect_tcp {
@@ -114,13 +141,16 @@ pub fn role_grant_defaults(role: Role) -> RoleGrant {
             tcp_connect_ports: profile.connect_tcp.iter().map(|g| g.port).collect(),
             read_paths: profile.read.into_iter().map(|g| g.path).collect(),
             forbidden_probe_dir,
+            execute_paths: profile.execute.into_iter().map(|g| g.path).collect(),
+            device_paths: profile.device.into_iter().map(|g| g.path).collect(),
+            hidden_paths: profile.hidden.into_iter().map(|g| g.path).collect(),
+            ..RoleGrant::default()
         },
         Err(e) => {
             crate::error!("{e}; the {role} worker gets an empty grant");
             RoleGrant {
-                tcp_connect_ports: Vec::new(),
-                read_paths: Vec::new(),
                 forbidden_probe_dir,
+                ..RoleGrant::default()
             }
         }
     }

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::SandboxMode;
-use super::attest::REQUIRED_PROBES;
+use super::attest::{probes_allowed_by_design, required_probes};
 
 /// How much of the requested Landlock ruleset the kernel enforces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,17 +73,19 @@ impl ConfinementReport {
         if !self.capabilities_cleared {
             gaps.push("capabilities not cleared".to_string());
         }
-        for required in REQUIRED_PROBES {
+        let required = required_probes(&self.role);
+        let by_design = probes_allowed_by_design(&self.role);
+        for required in required {
             let found: Vec<&Probe> = self.probes.iter().filter(|p| p.name == *required).collect();
             match found.as_slice() {
                 [] => gaps.push(format!("probe {required} missing from the report")),
-                [probe] if probe.denied => {}
+                [probe] if probe.denied || by_design.contains(required) => {}
                 [probe] => gaps.push(format!("probe {required} was not denied: {}", probe.detail)),
                 _ => gaps.push(format!("probe {required} reported more than once")),
             }
         }
         for probe in &self.probes {
-            if !REQUIRED_PROBES.contains(&probe.name.as_str()) && !probe.denied {
+            if !required.contains(&probe.name.as_str()) && !probe.denied {
                 gaps.push(format!(
                     "probe {} was not denied: {}",
                     probe.name, probe.detail
@@ -93,7 +95,8 @@ impl ConfinementReport {
         gaps
     }
 
-    /// The gateway's decision. `enforce`: every required probe present and denied, Landlock
+    /// The gateway's decision. `enforce`: every required probe of the role present and
+    /// denied (those the role needs, such as the workspace's fork and exec, present), Landlock
     /// fully enforced, seccomp, no_new_privs and cleared capabilities, else `Err` naming
     /// every gap (the worker must get no work). `warn`: `Ok` with one loud warning per gap.
     pub fn verdict(&self, mode: SandboxMode) -> Result<Vec<String>, String> {

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use crate::sandbox::{RoleGrant, SandboxMode};
 use crate::tools::http::HttpToolsConfig;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// `Default` is what a worker of a role that reads its own settings (the workspace role
+/// reads `WorkspaceWorkerSettings` instead) carries in its spec: nothing granted.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct WorkerSettings {
     pub sandbox_mode: SandboxMode,
     pub tcp_connect_ports: Vec<u16>,
@@ -25,6 +27,7 @@ impl WorkerSettings {
             tcp_connect_ports: self.tcp_connect_ports.clone(),
             read_paths: self.read_paths.clone(),
             forbidden_probe_dir: self.forbidden_probe_dir.clone(),
+            ..RoleGrant::default()
         }
     }
 }

@@ -38,11 +38,15 @@ type Done = Arc<Mutex<Vec<Message>>>;
 
 /// Run a worker; returns the process exit code.
 pub fn run(role: Role) -> i32 {
+    if role == Role::Workspace {
+        // Its own settings, attestation and loop (it runs programs as tasks).
+        return crate::workspace::worker::run();
+    }
     if let Err(e) = sandbox::scrub_inherited_fds() {
         crate::error!("worker {role}: cannot close inherited fds: {e}");
         return 3;
     }
-    let settings = match read_settings() {
+    let settings: WorkerSettings = match read_settings() {
         Ok(s) => s,
         Err(e) => {
             crate::error!("worker {role}: bad or missing settings on stdin: {e}");
@@ -84,7 +88,7 @@ pub fn run(role: Role) -> i32 {
 
 /// The settings the gateway wrote into our stdin pipe (JSON, no secrets), read to EOF
 /// before confinement.
-fn read_settings() -> Result<WorkerSettings, String> {
+pub(crate) fn read_settings<T: serde::de::DeserializeOwned>() -> Result<T, String> {
     let mut text = Vec::new();
     std::io::stdin()
         .lock()
@@ -197,7 +201,7 @@ fn aggregator_op(op: Op) -> bool {
     !matches!(op, Op::Cancel | Op::Attest)
 }
 
-fn push(out: &mut Vec<u8>, msg: &Message) {
+pub(crate) fn push(out: &mut Vec<u8>, msg: &Message) {
     if let Err(fault) = rpc::encode(out, msg)
         && let Message::Response { id, .. } = msg
     {
@@ -214,7 +218,7 @@ fn push(out: &mut Vec<u8>, msg: &Message) {
     }
 }
 
-fn flush(stream: &mut UnixStream, out: &mut Vec<u8>) -> std::io::Result<()> {
+pub(crate) fn flush(stream: &mut UnixStream, out: &mut Vec<u8>) -> std::io::Result<()> {
     let mut written = 0;
     while written < out.len() {
         match stream.write(&out[written..]) {

@@ -287,6 +287,9 @@ fn run_confined_worker_in(role: Role, mode: SandboxMode) {
     let read_refusal = match role {
         Role::Builtin => "EACCES",
         Role::Aggregator => "EPERM",
+        Role::Workspace => {
+            unreachable!("the workspace role has its own tests (tests/workspace.rs)")
+        }
     };
     assert!(
         detail("read_probe_dir").contains(read_refusal),

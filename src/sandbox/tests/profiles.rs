@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use super::super::profile::{landlock_profile, parse_landlock_profile, seccomp_json};
-use super::super::seccomp_filter::{ALLOW_LIST, ENOSYS_LIST, compile};
+use super::super::seccomp_filter::{
+    ALLOW_LIST, DENY_LIST, ENOSYS_LIST, OFFLINE_LIST, compile, filter_names,
+};
 use super::super::{Role, SandboxConfig, SandboxMode, role_grant_defaults};
 
 /// Never in any allow-list of these roles: process creation, exec, listening, unix and
@@ -67,6 +69,11 @@ const NEVER_ALLOWED: &[&str] = &[
     "userfaultfd",
 ];
 
+/// The roles whose seccomp profile is an allow-list (they run no programs).
+fn allow_list_roles() -> impl Iterator<Item = Role> {
+    Role::ALL.into_iter().filter(|r| !r.runs_programs())
+}
+
 fn profile(role: Role) -> Value {
     serde_json::from_str(seccomp_json(role)).expect("profile is JSON")
 }
@@ -97,7 +104,7 @@ fn seccomp_profiles_compile_for_x86_64_whatever_the_host() {
 fn every_seccomp_entry_and_condition_says_who_needs_it() {
     for role in Role::ALL {
         let p = profile(role);
-        for filter in [ALLOW_LIST, ENOSYS_LIST] {
+        for &filter in filter_names(role) {
             for rule in rules(&p, filter) {
                 let comment = rule["comment"].as_str().unwrap_or_default();
                 assert!(
@@ -118,7 +125,7 @@ fn every_seccomp_entry_and_condition_says_who_needs_it() {
 
 #[test]
 fn seccomp_actions_are_an_allow_list_with_eperm_and_clone3_enosys() {
-    for role in Role::ALL {
+    for role in allow_list_roles() {
         let p = profile(role);
         assert_eq!(
             p[ALLOW_LIST]["mismatch_action"],
@@ -145,7 +152,7 @@ fn seccomp_actions_are_an_allow_list_with_eperm_and_clone3_enosys() {
 
 #[test]
 fn no_forbidden_syscall_is_allowed() {
-    for role in Role::ALL {
+    for role in allow_list_roles() {
         let p = profile(role);
         for rule in rules(&p, ALLOW_LIST) {
             let name = rule["syscall"].as_str().unwrap_or_default();
@@ -160,20 +167,22 @@ fn a_syscall_is_either_unconditional_or_conditional_never_both() {
     // syscall, which would silently change what a reviewer reads.
     for role in Role::ALL {
         let p = profile(role);
-        let mut kinds: BTreeMap<&str, BTreeSet<bool>> = BTreeMap::new();
-        for rule in rules(&p, ALLOW_LIST) {
-            let name = rule["syscall"].as_str().unwrap_or_default();
-            kinds
-                .entry(name)
-                .or_default()
-                .insert(rule.get("args").is_some());
-        }
-        for (name, k) in kinds {
-            assert_eq!(
-                k.len(),
-                1,
-                "{role}: {name} is listed both with and without conditions"
-            );
+        for &filter in filter_names(role) {
+            let mut kinds: BTreeMap<&str, BTreeSet<bool>> = BTreeMap::new();
+            for rule in rules(&p, filter) {
+                let name = rule["syscall"].as_str().unwrap_or_default();
+                kinds
+                    .entry(name)
+                    .or_default()
+                    .insert(rule.get("args").is_some());
+            }
+            for (name, k) in kinds {
+                assert_eq!(
+                    k.len(),
+                    1,
+                    "{role}/{filter}: {name} is listed both with and without conditions"
+                );
+            }
         }
     }
 }
@@ -181,7 +190,7 @@ fn a_syscall_is_either_unconditional_or_conditional_never_both() {
 #[test]
 fn threads_only_clone_sockets_by_family_and_no_exec_or_write_mappings() {
     const CLONE_THREAD: u64 = libc::CLONE_THREAD as u64;
-    for role in Role::ALL {
+    for role in allow_list_roles() {
         let p = profile(role);
         for rule in rules(&p, ALLOW_LIST) {
             let args = rule["args"].as_array();
@@ -320,8 +329,151 @@ fn roles_and_modes_round_trip_as_text() {
     for role in Role::ALL {
         assert_eq!(role.to_string().parse::<Role>(), Ok(role));
     }
-    assert!("workspace".parse::<Role>().is_err());
+    assert!("shell".parse::<Role>().is_err());
     for mode in [SandboxMode::Enforce, SandboxMode::Warn] {
         assert_eq!(mode.to_string().parse::<SandboxMode>(), Ok(mode));
     }
+}
+
+/// Refused to every workspace program, whatever its arguments.
+const WORKSPACE_MUST_DENY: &[&str] = &[
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "keyctl",
+    "add_key",
+    "init_module",
+    "finit_module",
+    "kexec_load",
+    "open_by_handle_at",
+    "fsopen",
+    "open_tree",
+];
+
+#[test]
+fn workspace_profile_is_a_deny_list_of_what_no_program_may_do() {
+    let p = profile(Role::Workspace);
+    assert_eq!(p.as_object().map(|o| o.len()), Some(3));
+    for filter in [DENY_LIST, OFFLINE_LIST] {
+        assert_eq!(p[filter]["mismatch_action"], "allow", "{filter}");
+        assert_eq!(
+            p[filter]["match_action"],
+            serde_json::json!({"errno": libc::EPERM}),
+            "{filter}"
+        );
+    }
+    assert_eq!(
+        p[ENOSYS_LIST]["match_action"],
+        serde_json::json!({"errno": libc::ENOSYS})
+    );
+    let enosys: Vec<&str> = rules(&p, ENOSYS_LIST)
+        .iter()
+        .filter_map(|r| r["syscall"].as_str())
+        .collect();
+    assert_eq!(enosys, vec!["clone3"]);
+    let deny = rules(&p, DENY_LIST);
+    for name in WORKSPACE_MUST_DENY {
+        assert!(
+            deny.iter()
+                .any(|r| r["syscall"] == *name && r.get("args").is_none()),
+            "{name} is not denied unconditionally"
+        );
+    }
+    // Every namespace flag of clone is refused by a rule of its own.
+    for ns in [
+        libc::CLONE_NEWNS,
+        libc::CLONE_NEWCGROUP,
+        libc::CLONE_NEWUTS,
+        libc::CLONE_NEWIPC,
+        libc::CLONE_NEWUSER,
+        libc::CLONE_NEWPID,
+        libc::CLONE_NEWNET,
+    ] {
+        assert!(
+            deny.iter().any(|r| r["syscall"] == "clone"
+                && r["args"][0]["op"]["masked_eq"].as_u64() == Some(ns as u64)
+                && r["args"][0]["val"].as_u64() == Some(ns as u64)),
+            "clone flag {ns:#x} not refused"
+        );
+    }
+    // Sockets: one rule refuses every family but AF_INET and AF_INET6 (AF_UNIX would reach
+    // the admin socket); offline, those two are refused as well.
+    assert!(deny.iter().any(|r| r["syscall"] == "socket"
+        && r["args"].as_array().map(|a| a.len()) == Some(2)
+        && r["args"][0]["op"] == "ne"
+        && r["args"][0]["val"] == libc::AF_INET
+        && r["args"][1]["op"] == "ne"
+        && r["args"][1]["val"] == libc::AF_INET6));
+    let offline: Vec<i64> = rules(&p, OFFLINE_LIST)
+        .iter()
+        .filter(|r| r["syscall"] == "socket" && r["args"][0]["op"] == "eq")
+        .filter_map(|r| r["args"][0]["val"].as_i64())
+        .collect();
+    assert_eq!(
+        offline,
+        vec![i64::from(libc::AF_INET), i64::from(libc::AF_INET6)]
+    );
+    // What a role that runs programs needs is never refused outright.
+    for needed in [
+        "execve",
+        "fork",
+        "kill",
+        "landlock_create_ruleset",
+        "landlock_restrict_self",
+        "socketpair",
+    ] {
+        assert!(
+            !deny
+                .iter()
+                .any(|r| r["syscall"] == needed && r.get("args").is_none()),
+            "{needed} is refused"
+        );
+    }
+}
+
+#[test]
+fn workspace_landlock_grants_system_dirs_to_read_and_run_and_only_devices_to_write() {
+    let grant = role_grant_defaults(Role::Workspace);
+    for path in ["/usr", "/bin", "/lib", "/lib64"] {
+        assert!(grant.execute_paths.contains(&PathBuf::from(path)), "{path}");
+    }
+    assert!(grant.read_paths.contains(&PathBuf::from("/etc")));
+    assert!(grant.device_paths.contains(&PathBuf::from("/dev/null")));
+    for path in &grant.device_paths {
+        assert_eq!(path.parent(), Some(std::path::Path::new("/dev")));
+    }
+    // toolwall's own directory and the system's secrets are hidden whatever is granted.
+    for path in [
+        "/etc/toolwall",
+        "/etc/shadow",
+        "/etc/ssh",
+        "/etc/ssl/private",
+    ] {
+        assert!(grant.hidden_paths.contains(&PathBuf::from(path)), "{path}");
+    }
+    // Writes and ports come from the config only.
+    assert!(grant.write_paths.is_empty() && grant.tcp_connect_ports.is_empty());
+    // The other roles never run or write anything.
+    for role in allow_list_roles() {
+        let g = role_grant_defaults(role);
+        assert!(
+            g.execute_paths.is_empty() && g.device_paths.is_empty() && g.write_paths.is_empty()
+        );
+    }
+    let bad = "abi = 7\n[[device]]\npath = \"/etc/passwd\"\nwhy = \"x\"\n";
+    assert!(
+        parse_landlock_profile(bad).is_err(),
+        "a device outside /dev"
+    );
 }

@@ -119,3 +119,58 @@ fn the_report_survives_serialization() {
     let back: ConfinementReport = rmp_serde::from_slice(&bytes).expect("msgpack back");
     assert_eq!(back.probes, report.probes);
 }
+
+fn workspace_report() -> ConfinementReport {
+    let mut report = confined_report();
+    report.role = "workspace".to_string();
+    report.probes = super::super::WORKSPACE_PROBES
+        .iter()
+        .map(|name| Probe {
+            name: name.to_string(),
+            denied: !super::super::probes_allowed_by_design("workspace").contains(name),
+            detail: "as expected".to_string(),
+        })
+        .collect();
+    report
+}
+
+#[test]
+fn a_workspace_may_fork_spawn_and_exec_but_nothing_else() {
+    assert_eq!(
+        workspace_report().verdict(SandboxMode::Enforce),
+        Ok(Vec::new())
+    );
+    for name in super::super::WORKSPACE_PROBES {
+        if super::super::probes_allowed_by_design("workspace").contains(name) {
+            continue;
+        }
+        let mut report = workspace_report();
+        for probe in &mut report.probes {
+            if probe.name == *name {
+                probe.denied = false;
+            }
+        }
+        let why = report
+            .verdict(SandboxMode::Enforce)
+            .expect_err("a failed workspace probe must refuse");
+        assert!(why.contains(name), "{why}");
+    }
+    // The workspace's own probes are required of it: missing one refuses it.
+    let mut missing = workspace_report();
+    missing
+        .probes
+        .retain(|p| p.name != "create_file_outside_root");
+    assert!(missing.verdict(SandboxMode::Enforce).is_err());
+    // A builtin worker that could fork is refused, whatever the workspace may do.
+    let mut builtin = confined_report();
+    for probe in &mut builtin.probes {
+        if probe.name == "fork" {
+            probe.denied = false;
+        }
+    }
+    assert!(builtin.verdict(SandboxMode::Enforce).is_err());
+    // A report that calls itself workspace must carry the workspace probes.
+    let mut renamed = confined_report();
+    renamed.role = "workspace".to_string();
+    assert!(renamed.verdict(SandboxMode::Enforce).is_err());
+}

@@ -1,0 +1,302 @@
+//! The attestation of a workspace worker. It must be able to run programs, so `fork`,
+//! `posix_spawn` and `exec` succeed by design (and say so); everything else a workspace
+//! program must never do is tried here, some of it from a forked child to prove that the
+//! programs it runs inherit the confinement.
+
+use std::path::Path;
+
+use super::attest::{
+    allowed, errno_text, last_errno, probe_bind, probe_clone3, probe_create_file, probe_exec,
+    probe_fork, probe_posix_spawn, probe_read_dir, probe_signal_parent, probe_unix_socket, reap,
+    ungranted_port,
+};
+use super::{Probe, RoleGrant};
+
+/// Probes every workspace report must carry. Those in [`ALLOWED_BY_DESIGN`] may succeed;
+/// every other one must be denied.
+pub const WORKSPACE_PROBES: &[&str] = &[
+    "create_file_tmp",
+    "create_file_probe_dir",
+    "create_file_outside_root",
+    "read_probe_dir",
+    "fork",
+    "posix_spawn",
+    "clone3",
+    "exec",
+    "connect_ungranted_port",
+    "bind_tcp",
+    "unix_socket",
+    "signal_parent",
+    "child_create_file_tmp",
+    "child_signal_gateway",
+    "child_new_user_namespace",
+];
+
+/// What a workspace is for: running programs.
+pub const ALLOWED_BY_DESIGN: &[&str] = &["fork", "posix_spawn", "exec"];
+
+/// Runs the workspace probes. `grant.write_paths[0]` is the workspace root. Also emits
+/// `read_hidden_paths` when a hidden path exists, and `udp_socket` when the workspace has no
+/// network; when present those must be denied too.
+pub fn attest_workspace(grant: &RoleGrant) -> Vec<Probe> {
+    let offline = grant.tcp_connect_ports.is_empty();
+    let mut probes = vec![
+        probe_create_file("create_file_tmp", Path::new("/tmp")),
+        probe_create_file("create_file_probe_dir", &grant.forbidden_probe_dir),
+        probe_outside_root(grant),
+        probe_read_dir(&grant.forbidden_probe_dir),
+        by_design(probe_fork()),
+        by_design(probe_posix_spawn()),
+        probe_clone3(),
+        by_design(probe_exec()),
+        probe_connect(grant),
+        probe_bind(),
+        probe_unix_socket(),
+        probe_signal_parent(),
+        probe_in_child("child_create_file_tmp", ChildProbe::CreateInTmp),
+        probe_in_child("child_signal_gateway", ChildProbe::SignalGateway),
+        probe_in_child("child_new_user_namespace", ChildProbe::NewUserNamespace),
+    ];
+    if let Some(p) = probe_read_hidden(grant) {
+        probes.push(p);
+    }
+    if offline {
+        probes.push(probe_udp());
+    }
+    probes
+}
+
+fn by_design(mut probe: Probe) -> Probe {
+    if !probe.denied {
+        probe.detail = format!(
+            "allowed by design (the workspace runs programs): {}",
+            probe.detail
+        );
+    }
+    probe
+}
+
+fn denied_by(name: &str, errno: i32, layer: &str) -> Probe {
+    Probe {
+        name: name.to_string(),
+        denied: true,
+        detail: format!("denied: {} ({layer})", errno_text(errno)),
+    }
+}
+
+fn probe_outside_root(grant: &RoleGrant) -> Probe {
+    let name = "create_file_outside_root";
+    match grant.write_paths.first().and_then(|root| root.parent()) {
+        Some(parent) => probe_create_file(name, parent),
+        None => allowed(
+            name,
+            "not proven: no workspace root with a parent".to_string(),
+        ),
+    }
+}
+
+fn probe_read_hidden(grant: &RoleGrant) -> Option<Probe> {
+    let name = "read_hidden_paths";
+    let existing: Vec<&Path> = grant
+        .hidden_paths
+        .iter()
+        .map(|p| p.as_path())
+        .filter(|p| std::fs::symlink_metadata(p).is_ok())
+        .collect();
+    if existing.is_empty() {
+        return None;
+    }
+    for path in &existing {
+        let Some(c) = super::attest::c_path(path) else {
+            return Some(allowed(name, format!("cannot probe {path:?}: NUL byte")));
+        };
+        // O_RDONLY opens a directory too; O_NOFOLLOW keeps a link from standing in.
+        // SAFETY: valid C string; the fd is closed below.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd >= 0 {
+            // SAFETY: closing the fd just opened.
+            unsafe { libc::close(fd) };
+            return Some(allowed(
+                name,
+                format!("opened {} for reading", path.display()),
+            ));
+        }
+        match last_errno() {
+            libc::EACCES | libc::EPERM => {}
+            e => {
+                return Some(allowed(
+                    name,
+                    format!("not proven: {} for {}", errno_text(e), path.display()),
+                ));
+            }
+        }
+    }
+    let mut p = denied_by(name, libc::EACCES, "landlock");
+    p.detail
+        .push_str(&format!(" for {} hidden paths", existing.len()));
+    Some(p)
+}
+
+/// TCP connect to a port the grant lacks. Offline, the socket itself is refused (seccomp
+/// offline filter); with ports granted, Landlock refuses the connect.
+fn probe_connect(grant: &RoleGrant) -> Probe {
+    let name = "connect_ungranted_port";
+    let Some(port) = ungranted_port(grant) else {
+        return allowed(name, "every port is granted".to_string());
+    };
+    // SAFETY: plain socket call; the fd is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return match last_errno() {
+            libc::EPERM => denied_by(name, libc::EPERM, "seccomp: no sockets offline"),
+            e => allowed(name, format!("not proven: socket: {}", errno_text(e))),
+        };
+    }
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: a valid sockaddr_in of the size given; the fd is ours.
+    let rc = unsafe {
+        libc::connect(
+            fd,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    let errno = last_errno();
+    // SAFETY: closing the fd just created.
+    unsafe { libc::close(fd) };
+    if rc == 0 {
+        return allowed(name, format!("connected to 127.0.0.1:{port}"));
+    }
+    match errno {
+        libc::EACCES => {
+            let mut p = denied_by(name, libc::EACCES, "landlock");
+            p.detail.push_str(&format!(" for 127.0.0.1:{port}"));
+            p
+        }
+        e => allowed(
+            name,
+            format!(
+                "not denied by the sandbox: {} for 127.0.0.1:{port}",
+                errno_text(e)
+            ),
+        ),
+    }
+}
+
+fn probe_udp() -> Probe {
+    let name = "udp_socket";
+    // SAFETY: plain socket call; the fd is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd >= 0 {
+        // SAFETY: closing the fd just created.
+        unsafe { libc::close(fd) };
+        return allowed(
+            name,
+            "created a UDP socket with no network granted".to_string(),
+        );
+    }
+    match last_errno() {
+        libc::EPERM => denied_by(name, libc::EPERM, "seccomp offline filter"),
+        e => allowed(name, format!("not proven: {}", errno_text(e))),
+    }
+}
+
+#[derive(Clone, Copy)]
+enum ChildProbe {
+    CreateInTmp,
+    SignalGateway,
+    NewUserNamespace,
+}
+
+/// Forks a child that tries one forbidden thing and exits with the errno it got (0 when it
+/// succeeded). The child makes only async-signal-safe calls: threads may be running.
+fn probe_in_child(name: &str, what: ChildProbe) -> Probe {
+    // SAFETY: getppid cannot fail.
+    let gateway = unsafe { libc::getppid() };
+    let tmp_path = c"/tmp/.toolwall-child-probe";
+    // SAFETY: the child only makes system calls and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: system calls on valid arguments, then _exit; no Rust runtime use.
+        unsafe {
+            let code = match what {
+                ChildProbe::CreateInTmp => {
+                    let fd = libc::open(
+                        tmp_path.as_ptr(),
+                        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                        0o600 as libc::c_uint,
+                    );
+                    if fd >= 0 {
+                        libc::close(fd);
+                        libc::unlink(tmp_path.as_ptr());
+                        0
+                    } else {
+                        *libc::__errno_location()
+                    }
+                }
+                ChildProbe::SignalGateway => {
+                    if libc::syscall(libc::SYS_tgkill, gateway, gateway, 0) == 0 {
+                        0
+                    } else {
+                        *libc::__errno_location()
+                    }
+                }
+                ChildProbe::NewUserNamespace => {
+                    // In the child only: should it succeed, the namespace dies with it.
+                    if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                        0
+                    } else {
+                        *libc::__errno_location()
+                    }
+                }
+            };
+            libc::_exit(code.clamp(0, 255));
+        }
+    }
+    if pid < 0 {
+        return allowed(
+            name,
+            format!("not proven: fork: {}", errno_text(last_errno())),
+        );
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+    if rc != pid || !libc::WIFEXITED(status) {
+        return allowed(
+            name,
+            format!("not proven: child {pid} {}", reap_note(rc, pid)),
+        );
+    }
+    let errno = libc::WEXITSTATUS(status);
+    let layer = match (what, errno) {
+        (_, libc::EACCES) => "landlock, inherited by the child",
+        (ChildProbe::SignalGateway, libc::EPERM) => "landlock scope, inherited by the child",
+        (_, libc::EPERM) => "seccomp, inherited by the child",
+        _ => "",
+    };
+    if layer.is_empty() {
+        let what = if errno == 0 {
+            "the child succeeded".to_string()
+        } else {
+            format!("not proven: the child got {}", errno_text(errno))
+        };
+        return allowed(name, what);
+    }
+    denied_by(name, errno, layer)
+}
+
+fn reap_note(rc: libc::pid_t, pid: libc::pid_t) -> String {
+    if rc == pid {
+        "did not exit normally".to_string()
+    } else {
+        reap(pid)
+    }
+}
