@@ -35,6 +35,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// `[servers]` and `[servers.NAME]`: the upstream MCP servers of the aggregator.
     pub servers: ServersConfig,
+    /// `[workspaces.NAME]`: confined shell and file tools (the `ws` server).
+    pub workspaces: crate::workspace::WorkspacesConfig,
     /// Where the config came from (None: embedded defaults). Not a TOML key.
     #[serde(skip)]
     pub source: Option<PathBuf>,

@@ -1,10 +1,7 @@
 //! The workspace worker, run for real: `toolwall worker workspace` started the way the
 //! gateway starts it (empty environment, RPC socketpair at fd 3, settings on stdin), driven
 //! over its RPC protocol. Confinement is checked from outside: what a command tries and
-//! what is (not) there afterwards.
-//!
-//! The end-to-end tests through the gateway at the bottom need the gateway to serve the
-//! `ws` server; they are ignored until it does.
+//! what is (not) there afterwards. The tests at the bottom go through the real gateway.
 
 mod common;
 
@@ -814,7 +811,6 @@ owners = ["uid:4242424"]
 }
 
 #[test]
-#[ignore = "needs gateway integration"]
 fn gateway_serves_ws_only_for_the_callers_workspaces() {
     let (gw, _root) = gateway_with_workspaces("");
     let mut agent = gw.connect();
@@ -848,7 +844,6 @@ fn gateway_serves_ws_only_for_the_callers_workspaces() {
 }
 
 #[test]
-#[ignore = "needs gateway integration"]
 fn policy_blocks_rm_rf_in_ws_shell_run_even_when_wrapped() {
     let (gw, root) = gateway_with_workspaces(
         r#"
@@ -883,7 +878,6 @@ reason = "no recursive deletes"
 }
 
 #[test]
-#[ignore = "needs gateway integration"]
 fn a_task_survives_its_agents_disconnect() {
     let (gw, root) = gateway_with_workspaces("");
     let mut agent = gw.connect();

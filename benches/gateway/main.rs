@@ -88,7 +88,15 @@ fn relay_binary() -> Option<PathBuf> {
         eprintln!("building toolwall-relay (static, release-small)");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "--profile", "release-small", "-p", "toolwall-relay", "--target", TRIPLE])
+            .args([
+                "build",
+                "--profile",
+                "release-small",
+                "-p",
+                "toolwall-relay",
+                "--target",
+                TRIPLE,
+            ])
             .env("RUSTFLAGS", "-C target-feature=+crt-static")
             .current_dir(WORKSPACE)
             .status();

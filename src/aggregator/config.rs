@@ -352,9 +352,9 @@ impl ServersConfig {
 
 /// Server names: `[a-z0-9_-]+`, no `__`, not `local` or `toolwall`.
 pub fn check_server_name(name: &str) -> Result<(), String> {
-    if name == LOCAL_SERVER || name == GATEWAY_SERVER {
+    if name == LOCAL_SERVER || name == GATEWAY_SERVER || name == crate::workspace::tools::SERVER {
         return Err(format!(
-            "[servers.{name}]: the server name {name:?} is reserved (the built-in tools are `local`, the gateway's own `toolwall`)"
+            "[servers.{name}]: the server name {name:?} is reserved (the built-in tools are `local`, the workspaces `ws`, the gateway's own `toolwall`)"
         ));
     }
     if !valid_server_name(name) {
@@ -603,6 +603,7 @@ enabled = false
         for (name, needle) in [
             ("local", "reserved"),
             ("toolwall", "reserved"),
+            ("ws", "reserved"),
             ("a__b", "__"),
             ("Up", "a-z"),
             ("\"a b\"", "a-z"),

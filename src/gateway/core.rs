@@ -191,6 +191,11 @@ pub struct Core {
     ledger: Ledger,
     catalog: Catalog,
     workers: Vec<WorkerView>,
+    /// The `ws` server: who owns which workspace, and each workspace's worker.
+    workspaces: Option<(
+        crate::workspace::WorkspaceDirectory,
+        HashMap<String, WorkerId>,
+    )>,
     calls: HashMap<u64, Call>,
     in_flight: HashMap<ConnRef, usize>,
     sessions: HashMap<ConnRef, Session>,
@@ -255,6 +260,7 @@ impl Core {
             ledger,
             catalog: Catalog::default(),
             workers: Vec::new(),
+            workspaces: None,
             calls: HashMap::new(),
             in_flight: HashMap::new(),
             sessions: HashMap::new(),
@@ -376,6 +382,24 @@ impl Core {
     }
 
     // ---- workers ------------------------------------------------------------------
+
+    /// Serve the `ws` server: its tools are in the catalog from the start (ready or not),
+    /// and calls are routed by the caller's workspaces.
+    pub fn set_workspaces(
+        &mut self,
+        directory: crate::workspace::WorkspaceDirectory,
+        workers: HashMap<String, WorkerId>,
+    ) {
+        if let Some(&any) = workers.values().next() {
+            let _ = self.catalog.set(
+                Kind::Tools,
+                crate::workspace::tools::SERVER,
+                any,
+                crate::workspace::routing::catalog_definitions(),
+            );
+        }
+        self.workspaces = Some((directory, workers));
+    }
 
     /// Register a worker slot; returns its id.
     pub fn add_worker(&mut self, name: &str, server: &str) -> WorkerId {
@@ -1243,6 +1267,14 @@ impl Core {
             .then(|| crate::mcp::catalog::unwrap_input(arguments))
             .flatten();
         let arguments: &str = unwrapped.as_deref().unwrap_or(arguments);
+        // `ws` arguments may come wrapped in `input`: policy sees them unwrapped.
+        let normalized;
+        let arguments: &str = if entry.server == crate::workspace::tools::SERVER {
+            normalized = crate::workspace::normalize_arguments(arguments);
+            &normalized
+        } else {
+            arguments
+        };
         // Policy, on the whole arguments when a rule needs them.
         let policy = Rc::clone(&self.policy);
         let mut parsed: Option<Value> = None;
@@ -1369,7 +1401,35 @@ impl Core {
     }
 
     /// An allowed call goes to its worker (after the commit that holds its row).
-    fn dispatch_tool(&mut self, mut call: Call, args: String, now: Instant) {
+    fn dispatch_tool(&mut self, mut call: Call, mut args: String, now: Instant) {
+        if let CallKind::Tool { server, tool, .. } = &call.kind
+            && server == crate::workspace::tools::SERVER
+            && let Some((directory, ws_workers)) = &self.workspaces
+        {
+            let workers = &self.workers;
+            let state = |id: &str| match ws_workers.get(id) {
+                Some(w) if workers[*w].ready => crate::workspace::WorkerState::Online,
+                _ => crate::workspace::WorkerState::Offline,
+            };
+            match crate::workspace::route_call(directory, &call.principal, tool, &args, state) {
+                crate::workspace::WsRoute::Answer(result) => {
+                    let text = result.to_string();
+                    let error = result_is_error(&text).then(|| error_text(&text));
+                    let decision = if error.is_some() { "error" } else { "allowed" };
+                    self.finish_tool(call, decision, &text, error.as_deref(), None, None);
+                    return;
+                }
+                crate::workspace::WsRoute::Forward {
+                    workspace_id,
+                    arguments,
+                } => {
+                    if let Some(&w) = ws_workers.get(&workspace_id) {
+                        call.worker = w;
+                    }
+                    args = arguments;
+                }
+            }
+        }
         if !self.workers[call.worker].ready {
             let message = format!(
                 "worker {} is not available (restarting)",

@@ -283,6 +283,32 @@ impl Gateway {
                 Instant::now(),
             ));
         }
+        // One worker per workspace, all serving `ws`; calls are routed by the caller.
+        let workspaces = crate::workspace::worker_settings(
+            &config.workspaces,
+            &workspace_protected_paths(&config),
+            &config.state_dir(),
+            config.sandbox.mode,
+        )
+        .map_err(|e| format!("workspaces: {e}"))?;
+        let mut ws_workers = std::collections::HashMap::new();
+        for (n, ws) in workspaces.iter().enumerate() {
+            let spec = WorkerSpec {
+                name: format!("workspace:{}", ws.name),
+                role: Role::Workspace,
+                server: crate::workspace::tools::SERVER.into(),
+                settings: WorkerSettings::default(),
+            };
+            let stdin = serde_json::to_vec(ws).map_err(|e| format!("workspaces: {e}"))?;
+            let id = core.add_worker(&spec.name, &spec.server);
+            ws_workers.insert(ws.id.clone(), id);
+            supervisor.add_with_settings(spec, id, Token(WORKER_BASE + 2 + n), stdin);
+        }
+        if !ws_workers.is_empty() {
+            let directory = crate::workspace::WorkspaceDirectory::new(&config.workspaces)
+                .map_err(|e| format!("workspaces: {e}"))?;
+            core.set_workspaces(directory, ws_workers);
+        }
 
         let mut gw = Gateway {
             poll,
@@ -1738,4 +1764,23 @@ pub fn builtin_spec(config: &Config) -> WorkerSpec {
             http: config.builtin.http.clone(),
         },
     }
+}
+
+/// toolwall's own files, which no workspace may hold or read (the ledger's directory is
+/// added by `workspace::worker_settings`).
+pub fn workspace_protected_paths(config: &Config) -> Vec<std::path::PathBuf> {
+    let mut paths = vec![config.admin.socket.clone()];
+    paths.extend(config.source.clone());
+    paths.extend(config.policy.corp.clone());
+    paths.extend(
+        config
+            .listen
+            .unix
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty()),
+    );
+    paths
+        .into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .collect()
 }

@@ -91,6 +91,9 @@ pub struct WorkerProc {
     gone: bool,
     /// Do not restart (shutdown).
     retired: bool,
+    /// What the worker reads on stdin instead of `spec.settings`, for a role with settings
+    /// of its own (the workspace role).
+    stdin_settings: Option<Vec<u8>>,
 }
 
 /// A pipe already holding the worker's settings, its write end closed: the worker reads
@@ -165,7 +168,23 @@ impl Supervisor {
             restart_at: Some(Instant::now()),
             gone: true,
             retired: false,
+            stdin_settings: None,
         });
+    }
+
+    /// Like [`Supervisor::add`], for a worker that reads `stdin_settings` (JSON) instead of
+    /// its spec's `settings`.
+    pub fn add_with_settings(
+        &mut self,
+        spec: WorkerSpec,
+        id: WorkerId,
+        token: Token,
+        stdin_settings: Vec<u8>,
+    ) {
+        self.add(spec, id, token);
+        if let Some(w) = self.workers.last_mut() {
+            w.stdin_settings = Some(stdin_settings);
+        }
     }
 
     fn index(&self, token: Token) -> Option<usize> {
@@ -189,7 +208,10 @@ impl Supervisor {
         w.attempts += 1;
         let result = (|| -> std::io::Result<(Child, UnixStream)> {
             let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
-            let settings = serde_json::to_vec(&w.spec.settings).map_err(std::io::Error::other)?;
+            let settings = match &w.stdin_settings {
+                Some(s) => s.clone(),
+                None => serde_json::to_vec(&w.spec.settings).map_err(std::io::Error::other)?,
+            };
             let settings_pipe = settings_pipe(&settings)?;
             let theirs: OwnedFd = theirs.into();
             let theirs_raw = theirs.as_raw_fd();
