@@ -403,7 +403,10 @@ fn format_status(s: &serde_json::Value) -> String {
                 p["name"].as_str().unwrap_or(""),
                 if p["denied"] == true {
                     "denied"
-                } else if p["detail"].as_str().is_some_and(|d| d.contains("by design")) {
+                } else if p["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("by design"))
+                {
                     "allowed (by design)"
                 } else {
                     "ALLOWED"

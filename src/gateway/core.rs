@@ -424,32 +424,7 @@ impl Core {
             let Some(msg) = self.upstreams.as_ref().map(|u| u.configure_request(key)) else {
                 return;
             };
-            let deadline = now + Duration::from_secs(self.limits.request_timeout_secs);
-            self.calls.insert(
-                key,
-                Call {
-                    conn: None,
-                    stream: 0,
-                    id: String::new(),
-                    method: "configure".into(),
-                    worker,
-                    kind: CallKind::Configure,
-                    stage: Stage::AtWorker,
-                    principal: String::new(),
-                    process: String::new(),
-                    transport: Transport::Stdio,
-                    started: now,
-                    deadline,
-                    timeout_key: "gateway.request_timeout_secs",
-                    approved: None,
-                },
-            );
-            self.deadlines.insert((deadline, key));
-            self.actions.push(Action::ToWorker {
-                worker,
-                call: Some(key),
-                msg,
-            });
+            self.internal_request(key, worker, CallKind::Configure, "configure", msg, now);
             self.refresh_upstreams(now);
             return;
         }
@@ -468,6 +443,33 @@ impl Core {
         now: Instant,
     ) {
         let key = self.new_key();
+        // The aggregator serves many servers: the request names the one to list.
+        let name = self.is_aggregator(worker).then(|| server.to_owned());
+        let msg = rpc::Message::Request {
+            id: key,
+            op,
+            name,
+            args: None,
+            target: None,
+        };
+        let listing = CallKind::Listing {
+            kind,
+            server: server.to_owned(),
+        };
+        self.internal_request(key, worker, listing, &format!("{op:?}"), msg, now);
+    }
+
+    /// A request the gateway itself makes of a worker (configure, listings, attest): a
+    /// call with no agent behind it, under the request timeout.
+    fn internal_request(
+        &mut self,
+        key: u64,
+        worker: WorkerId,
+        kind: CallKind,
+        method: &str,
+        msg: rpc::Message,
+        now: Instant,
+    ) {
         let deadline = now + Duration::from_secs(self.limits.request_timeout_secs);
         self.calls.insert(
             key,
@@ -475,12 +477,9 @@ impl Core {
                 conn: None,
                 stream: 0,
                 id: String::new(),
-                method: format!("{op:?}"),
+                method: method.to_owned(),
                 worker,
-                kind: CallKind::Listing {
-                    kind,
-                    server: server.to_owned(),
-                },
+                kind,
                 stage: Stage::AtWorker,
                 principal: String::new(),
                 process: String::new(),
@@ -492,18 +491,10 @@ impl Core {
             },
         );
         self.deadlines.insert((deadline, key));
-        // The aggregator serves many servers: the request names the one to list.
-        let name = self.is_aggregator(worker).then(|| server.to_owned());
         self.actions.push(Action::ToWorker {
             worker,
             call: Some(key),
-            msg: rpc::Message::Request {
-                id: key,
-                op,
-                name,
-                args: None,
-                target: None,
-            },
+            msg,
         });
     }
 
@@ -514,38 +505,14 @@ impl Core {
             return false;
         }
         let key = self.new_key();
-        let deadline = now + Duration::from_secs(self.limits.request_timeout_secs);
-        self.calls.insert(
-            key,
-            Call {
-                conn: None,
-                stream: 0,
-                id: String::new(),
-                method: "attest".into(),
-                worker,
-                kind: CallKind::Attest,
-                stage: Stage::AtWorker,
-                principal: String::new(),
-                process: String::new(),
-                transport: Transport::Stdio,
-                started: now,
-                deadline,
-                timeout_key: "gateway.request_timeout_secs",
-                approved: None,
-            },
-        );
-        self.deadlines.insert((deadline, key));
-        self.actions.push(Action::ToWorker {
-            worker,
-            call: Some(key),
-            msg: rpc::Message::Request {
-                id: key,
-                op: Op::Attest,
-                name: None,
-                args: None,
-                target: None,
-            },
-        });
+        let msg = rpc::Message::Request {
+            id: key,
+            op: Op::Attest,
+            name: None,
+            args: None,
+            target: None,
+        };
+        self.internal_request(key, worker, CallKind::Attest, "attest", msg, now);
         true
     }
 
