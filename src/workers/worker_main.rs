@@ -64,17 +64,7 @@ pub fn run(role: Role) -> i32 {
     report.probes = sandbox::attest(&grant);
     // SAFETY: fd 3 is the RPC socket the gateway placed there; nothing else owns it.
     let std_stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(RPC_FD) };
-    let mut hello = Vec::new();
-    let ready = Message::Ready {
-        role: role.to_string(),
-        pid: std::process::id(),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        confinement: report.clone(),
-    };
-    if rpc::encode(&mut hello, &ready).is_err() || (&std_stream).write_all(&hello).is_err() {
-        return 4;
-    }
-    if std_stream.set_nonblocking(true).is_err() {
+    if say_ready(role, &report, &std_stream).is_err() {
         return 4;
     }
     match serve(role, settings, report, UnixStream::from_std(std_stream)) {
@@ -84,6 +74,27 @@ pub fn run(role: Role) -> i32 {
             5
         }
     }
+}
+
+/// The worker's first words on the RPC channel: who it is and the proof of its
+/// confinement, written whole while the socket is still blocking; then it goes
+/// non-blocking for the loop.
+pub(crate) fn say_ready(
+    role: Role,
+    report: &sandbox::ConfinementReport,
+    stream: &std::os::unix::net::UnixStream,
+) -> std::io::Result<()> {
+    let mut hello = Vec::new();
+    let ready = Message::Ready {
+        role: role.to_string(),
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        confinement: report.clone(),
+    };
+    rpc::encode(&mut hello, &ready).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut writer = stream;
+    writer.write_all(&hello)?;
+    stream.set_nonblocking(true)
 }
 
 /// The settings the gateway wrote into our stdin pipe (JSON, no secrets), read to EOF

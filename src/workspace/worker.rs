@@ -13,7 +13,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::{Value, json};
 use std::collections::HashSet;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -30,7 +30,7 @@ use super::system_info::system_info;
 use super::tasks::{Exit, NEXT_ACTIONS, Stream, TaskAction, Tasks, WaitKind};
 use super::tools;
 use crate::sandbox::{self, ConfinementReport, RPC_FD, Role};
-use crate::workers::rpc::{self, Message, Op, RpcError, RpcReader};
+use crate::workers::rpc::{Message, Op, RpcError, RpcReader};
 use crate::workers::worker_main::{flush, push, read_settings};
 
 const RPC: Token = Token(0);
@@ -112,17 +112,7 @@ pub fn run() -> i32 {
             return 2;
         }
     };
-    let mut hello = Vec::new();
-    let ready = Message::Ready {
-        role: role.to_string(),
-        pid: std::process::id(),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        confinement: report.clone(),
-    };
-    if rpc::encode(&mut hello, &ready).is_err() || (&std_stream).write_all(&hello).is_err() {
-        return 4;
-    }
-    if std_stream.set_nonblocking(true).is_err() {
+    if crate::workers::worker_main::say_ready(role, &report, &std_stream).is_err() {
         return 4;
     }
     let worker = Worker::new(settings, root, devnull, report);
