@@ -543,14 +543,14 @@ impl Core {
                 error,
                 facts,
             } => {
-                let Some(call) = self.calls.get(&id) else {
-                    return; // timed out or cancelled: a late answer is dropped
-                };
-                if call.worker != worker {
+                // A late answer (timed out, cancelled) or another worker's id is dropped.
+                if self.calls.get(&id).is_none_or(|c| c.worker != worker) {
                     return;
                 }
-                let call = self.take_call(id).unwrap_or_else(|| unreachable!());
-                self.complete(call, ok, error, facts, now);
+                let Some(call) = self.take_call(id) else {
+                    return;
+                };
+                self.complete(call, ok, error, facts);
             }
             rpc::Message::Event { kind, detail } => {
                 self.event(
@@ -1597,7 +1597,6 @@ impl Core {
         ok: Option<String>,
         error: Option<rpc::RpcError>,
         facts: Option<String>,
-        now: Instant,
     ) {
         match &call.kind {
             CallKind::Listing { kind, server } => {
@@ -1639,7 +1638,6 @@ impl Core {
                             .unwrap_or_else(|| "not a JSON array".into())
                     ),
                 }
-                let _ = now;
             }
             CallKind::Other => {
                 if let Some(conn) = call.conn {
@@ -1914,7 +1912,9 @@ impl Core {
             }) => {}
             _ => return Err(format!("no call awaiting approval has id {id}")),
         }
-        let mut call = self.take_call(id).unwrap_or_else(|| unreachable!());
+        let Some(mut call) = self.take_call(id) else {
+            return Err(format!("no call awaiting approval has id {id}"));
+        };
         let decided = now_ms();
         let ledger_id = match &call.kind {
             CallKind::Tool { ledger_id, .. } => *ledger_id,

@@ -134,16 +134,15 @@ impl RequestReader {
 
     /// Look at the buffer, whose start is the start of the next request.
     pub fn poll(&mut self, buf: &[u8]) -> Result<Progress, ParseError> {
-        if let Some(pending) = &self.pending {
+        if let Some(pending) = self.pending.take() {
             if buf.len() < pending.consumed {
+                self.pending = Some(pending);
                 return Ok(Progress::NeedMore {
                     send_continue: false,
                 });
             }
             self.scanned = 0;
-            return Ok(Progress::Ready(
-                self.pending.take().unwrap_or_else(|| unreachable!()),
-            ));
+            return Ok(Progress::Ready(pending));
         }
         if !head_may_be_complete(buf, self.scanned) {
             self.scanned = buf.len();
