@@ -139,14 +139,16 @@ fn a_worker_whose_attestation_fails_gets_no_work() {
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("toolwall.toml");
     std::fs::write(&config_path, base_config(dir.path(), &extra)).unwrap();
-    let mut child = std::process::Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&config_path)
-        .current_dir(dir.path())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
+    let mut child = KillOnDrop(
+        std::process::Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&config_path)
+            .current_dir(dir.path())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
     let lines = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let sink = std::sync::Arc::clone(&lines);
     std::thread::spawn(move || {
@@ -190,6 +192,15 @@ fn a_worker_whose_attestation_fails_gets_no_work() {
         .query_row("SELECT count(*) FROM events WHERE kind = 'worker_gone' AND detail LIKE '%attestation%'", [], |r| r.get(0))
         .unwrap();
     assert!(gone >= 1, "the refusal is recorded");
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
+}
+
+/// A gateway the test started on its own: killed even when an assertion fails.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

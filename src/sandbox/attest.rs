@@ -27,6 +27,7 @@ pub const REQUIRED_PROBES: &[&str] = &[
     "bind_tcp",
     "unix_socket",
     "signal_parent",
+    "tcp_fast_open",
 ];
 
 /// The probes a role's report must carry (by the role's name as the report spells it).
@@ -66,6 +67,7 @@ pub fn attest(grant: &RoleGrant) -> Vec<Probe> {
         probe_bind(),
         probe_unix_socket(),
         probe_signal_parent(),
+        probe_tcp_fast_open(grant),
     ]
 }
 
@@ -287,7 +289,12 @@ pub(super) fn probe_exec() -> Probe {
 
 /// A port the grant does not hold (1 unless granted).
 pub(super) fn ungranted_port(grant: &RoleGrant) -> Option<u16> {
-    (1..=u16::MAX).find(|p| !grant.tcp_connect_ports.contains(p))
+    // A table, not a search of the list per port: a grant may hold every port.
+    let mut granted = vec![false; usize::from(u16::MAX) + 1];
+    for &p in &grant.tcp_connect_ports {
+        granted[usize::from(p)] = true;
+    }
+    (1..=u16::MAX).find(|p| !granted[usize::from(*p)])
 }
 
 fn probe_connect(grant: &RoleGrant) -> Probe {
@@ -315,6 +322,57 @@ fn probe_connect(grant: &RoleGrant) -> Probe {
             ),
             None => allowed(name, format!("not proven: {e} for {addr}")),
         },
+    }
+}
+
+/// TCP Fast Open connects inside `sendto`/`sendmsg`, where Landlock's connect check does
+/// not run: seccomp must refuse the flag (and `TCP_FASTOPEN_CONNECT`).
+fn probe_tcp_fast_open(grant: &RoleGrant) -> Probe {
+    let name = "tcp_fast_open";
+    let Some(port) = ungranted_port(grant) else {
+        return allowed(name, "every port is granted".to_string());
+    };
+    // SAFETY: plain socket call; the fd is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        return allowed(
+            name,
+            format!("not proven: no TCP socket ({})", errno_text(errno)),
+        );
+    }
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: a one-byte buffer and a sockaddr_in of the size given.
+    let rc = unsafe {
+        libc::sendto(
+            fd,
+            b"x".as_ptr().cast(),
+            1,
+            libc::MSG_FASTOPEN | libc::MSG_DONTWAIT,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // SAFETY: closing the fd opened above.
+    unsafe { libc::close(fd) };
+    match (rc, errno) {
+        (-1, libc::EPERM | libc::EACCES) => denied(name, errno),
+        (-1, errno) => allowed(
+            name,
+            format!(
+                "not denied by the sandbox: {} for 127.0.0.1:{port}",
+                errno_text(errno)
+            ),
+        ),
+        _ => allowed(name, format!("sent to 127.0.0.1:{port}")),
     }
 }
 
@@ -369,5 +427,21 @@ pub(super) fn probe_signal_parent() -> Probe {
     match last_errno() {
         e @ (libc::EACCES | libc::EPERM) => denied(name, e),
         e => allowed(name, format!("not proven: {}", errno_text(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The probe can fail: outside any sandbox, TCP Fast Open is not refused.
+    #[test]
+    fn tcp_fast_open_probe_is_not_denied_without_the_sandbox() {
+        let grant = RoleGrant {
+            tcp_connect_ports: vec![80, 443],
+            ..RoleGrant::default()
+        };
+        let probe = probe_tcp_fast_open(&grant);
+        assert!(!probe.denied, "{probe:?}");
     }
 }
