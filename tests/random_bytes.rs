@@ -134,3 +134,43 @@ fn stdio_door_survives_random_lines() {
         })
         .unwrap();
 }
+
+#[test]
+fn http_door_survives_random_bytes() {
+    let gw = common::http::HttpGateway::start(
+        "http_auth = \"none\"\n",
+        "[http]\nrequest_timeout_secs = 1\n",
+    );
+    let port = gw.port;
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&proptest::collection::vec(any::<u8>(), 0..4096), |bytes| {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let _ = s.write_all(&bytes);
+            Ok(())
+        })
+        .unwrap();
+    // Heads that parse, with random bodies and lengths.
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&(proptest::collection::vec(any::<u8>(), 0..2048), 0usize..4096), |(body, claimed)| {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let head = format!(
+                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {claimed}\r\n\r\n"
+            );
+            let _ = s.write_all(head.as_bytes());
+            let _ = s.write_all(&body);
+            Ok(())
+        })
+        .unwrap();
+    let mut c = gw.connect();
+    let r = c.tool("local__echo", json!({"text": "alive"}));
+    assert_eq!(r["result"]["content"][0]["text"], "alive");
+    assert!(!gw.log().contains("panicked"), "{}", gw.log());
+}
