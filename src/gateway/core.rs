@@ -767,6 +767,22 @@ impl Core {
         }
     }
 
+    /// Tell a worker to stop working on `target`; no answer is owed for the cancel.
+    fn cancel_at_worker(&mut self, worker: WorkerId, target: u64) {
+        let id = self.new_key();
+        self.actions.push(Action::ToWorker {
+            worker,
+            call: None,
+            msg: rpc::Message::Request {
+                id,
+                op: Op::Cancel,
+                name: None,
+                args: None,
+                target: Some(target),
+            },
+        });
+    }
+
     /// The client cancelled: the worker is told, the row ends as an error, no answer is
     /// sent (the MCP rule for cancelled requests).
     fn cancel_call(&mut self, key: u64, reason: &str) {
@@ -774,18 +790,7 @@ impl Core {
             return;
         };
         if matches!(call.stage, Stage::AtWorker) {
-            self.actions.push(Action::ToWorker {
-                worker: call.worker,
-                call: None,
-                msg: rpc::Message::Request {
-                    id: self.next_key,
-                    op: Op::Cancel,
-                    name: None,
-                    args: None,
-                    target: Some(key),
-                },
-            });
-            self.next_key += 1;
+            self.cancel_at_worker(call.worker, key);
         }
         if let Some(conn) = call.conn
             && let Some(n) = self.in_flight.get_mut(&conn)
@@ -1381,7 +1386,7 @@ impl Core {
             match crate::workspace::route_call(directory, &call.principal, tool, &args, state) {
                 crate::workspace::WsRoute::Answer(result) => {
                     let text = result.to_string();
-                    let error = result_is_error(&text).then(|| error_text(&text));
+                    let error = tool_error_text(&result);
                     let decision = if error.is_some() { "error" } else { "allowed" };
                     self.finish_tool(call, decision, &text, error.as_deref(), None, None);
                     return;
@@ -1745,17 +1750,13 @@ impl Core {
                 return;
             }
         };
-        let CallKind::Tool { server, .. } = &call.kind else {
+        let CallKind::Tool { server, tool, .. } = &call.kind else {
             return;
         };
-        let tool_name = format!(
-            "{server}__{}",
-            match &call.kind {
-                CallKind::Tool { tool, .. } => tool.as_str(),
-                _ => "",
-            }
-        );
+        let tool_name = format!("{server}__{tool}");
         let policy = Rc::clone(&self.policy);
+        // The result as a value, when the response phase needed it parsed anyway.
+        let mut parsed: Option<Value> = None;
         if policy.has_response_rules("tools/call", Some(&tool_name)) {
             let Ok(mut value) = serde_json::from_str::<Value>(&result) else {
                 let r = refusal(
@@ -1803,6 +1804,7 @@ impl Core {
                         self.finish_tool(call, "allowed", &rewritten, None, Some(&result), None);
                         return;
                     }
+                    parsed = Some(value);
                 }
                 _ => {
                     // `ask` on a result cannot wait for a human while holding the answer
@@ -1832,12 +1834,16 @@ impl Core {
                 }
             }
         }
-        let is_error = result_is_error(&result);
-        let (decision, error) = if is_error {
-            ("error", Some(error_text(&result)))
-        } else {
-            ("allowed", None)
+        // A tool's own failure (`isError`) ends the row as an error with its message.
+        let error = match &parsed {
+            Some(value) => tool_error_text(value),
+            None if result.contains("\"isError\"") => serde_json::from_str::<Value>(&result)
+                .ok()
+                .as_ref()
+                .and_then(tool_error_text),
+            None => None,
         };
+        let decision = if error.is_some() { "error" } else { "allowed" };
         self.finish_tool(call, decision, &result, error.as_deref(), None, None);
     }
 
@@ -2027,19 +2033,7 @@ impl Core {
                         "{} timed out after {secs} s ({})",
                         call.method, call.timeout_key
                     );
-                    let worker = call.worker;
-                    self.actions.push(Action::ToWorker {
-                        worker,
-                        call: None,
-                        msg: rpc::Message::Request {
-                            id: self.next_key,
-                            op: Op::Cancel,
-                            name: None,
-                            args: None,
-                            target: Some(key),
-                        },
-                    });
-                    self.next_key += 1;
+                    self.cancel_at_worker(call.worker, key);
                     self.fail_call(key, ToolErrorCode::Timeout, &message);
                 }
             }
@@ -2186,33 +2180,27 @@ fn layer_str(l: crate::policy::Layer) -> &'static str {
     }
 }
 
-/// Whether a CallToolResult says `isError: true`, without parsing the whole result when
-/// the flag is absent.
-fn result_is_error(result: &str) -> bool {
-    if !result.contains("\"isError\"") {
-        return false;
+/// The error message of a CallToolResult that says `isError: true`, for the ledger's
+/// error column; None for a result that is not an error.
+fn tool_error_text(result: &Value) -> Option<String> {
+    if result.get("isError").and_then(Value::as_bool) != Some(true) {
+        return None;
     }
-    serde_json::from_str::<Value>(result)
-        .ok()
-        .and_then(|v| v.get("isError").and_then(Value::as_bool))
-        .unwrap_or(false)
-}
-
-/// The text of an error result, for the ledger's error column.
-fn error_text(result: &str) -> String {
-    let v: Value = serde_json::from_str(result).unwrap_or(Value::Null);
-    if let Some(m) = v
+    if let Some(m) = result
         .pointer("/structuredContent/error/message")
         .and_then(Value::as_str)
     {
-        let code = v
+        let code = result
             .pointer("/structuredContent/error/code")
             .and_then(Value::as_str)
             .unwrap_or("error");
-        return format!("{code}: {m}");
+        return Some(format!("{code}: {m}"));
     }
-    v.pointer("/content/0/text")
-        .and_then(Value::as_str)
-        .map(|t| t.chars().take(512).collect())
-        .unwrap_or_else(|| "tool returned isError".into())
+    Some(
+        result
+            .pointer("/content/0/text")
+            .and_then(Value::as_str)
+            .map(|t| t.chars().take(512).collect())
+            .unwrap_or_else(|| "tool returned isError".into()),
+    )
 }
