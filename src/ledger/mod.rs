@@ -60,6 +60,10 @@ pub struct LedgerConfig {
     pub busy_timeout_ms: u64,
     /// Size the WAL file is truncated back to after a checkpoint (`journal_size_limit`).
     pub wal_size_limit_bytes: u64,
+    /// WAL size beyond which the background checkpoint also restarts the WAL, holding
+    /// commits back for the moment it takes (without it a steadily written WAL never
+    /// restarts and grows without bound).
+    pub wal_restart_bytes: u64,
 }
 
 impl Default for LedgerConfig {
@@ -74,6 +78,7 @@ impl Default for LedgerConfig {
             max_staged_bytes: 256 << 20,
             busy_timeout_ms: 500,
             wal_size_limit_bytes: 64 << 20,
+            wal_restart_bytes: 16 << 20,
         }
     }
 }

@@ -250,6 +250,10 @@ fn bad_limits_are_config_errors() {
             body_cap_bytes: usize::MAX,
             ..config(dir.path())
         },
+        LedgerConfig {
+            wal_restart_bytes: 4096,
+            ..config(dir.path())
+        },
     ] {
         let err = Ledger::open(&cfg).err().expect("must be refused");
         assert_eq!(err.kind(), LedgerErrorKind::Config, "{err}");
@@ -867,6 +871,59 @@ fn checkpoint_empties_the_wal() {
     assert_eq!(
         count(&raw(&cfg.path), "SELECT count(*) FROM tool_calls"),
         50
+    );
+}
+
+/// A writer that commits without pause, as the gateway does under steady load, never gives a
+/// passive checkpoint the moment it needs to restart the WAL: without the restart the file
+/// grew by tens of MB per second here and held every frame ever written.
+#[test]
+fn a_steadily_written_wal_is_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LedgerConfig {
+        wal_restart_bytes: 256 << 10,
+        ..config(dir.path())
+    };
+    let mut ledger = Ledger::open(&cfg).unwrap();
+    let wal = cfg.path.with_extension("db-wal");
+    let arguments = br#"{"text":"a steady stream of calls, each committed twice"}"#;
+    let response = br#"{"content":[{"type":"text","text":"a steady stream of calls"}]}"#;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut calls = 0u64;
+    let mut wal_max = 0u64;
+    while calls < 20_000 && std::time::Instant::now() < until {
+        let id = ledger.new_call_id();
+        ledger.stage_call(&start(id, arguments));
+        ledger
+            .commit()
+            .expect("a commit held back by the restart still succeeds");
+        ledger.stage_call_end(id, &end(response));
+        ledger.commit().unwrap();
+        calls += 1;
+        // A breath between calls, as the gateway's loop takes while it waits for workers
+        // and agents (the checkpointer needs a moment without the write lock).
+        std::thread::sleep(std::time::Duration::from_micros(20));
+        if calls.is_multiple_of(128) {
+            wal_max = wal_max.max(std::fs::metadata(&wal).unwrap().len());
+        }
+    }
+    let wal_max = wal_max.max(std::fs::metadata(&wal).unwrap().len());
+    // Bytes 12..16 of the WAL header count its restarts (the checkpoint sequence).
+    let header = std::fs::read(&wal).unwrap();
+    let restarts = u32::from_be_bytes(header[12..16].try_into().unwrap());
+    assert!(
+        restarts >= 2,
+        "the WAL was restarted {restarts} times over {calls} calls"
+    );
+    // Each commit writes at least one page: a WAL that is not restarted holds them all.
+    let written = calls * 2 * u64::from(writer::PAGE_SIZE);
+    assert!(
+        wal_max < written / 4,
+        "WAL reached {wal_max} bytes for {written} bytes of frames written ({restarts} restarts)"
+    );
+    assert_eq!(
+        count(&raw(&cfg.path), "SELECT count(*) FROM tool_calls"),
+        calls as i64
     );
 }
 

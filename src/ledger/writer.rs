@@ -80,6 +80,9 @@ fn is_row_refusal(e: &rusqlite::Error) -> bool {
 /// pages and showed in the gateway's RSS as the ledger grew.
 const WRITER_CACHE_KIB: u32 = 1024;
 
+/// Smallest `wal_restart_bytes`.
+const MIN_WAL_RESTART_BYTES: u64 = 64 << 10;
+
 /// Page size of a new ledger file.
 pub const PAGE_SIZE: u32 = 1024;
 
@@ -164,14 +167,18 @@ impl Ledger {
             .map_err(|e| open_err("reading the last call id", e))?;
         // The five staging statements plus a few for readers of this connection.
         conn.set_prepared_statement_cache_capacity(16);
-        let checkpointer = Checkpointer::start(path, Duration::from_millis(cfg.busy_timeout_ms))
-            .map_err(|e| {
-                LedgerError::new(
-                    LedgerErrorKind::Open,
-                    path,
-                    format!("checkpoint thread: {e}"),
-                )
-            })?;
+        let checkpointer = Checkpointer::start(
+            path,
+            Duration::from_millis(cfg.busy_timeout_ms),
+            cfg.wal_restart_bytes,
+        )
+        .map_err(|e| {
+            LedgerError::new(
+                LedgerErrorKind::Open,
+                path,
+                format!("checkpoint thread: {e}"),
+            )
+        })?;
         Ok(Ledger {
             conn,
             path: path.to_path_buf(),
@@ -625,6 +632,13 @@ fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
     }
     if cfg.max_staged_rows == 0 {
         return bad("ledger.max_staged_rows must be at least 1".into());
+    }
+    if cfg.wal_restart_bytes < MIN_WAL_RESTART_BYTES {
+        return bad(format!(
+            "ledger.wal_restart_bytes {} is below {MIN_WAL_RESTART_BYTES} (a restart per \
+             handful of commits would hold the writer back all the time)",
+            cfg.wal_restart_bytes
+        ));
     }
     if cfg.body_cap_bytes > MAX_BODY_CAP_BYTES {
         return bad(format!(
