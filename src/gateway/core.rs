@@ -1289,9 +1289,10 @@ impl Core {
             ..start
         };
         self.ledger.stage_call(&start);
-        for m in &decision.matched {
+        for (seq, m) in (0u32..).zip(&decision.matched) {
             self.ledger.stage_rule_event(
                 ledger_id,
+                seq,
                 &m.id,
                 action_str(m.action),
                 "request",
@@ -1786,9 +1787,10 @@ impl Core {
             };
             let decision = policy.decide(Phase::Response, &subject, Some(&value));
             if let CallKind::Tool { ledger_id, .. } = &call.kind {
-                for m in &decision.matched {
+                for (seq, m) in (0u32..).zip(&decision.matched) {
                     self.ledger.stage_rule_event(
                         *ledger_id,
+                        seq,
                         &m.id,
                         action_str(m.action),
                         "response",

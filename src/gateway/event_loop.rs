@@ -4,7 +4,7 @@
 
 use mio::net::UnixStream;
 use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use std::io::{self, Read, Write};
@@ -26,6 +26,7 @@ use crate::sandbox::{self, Role};
 use crate::systemd;
 use crate::transport::framed::{self, FramedInbound, Inbound};
 use crate::transport::lines::{Line, LineInbound};
+use crate::transport::write_interest::WriteInterest;
 use crate::workers::settings::WorkerSettings;
 use crate::workers::supervisor::{Supervisor, WorkerEvent, WorkerSpec};
 
@@ -81,6 +82,8 @@ struct Conn {
     partial_since: Option<Instant>,
     /// Reading stopped by a bound (in-flight, queued output); resume when it clears.
     paused: bool,
+    /// Registered writable only while output waits.
+    write_interest: WriteInterest,
 }
 
 impl Conn {
@@ -96,6 +99,23 @@ impl Read for ConnIo {
             ConnIo::Vsock(s) => s.read(buf),
             ConnIo::Tcp(s) => s.read(buf),
             ConnIo::Stdio => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+}
+
+impl ConnIo {
+    /// Re-registers the socket for `interest`; the stdio slot has no socket.
+    fn reregister(
+        &mut self,
+        registry: &Registry,
+        token: Token,
+        interest: Interest,
+    ) -> io::Result<()> {
+        match self {
+            ConnIo::Unix(s) => registry.reregister(s, token, interest),
+            ConnIo::Tcp(s) => registry.reregister(s, token, interest),
+            ConnIo::Vsock(s) => registry.reregister(&mut SourceFd(&s.as_raw_fd()), token, interest),
+            ConnIo::Stdio => Ok(()),
         }
     }
 }
@@ -420,6 +440,7 @@ impl Gateway {
             broken: false,
             partial_since: None,
             paused: false,
+            write_interest: WriteInterest::default(),
         };
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -624,6 +645,17 @@ impl Gateway {
         } else if c.out_pos > c.out.len() / 2 {
             c.out.drain(..c.out_pos);
             c.out_pos = 0;
+        }
+        let pending = c.out_pos < c.out.len();
+        let token = Token(CONN_BASE + slot);
+        let registry = self.poll.registry();
+        if c.write_interest
+            .update(pending, |interest| {
+                c.io.reregister(registry, token, interest)
+            })
+            .is_err()
+        {
+            c.broken = true;
         }
     }
 
@@ -1151,17 +1183,17 @@ impl Gateway {
                 Some(ConnIo::Unix(s)) => {
                     self.poll
                         .registry()
-                        .register(s, token, Interest::READABLE | Interest::WRITABLE)
+                        .register(s, token, WriteInterest::INITIAL)
                 }
                 Some(ConnIo::Tcp(s)) => {
                     self.poll
                         .registry()
-                        .register(s, token, Interest::READABLE | Interest::WRITABLE)
+                        .register(s, token, WriteInterest::INITIAL)
                 }
                 Some(ConnIo::Vsock(s)) => self.poll.registry().register(
                     &mut SourceFd(&s.as_raw_fd()),
                     token,
-                    Interest::READABLE | Interest::WRITABLE,
+                    WriteInterest::INITIAL,
                 ),
                 _ => Ok(()),
             };
@@ -1222,7 +1254,7 @@ impl Gateway {
                     if self
                         .poll
                         .registry()
-                        .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
+                        .register(&mut stream, token, WriteInterest::INITIAL)
                         .is_err()
                     {
                         continue;
@@ -1246,6 +1278,7 @@ impl Gateway {
                         broken: false,
                         partial_since: None,
                         paused: false,
+                        write_interest: WriteInterest::default(),
                     };
                     if slot == self.conns.len() {
                         self.conns.push(Some(conn));

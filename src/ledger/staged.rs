@@ -65,6 +65,7 @@ pub enum Op {
     },
     RuleEvent {
         call_id: i64,
+        seq: u32,
         ts_ms: i64,
         rule_id: Span,
         action: Span,
@@ -174,6 +175,7 @@ impl Op {
                 phase,
                 layer,
                 call_id: _,
+                seq: _,
                 ts_ms: _,
             } => {
                 for span in [rule_id, action, phase, layer] {
@@ -434,6 +436,7 @@ mod tests {
             },
             3 => Op::RuleEvent {
                 call_id: 1,
+                seq: 0,
                 ts_ms: 1,
                 rule_id: z,
                 action: z,

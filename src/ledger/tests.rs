@@ -109,7 +109,7 @@ fn open_creates_private_dir_and_file_with_current_schema() {
             .unwrap();
         assert_eq!(n, 1, "table {table}");
     }
-    for index in ["tool_calls_tool", "events_ts"] {
+    for index in ["events_ts", "events_kind"] {
         let plan_uses = conn
             .query_row(
                 "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = ?1",
@@ -293,8 +293,8 @@ fn call_lifecycle(blob_every_body: bool) {
         ..start(id, arguments)
     };
     ledger.stage_call(&call);
-    ledger.stage_rule_event(id, "ask-shell", "ask", "request", "config");
-    ledger.stage_rule_event(id, "rewrite-rm", "rewrite", "request", "corp");
+    ledger.stage_rule_event(id, 0, "ask-shell", "ask", "request", "config");
+    ledger.stage_rule_event(id, 1, "rewrite-rm", "rewrite", "request", "corp");
     // Call row, two rule events, maybe the arguments blob.
     assert_eq!(ledger.staged(), 3 + small_blobs);
     assert_eq!(ledger.commit().unwrap(), 3 + small_blobs);
@@ -456,10 +456,11 @@ fn call_lifecycle(blob_every_body: bool) {
 
     let rules: Vec<(i64, String, String, String, String)> = conn
         .prepare(
-            "SELECT call_id, rule_id, action, phase, layer FROM security_rule_events ORDER BY id",
+            "SELECT call_id, rule_id, action, phase, layer FROM security_rule_events \
+             WHERE call_id = ?1 ORDER BY phase, seq",
         )
         .unwrap()
-        .query_map([], |r| {
+        .query_map([id], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })
         .unwrap()

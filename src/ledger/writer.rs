@@ -40,7 +40,7 @@ const SQL_END_CALL: &str = "UPDATE tool_calls SET decision = ?2, \
     response_body_hash = ?9, rewritten_arguments_hash = ?10, original_response_hash = ?11, \
     approved_by = ?12, decided_at_ms = ?13 WHERE id = ?1";
 const SQL_INSERT_RULE_EVENT: &str = "INSERT INTO security_rule_events \
-    (call_id, ts_ms, rule_id, action, phase, layer) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+    (call_id, phase, seq, ts_ms, rule_id, action, layer) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 const SQL_INSERT_EVENT: &str = "INSERT INTO events (ts_ms, kind, detail) VALUES (?1, ?2, ?3)";
 
 /// Arena bytes bound as SQLite TEXT without re-checking UTF-8 (staging only stores text
@@ -332,10 +332,13 @@ impl Ledger {
         self.staged.push_op(op);
     }
 
-    /// Stages one `security_rule_events` row: rule `rule_id` matched call `call_id`.
+    /// Stages one `security_rule_events` row: rule `rule_id` matched call `call_id`, as the
+    /// `seq`-th match (from 0) of that call's decision in `phase`. One decision per phase
+    /// and call makes `(call_id, phase, seq)` unique.
     pub fn stage_rule_event(
         &mut self,
         call_id: i64,
+        seq: u32,
         rule_id: &str,
         action: &str,
         phase: &str,
@@ -343,6 +346,7 @@ impl Ledger {
     ) {
         let op = Op::RuleEvent {
             call_id,
+            seq,
             ts_ms: now_ms(),
             rule_id: self.text(rule_id),
             action: self.text(action),
@@ -526,6 +530,7 @@ impl Ledger {
                     ]),
                     Op::RuleEvent {
                         call_id,
+                        seq,
                         ts_ms,
                         rule_id,
                         action,
@@ -533,10 +538,11 @@ impl Ledger {
                         layer,
                     } => insert_rule_event.execute(params![
                         call_id,
+                        text(phase),
+                        seq,
                         ts_ms,
                         text(rule_id),
                         text(action),
-                        text(phase),
                         text(layer)
                     ]),
                     Op::Event {

@@ -3,7 +3,7 @@
 //! with backoff. The loop turns what happens here into [`WorkerEvent`]s for the core.
 
 use mio::net::UnixStream;
-use mio::{Interest, Registry, Token};
+use mio::{Registry, Token};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::mcp::catalog::WorkerId;
 use crate::sandbox::{self, ConfinementReport, Role, SandboxConfig};
+use crate::transport::write_interest::WriteInterest;
 use crate::workers::rpc::{self, Message, RpcReader};
 use crate::workers::settings::WorkerSettings;
 use crate::workers::worker_main::MAX_SETTINGS_BYTES;
@@ -73,6 +74,8 @@ pub struct WorkerProc {
     pub token: Token,
     child: Option<Child>,
     stream: Option<UnixStream>,
+    /// Registered writable only while `out` holds bytes.
+    write_interest: WriteInterest,
     reader: RpcReader,
     out: Vec<u8>,
     pub state: WorkerState,
@@ -153,6 +156,7 @@ impl Supervisor {
             token,
             child: None,
             stream: None,
+            write_interest: WriteInterest::default(),
             reader: RpcReader::default(),
             out: Vec::new(),
             state: WorkerState::Down,
@@ -237,11 +241,7 @@ impl Supervisor {
             drop(theirs);
             ours.set_nonblocking(true)?;
             let mut stream = UnixStream::from_std(ours);
-            registry.register(
-                &mut stream,
-                w.token,
-                Interest::READABLE | Interest::WRITABLE,
-            )?;
+            registry.register(&mut stream, w.token, WriteInterest::INITIAL)?;
             Ok((child, stream))
         })();
         match result {
@@ -250,6 +250,7 @@ impl Supervisor {
                 events.push(WorkerEvent::Started(w.id, child.id()));
                 w.child = Some(child);
                 w.stream = Some(stream);
+                w.write_interest = WriteInterest::default();
                 w.reader = RpcReader::default();
                 w.out.clear();
                 w.state = WorkerState::Starting;
@@ -402,7 +403,7 @@ impl Supervisor {
             }
         }
         if fault.is_none()
-            && let Err(e) = Self::flush(w)
+            && let Err(e) = Self::flush(w, registry)
         {
             fault = Some(format!("channel error: {e}"));
         }
@@ -414,7 +415,7 @@ impl Supervisor {
         }
     }
 
-    fn flush(w: &mut WorkerProc) -> std::io::Result<()> {
+    fn flush(w: &mut WorkerProc, registry: &Registry) -> std::io::Result<()> {
         let Some(stream) = w.stream.as_mut() else {
             return Ok(());
         };
@@ -429,7 +430,10 @@ impl Supervisor {
             }
         }
         w.out.drain(..written);
-        Ok(())
+        let token = w.token;
+        w.write_interest.update(!w.out.is_empty(), |interest| {
+            registry.reregister(stream, token, interest)
+        })
     }
 
     /// Queue a message for a worker. Err when the worker cannot take it.
@@ -457,7 +461,7 @@ impl Supervisor {
             if w.out.is_empty() {
                 continue;
             }
-            if let Err(e) = Self::flush(w) {
+            if let Err(e) = Self::flush(w, registry) {
                 let why = format!(
                     "worker {} (pid {}) channel error: {e}",
                     w.spec.name,

@@ -6,7 +6,7 @@
 //! ones go to a bounded pool, whose answers come back through a waker.
 
 use mio::net::UnixStream;
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Poll, Token, Waker};
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use crate::aggregator::worker::AggregatorRole;
 use crate::sandbox::{self, Role};
 use crate::tools;
+use crate::transport::write_interest::WriteInterest;
 use crate::workers::rpc::{self, Message, Op, RpcError, RpcReader};
 use crate::workers::settings::WorkerSettings;
 
@@ -120,7 +121,8 @@ fn serve(
 ) -> std::io::Result<()> {
     let mut poll = Poll::new()?;
     poll.registry()
-        .register(&mut stream, RPC, Interest::READABLE | Interest::WRITABLE)?;
+        .register(&mut stream, RPC, WriteInterest::INITIAL)?;
+    let mut write_interest = WriteInterest::default();
     let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
     let done: Done = Arc::new(Mutex::new(Vec::new()));
     let settings = Arc::new(settings);
@@ -200,6 +202,9 @@ fn serve(
             push(&mut out, &msg);
         }
         flush(&mut stream, &mut out)?;
+        write_interest.update(!out.is_empty(), |interest| {
+            poll.registry().reregister(&mut stream, RPC, interest)
+        })?;
         if eof {
             // The gateway closed its end: nothing more will be asked.
             return Ok(());

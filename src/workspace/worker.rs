@@ -30,6 +30,7 @@ use super::system_info::system_info;
 use super::tasks::{Exit, NEXT_ACTIONS, Stream, TaskAction, Tasks, WaitKind};
 use super::tools;
 use crate::sandbox::{self, ConfinementReport, RPC_FD, Role};
+use crate::transport::write_interest::WriteInterest;
 use crate::workers::rpc::{Message, Op, RpcError, RpcReader};
 use crate::workers::worker_main::{flush, push, read_settings};
 
@@ -266,7 +267,8 @@ impl Worker {
     fn serve(mut self, mut stream: UnixStream) -> std::io::Result<()> {
         self.poll
             .registry()
-            .register(&mut stream, RPC, Interest::READABLE | Interest::WRITABLE)?;
+            .register(&mut stream, RPC, WriteInterest::INITIAL)?;
+        let mut write_interest = WriteInterest::default();
         let mut reader = RpcReader::default();
         let mut events = Events::with_capacity(128);
         loop {
@@ -315,6 +317,9 @@ impl Worker {
             self.apply_actions();
             self.reap();
             flush(&mut stream, &mut self.out)?;
+            write_interest.update(!self.out.is_empty(), |interest| {
+                self.poll.registry().reregister(&mut stream, RPC, interest)
+            })?;
             if eof {
                 // The gateway closed its end: nothing more will be asked. Returning closes
                 // every control pipe, and each task's leader then kills its task.
