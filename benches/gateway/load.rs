@@ -136,6 +136,8 @@ struct Slot {
     /// (sequence number, send time) of the calls waiting, oldest first.
     pending: Vec<(u32, Instant)>,
     closed: bool,
+    /// The write side is registered with the poll (only while output waits).
+    tx_registered: bool,
 }
 
 struct ClientThread {
@@ -145,6 +147,7 @@ struct ClientThread {
     result: LoadResult,
     text: String,
     json: Vec<u8>,
+    registry: Option<mio::Registry>,
 }
 
 fn set_nonblocking(file: &File) -> std::io::Result<()> {
@@ -171,6 +174,7 @@ impl ClientThread {
                 next_seq: 1,
                 pending: Vec::with_capacity(depth),
                 closed: false,
+                tx_registered: false,
             })
             .collect();
         ClientThread {
@@ -180,6 +184,7 @@ impl ClientThread {
             result: LoadResult::default(),
             text: String::new(),
             json: Vec::new(),
+            registry: None,
         }
     }
 
@@ -206,12 +211,8 @@ impl ClientThread {
                 Token(2 * i),
                 Interest::READABLE,
             )?;
-            poll.registry().register(
-                &mut SourceFd(&s.conn.tx.as_raw_fd()),
-                Token(2 * i + 1),
-                Interest::WRITABLE,
-            )?;
         }
+        self.registry = Some(poll.registry().try_clone()?);
         let now = Instant::now();
         for i in 0..self.slots.len() {
             for _ in 0..self.depth {
@@ -268,6 +269,10 @@ impl ClientThread {
         s.pending.push((seq, now));
     }
 
+    /// Write what slot `i` has queued. The write side is registered with the poll only
+    /// while output waits: registered for good, every read the server makes would wake this
+    /// thread for nothing (the kernel signals write space on each consumed message), and
+    /// the server would pay for that wake-up inside its reads.
     fn flush(&mut self, i: usize) {
         let s = &mut self.slots[i];
         while s.out_pos < s.out.len() {
@@ -277,7 +282,7 @@ impl ClientThread {
                     break;
                 }
                 Ok(n) => s.out_pos += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
                     s.closed = true;
@@ -287,8 +292,29 @@ impl ClientThread {
                 }
             }
         }
-        s.out.clear();
-        s.out_pos = 0;
+        let pending = s.out_pos < s.out.len() && !s.closed;
+        if !pending {
+            s.out.clear();
+            s.out_pos = 0;
+        }
+        if pending != s.tx_registered
+            && let Some(registry) = &self.registry
+        {
+            let fd = s.conn.tx.as_raw_fd();
+            let changed = if pending {
+                registry.register(&mut SourceFd(&fd), Token(2 * i + 1), Interest::WRITABLE)
+            } else {
+                registry.deregister(&mut SourceFd(&fd))
+            };
+            match changed {
+                Ok(()) => s.tx_registered = pending,
+                Err(e) => {
+                    s.closed = true;
+                    let why = format!("poll registration of connection {}: {e}", s.index);
+                    self.result.fail(why);
+                }
+            }
+        }
     }
 
     fn read(&mut self, i: usize) {
