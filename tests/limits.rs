@@ -134,3 +134,46 @@ fn a_zero_limit_is_refused_naming_its_key() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("gateway.request_timeout_secs"));
 }
+
+/// An agent that sends a burst of large calls and stops reading: the answers queue in the
+/// gateway (the socket is full, so it waits for write readiness), other agents are served
+/// meanwhile, and when the agent reads again every answer arrives whole. Requests this
+/// large also fill the worker's channel in both directions, so the gateway and the worker
+/// wait for write readiness there too.
+#[test]
+fn answers_wait_for_an_agent_that_stops_reading() {
+    let gw = TestGateway::start("");
+    let mut slow = gw.connect();
+    let calls = 20;
+    let text = |i: usize| format!("{i:04}-{}", "x".repeat(200 * 1024));
+    for i in 0..calls {
+        slow.request(
+            json!(i),
+            "tools/call",
+            Some(json!({"name": "local__echo", "arguments": {"text": text(i)}})),
+        );
+    }
+    // The answers (4 MB) cannot all fit in the socket: most wait in the gateway.
+    gw.wait_rows("every call answered", |rows| {
+        rows.len() == calls
+            && rows
+                .iter()
+                .all(|r| r["decision"] == "allowed" && !r["duration_us"].is_null())
+    });
+    let mut other = gw.connect();
+    let echo = other.tool("local__echo", json!({"text": "still served"}));
+    assert_eq!(echo["result"]["content"][0]["text"], "still served");
+
+    let mut seen = vec![false; calls];
+    for _ in 0..calls {
+        let reply = slow.recv().expect("every queued answer arrives");
+        let i = reply.body["id"].as_u64().expect("numeric id") as usize;
+        assert_eq!(
+            reply.body["result"]["content"][0]["text"].as_str(),
+            Some(text(i).as_str()),
+            "answer {i} whole"
+        );
+        seen[i] = true;
+    }
+    assert!(seen.iter().all(|s| *s));
+}
