@@ -1,7 +1,7 @@
 //! The gateway's writer: stage rows during a loop turn, commit them in one transaction.
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{Connection, ErrorCode, OpenFlags, ToSql, TransactionBehavior, params};
+use rusqlite::{Connection, ErrorCode, OpenFlags, ToSql, params};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -434,157 +434,19 @@ impl Ledger {
     /// The transaction of [`commit`](Self::commit): rows changed, rows refused, and the
     /// first refusal.
     fn write_staged(&mut self, dropped: u64) -> rusqlite::Result<(usize, u64, Option<String>)> {
-        let staged = &self.staged;
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut written = 0usize;
-        let mut rejected = 0u64;
-        let mut first_refusal = None;
-        {
-            let mut insert_blob = tx.prepare_cached(SQL_INSERT_BLOB)?;
-            let mut insert_call = tx.prepare_cached(SQL_INSERT_CALL)?;
-            let mut end_call = tx.prepare_cached(SQL_END_CALL)?;
-            let mut insert_rule_event = tx.prepare_cached(SQL_INSERT_RULE_EVENT)?;
-            let mut insert_event = tx.prepare_cached(SQL_INSERT_EVENT)?;
-            let text = |span: Span| Text(staged.bytes(span));
-            let opt_text = |span: Option<Span>| span.map(text);
-            let hex = |span: Span| DigestHex(body::hex(&staged.digest(span)));
-            let opt_hex = |span: Option<Span>| span.map(hex);
-            for op in staged.ops() {
-                let result = match *op {
-                    Op::Blob {
-                        ts_ms,
-                        digest,
-                        body,
-                        size,
-                        truncated,
-                    } => insert_blob.execute(params![
-                        hex(digest),
-                        staged.bytes(body),
-                        size,
-                        truncated,
-                        ts_ms
-                    ]),
-                    Op::CallStart {
-                        id,
-                        ts_ms,
-                        bytes_received,
-                        transport,
-                        principal,
-                        process_name,
-                        server_name,
-                        tool_name,
-                        method,
-                        request_id,
-                        decision,
-                        policy_rule,
-                        policy_reason,
-                        arguments_preview,
-                        request_digest,
-                    } => insert_call.execute(params![
-                        id,
-                        ts_ms,
-                        text(transport),
-                        text(principal),
-                        text(process_name),
-                        text(server_name),
-                        text(tool_name),
-                        text(method),
-                        text(request_id),
-                        text(decision),
-                        opt_text(policy_rule),
-                        opt_text(policy_reason),
-                        bytes_received,
-                        text(arguments_preview),
-                        opt_hex(request_digest),
-                    ]),
-                    Op::CallEnd {
-                        id,
-                        duration_us,
-                        bytes_sent,
-                        decided_at_ms,
-                        decision,
-                        policy_rule,
-                        policy_reason,
-                        error_message,
-                        approved_by,
-                        response_preview,
-                        response_digest,
-                        rewritten_digest,
-                        original_digest,
-                    } => end_call.execute(params![
-                        id,
-                        text(decision),
-                        opt_text(policy_rule),
-                        opt_text(policy_reason),
-                        duration_us,
-                        opt_text(error_message),
-                        bytes_sent,
-                        text(response_preview),
-                        opt_hex(response_digest),
-                        opt_hex(rewritten_digest),
-                        opt_hex(original_digest),
-                        opt_text(approved_by),
-                        decided_at_ms,
-                    ]),
-                    Op::RuleEvent {
-                        call_id,
-                        seq,
-                        ts_ms,
-                        rule_id,
-                        action,
-                        phase,
-                        layer,
-                    } => insert_rule_event.execute(params![
-                        call_id,
-                        text(phase),
-                        seq,
-                        ts_ms,
-                        text(rule_id),
-                        text(action),
-                        text(layer)
-                    ]),
-                    Op::Event {
-                        ts_ms,
-                        kind,
-                        detail,
-                    } => insert_event.execute(params![ts_ms, text(kind), text(detail)]),
-                };
-                match result {
-                    // An outcome whose call row does not exist (its start was dropped, or
-                    // the id is wrong) is lost too: say so.
-                    Ok(0) if matches!(op, Op::CallEnd { .. }) => {
-                        rejected += 1;
-                        if first_refusal.is_none()
-                            && let Op::CallEnd { id, .. } = op
-                        {
-                            first_refusal = Some(format!("no tool_calls row {id} for its outcome"));
-                        }
-                    }
-                    Ok(changed) => written += changed,
-                    Err(e) if is_row_refusal(&e) => {
-                        rejected += 1;
-                        if first_refusal.is_none() {
-                            first_refusal = Some(e.to_string());
-                        }
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            let now = now_ms();
-            if dropped > 0 {
-                let detail = serde_json::json!({ "rows": dropped }).to_string();
-                written += insert_event.execute(params![now, EVENT_ROWS_DROPPED, detail])?;
-            }
-            if rejected > 0 {
-                let detail = serde_json::json!({ "rows": rejected, "first_error": first_refusal })
-                    .to_string();
-                written += insert_event.execute(params![now, EVENT_ROWS_REJECTED, detail])?;
-            }
+        // Cached statements rather than rusqlite's transaction guard, which parses
+        // `BEGIN IMMEDIATE` and `COMMIT` again on every commit (two per call at one call in
+        // flight).
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        let result = write_rows(&self.conn, &self.staged, dropped).and_then(|done| {
+            self.conn.prepare_cached("COMMIT")?.execute([])?;
+            Ok(done)
+        });
+        if result.is_err() && !self.conn.is_autocommit() {
+            // Nothing of a failed commit stays: its rows are retried whole next time.
+            let _ = self.conn.execute_batch("ROLLBACK");
         }
-        tx.commit()?;
-        Ok((written, rejected, first_refusal))
+        result
     }
 
     /// Folds the WAL back into the database file and truncates it (for shutdown, after
@@ -629,6 +491,161 @@ impl Drop for Ledger {
             );
         }
     }
+}
+
+/// The rows of one commit, inside the transaction [`Ledger::write_staged`] opened: rows
+/// changed, rows refused, and the first refusal.
+fn write_rows(
+    tx: &Connection,
+    staged: &Staged,
+    dropped: u64,
+) -> rusqlite::Result<(usize, u64, Option<String>)> {
+    let mut written = 0usize;
+    let mut rejected = 0u64;
+    let mut first_refusal = None;
+    {
+        let mut insert_blob = tx.prepare_cached(SQL_INSERT_BLOB)?;
+        let mut insert_call = tx.prepare_cached(SQL_INSERT_CALL)?;
+        let mut end_call = tx.prepare_cached(SQL_END_CALL)?;
+        let mut insert_rule_event = tx.prepare_cached(SQL_INSERT_RULE_EVENT)?;
+        let mut insert_event = tx.prepare_cached(SQL_INSERT_EVENT)?;
+        let text = |span: Span| Text(staged.bytes(span));
+        let opt_text = |span: Option<Span>| span.map(text);
+        let hex = |span: Span| DigestHex(body::hex(&staged.digest(span)));
+        let opt_hex = |span: Option<Span>| span.map(hex);
+        for op in staged.ops() {
+            let result = match *op {
+                Op::Blob {
+                    ts_ms,
+                    digest,
+                    body,
+                    size,
+                    truncated,
+                } => insert_blob.execute(params![
+                    hex(digest),
+                    staged.bytes(body),
+                    size,
+                    truncated,
+                    ts_ms
+                ]),
+                Op::CallStart {
+                    id,
+                    ts_ms,
+                    bytes_received,
+                    transport,
+                    principal,
+                    process_name,
+                    server_name,
+                    tool_name,
+                    method,
+                    request_id,
+                    decision,
+                    policy_rule,
+                    policy_reason,
+                    arguments_preview,
+                    request_digest,
+                } => insert_call.execute(params![
+                    id,
+                    ts_ms,
+                    text(transport),
+                    text(principal),
+                    text(process_name),
+                    text(server_name),
+                    text(tool_name),
+                    text(method),
+                    text(request_id),
+                    text(decision),
+                    opt_text(policy_rule),
+                    opt_text(policy_reason),
+                    bytes_received,
+                    text(arguments_preview),
+                    opt_hex(request_digest),
+                ]),
+                Op::CallEnd {
+                    id,
+                    duration_us,
+                    bytes_sent,
+                    decided_at_ms,
+                    decision,
+                    policy_rule,
+                    policy_reason,
+                    error_message,
+                    approved_by,
+                    response_preview,
+                    response_digest,
+                    rewritten_digest,
+                    original_digest,
+                } => end_call.execute(params![
+                    id,
+                    text(decision),
+                    opt_text(policy_rule),
+                    opt_text(policy_reason),
+                    duration_us,
+                    opt_text(error_message),
+                    bytes_sent,
+                    text(response_preview),
+                    opt_hex(response_digest),
+                    opt_hex(rewritten_digest),
+                    opt_hex(original_digest),
+                    opt_text(approved_by),
+                    decided_at_ms,
+                ]),
+                Op::RuleEvent {
+                    call_id,
+                    seq,
+                    ts_ms,
+                    rule_id,
+                    action,
+                    phase,
+                    layer,
+                } => insert_rule_event.execute(params![
+                    call_id,
+                    text(phase),
+                    seq,
+                    ts_ms,
+                    text(rule_id),
+                    text(action),
+                    text(layer)
+                ]),
+                Op::Event {
+                    ts_ms,
+                    kind,
+                    detail,
+                } => insert_event.execute(params![ts_ms, text(kind), text(detail)]),
+            };
+            match result {
+                // An outcome whose call row does not exist (its start was dropped, or
+                // the id is wrong) is lost too: say so.
+                Ok(0) if matches!(op, Op::CallEnd { .. }) => {
+                    rejected += 1;
+                    if first_refusal.is_none()
+                        && let Op::CallEnd { id, .. } = op
+                    {
+                        first_refusal = Some(format!("no tool_calls row {id} for its outcome"));
+                    }
+                }
+                Ok(changed) => written += changed,
+                Err(e) if is_row_refusal(&e) => {
+                    rejected += 1;
+                    if first_refusal.is_none() {
+                        first_refusal = Some(e.to_string());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let now = now_ms();
+        if dropped > 0 {
+            let detail = serde_json::json!({ "rows": dropped }).to_string();
+            written += insert_event.execute(params![now, EVENT_ROWS_DROPPED, detail])?;
+        }
+        if rejected > 0 {
+            let detail =
+                serde_json::json!({ "rows": rejected, "first_error": first_refusal }).to_string();
+            written += insert_event.execute(params![now, EVENT_ROWS_REJECTED, detail])?;
+        }
+    }
+    Ok((written, rejected, first_refusal))
 }
 
 fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
