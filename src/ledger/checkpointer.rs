@@ -15,7 +15,9 @@
 //! the passive checkpoint that did the bulk of the copying is followed by a RESTART one,
 //! which holds the writer back only while it copies the few frames written meanwhile and
 //! syncs; the next commit then writes the WAL from its start again, over pages the page
-//! cache already holds.
+//! cache already holds. A reader with a transaction open (an operator's query) pins the
+//! WAL; the RESTART waits for it only [`RESTART_WAIT`] and then backs off, because it holds
+//! the writer's lock while it waits.
 
 use rusqlite::{Connection, OpenFlags};
 use std::path::{Path, PathBuf};
@@ -33,6 +35,15 @@ const CATCH_UP_ROUNDS: usize = 4;
 
 /// New frames per round below which the WAL counts as caught up.
 const CAUGHT_UP_FRAMES: u64 = 64;
+
+/// How long a RESTART waits for the writer's lock and for readers. It holds the writer
+/// lock while it waits for readers, so a reader with a long transaction open (an
+/// operator's query) would otherwise hold every commit back for the whole busy timeout.
+const RESTART_WAIT: Duration = Duration::from_millis(5);
+
+/// Periods to skip restart attempts after one found the WAL busy: a long reader keeps it
+/// busy, and each attempt holds commits back for up to [`RESTART_WAIT`].
+const RESTART_BACKOFF_PERIODS: u32 = 10;
 
 pub struct Checkpointer {
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -107,6 +118,7 @@ fn run(
         .filter(|&n| n > 0)
         .unwrap_or(u64::from(super::writer::PAGE_SIZE));
     let restart_frames = (restart_bytes / page_size).max(1);
+    let mut backoff = 0u32;
     let (lock, cv) = stop;
     let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
     loop {
@@ -117,12 +129,16 @@ fn run(
         if *stopped {
             return;
         }
-        let result = checkpoint(&conn, "PASSIVE").and_then(|wal_frames| {
-            if wal_frames >= restart_frames {
-                catch_up_and_restart(&conn, wal_frames)
-            } else {
-                Ok(wal_frames)
+        backoff = backoff.saturating_sub(1);
+        let result = checkpoint(&conn, "PASSIVE").and_then(|(_, wal_frames)| {
+            if wal_frames < restart_frames || backoff > 0 {
+                return Ok(());
             }
+            let restarted = catch_up_and_restart(&conn, wal_frames, busy_timeout)?;
+            if !restarted {
+                backoff = RESTART_BACKOFF_PERIODS;
+            }
+            Ok(())
         });
         match result {
             Ok(_) => {
@@ -143,26 +159,33 @@ fn run(
 /// passive rounds copy what the writer added meanwhile (each round is shorter than the last
 /// while copying outpaces writing), then RESTART copies the last few frames and syncs while
 /// it holds the writer back. Straight to RESTART, it held a busy writer back for tens of
-/// milliseconds while it copied everything written during the first round.
-fn catch_up_and_restart(conn: &Connection, wal_frames: u64) -> rusqlite::Result<u64> {
+/// milliseconds while it copied everything written during the first round. Returns whether
+/// the restart went through (false: the writer or a reader was busy).
+fn catch_up_and_restart(
+    conn: &Connection,
+    wal_frames: u64,
+    busy_timeout: Duration,
+) -> rusqlite::Result<bool> {
     let mut seen = wal_frames;
     for _ in 0..CATCH_UP_ROUNDS {
-        let now = checkpoint(conn, "PASSIVE")?;
+        let (_, now) = checkpoint(conn, "PASSIVE")?;
         let added = now.saturating_sub(seen);
         seen = now;
         if added <= CAUGHT_UP_FRAMES {
             break;
         }
     }
-    checkpoint(conn, "RESTART")
+    conn.busy_timeout(RESTART_WAIT)?;
+    let restart = checkpoint(conn, "RESTART");
+    conn.busy_timeout(busy_timeout)?;
+    restart.map(|(busy, _)| !busy)
 }
 
-/// Runs one checkpoint of `mode` and returns how many frames the WAL holds. A RESTART that
-/// finds the writer or a reader busy past the busy timeout reports busy, not an error: the
-/// next period tries again.
-fn checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<u64> {
+/// Runs one checkpoint of `mode`: whether it stopped short because another connection was
+/// busy (not an error: the next period tries again), and how many frames the WAL holds.
+fn checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<(bool, u64)> {
     conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
-        row.get::<_, i64>(1)
+        Ok((row.get::<_, i64>(0)? != 0, row.get::<_, i64>(1)?))
     })
-    .map(|frames| u64::try_from(frames).unwrap_or(0))
+    .map(|(busy, frames)| (busy, u64::try_from(frames).unwrap_or(0)))
 }

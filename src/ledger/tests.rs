@@ -928,6 +928,69 @@ fn a_steadily_written_wal_is_restarted() {
     );
 }
 
+/// A reader with a transaction open pins the WAL, and a RESTART checkpoint waits for it
+/// while it holds the writer's lock. That wait is kept short: otherwise an operator's long
+/// query held every commit (and with it every call) back for the whole busy timeout, once
+/// per checkpoint period. Measured by the longest commit against a busy timeout far above
+/// anything else a commit waits for.
+#[test]
+fn a_long_reader_does_not_hold_commits_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LedgerConfig {
+        wal_restart_bytes: 64 << 10,
+        busy_timeout_ms: 3000,
+        ..config(dir.path())
+    };
+    let mut ledger = Ledger::open(&cfg).unwrap();
+    let arguments = br#"{"text":"calls while an operator's query runs"}"#;
+    let response = br#"{"content":[{"type":"text","text":"answered"}]}"#;
+    let longest = std::cell::Cell::new(std::time::Duration::ZERO);
+    let call = |ledger: &mut Ledger| {
+        let id = ledger.new_call_id();
+        ledger.stage_call(&start(id, arguments));
+        let t = std::time::Instant::now();
+        ledger.commit().unwrap();
+        longest.set(longest.get().max(t.elapsed()));
+        ledger.stage_call_end(id, &end(response));
+        let t = std::time::Instant::now();
+        ledger.commit().unwrap();
+        longest.set(longest.get().max(t.elapsed()));
+    };
+    call(&mut ledger);
+    let reader = raw(&cfg.path);
+    reader.execute_batch("BEGIN").unwrap();
+    assert_eq!(count(&reader, "SELECT count(*) FROM tool_calls"), 1);
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+    while std::time::Instant::now() < until {
+        call(&mut ledger);
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+    // The reader still sees its snapshot.
+    assert_eq!(count(&reader, "SELECT count(*) FROM tool_calls"), 1);
+    reader.execute_batch("COMMIT").unwrap();
+    let longest = longest.get();
+    assert!(
+        longest < std::time::Duration::from_millis(1500),
+        "a commit waited {longest:?} while a reader held the WAL"
+    );
+    // Once the reader is gone, the WAL is restarted again.
+    let wal = cfg.path.with_extension("db-wal");
+    let restarts = || {
+        let header = std::fs::read(&wal).unwrap();
+        u32::from_be_bytes(header[12..16].try_into().unwrap())
+    };
+    let before = restarts();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while restarts() == before && std::time::Instant::now() < until {
+        call(&mut ledger);
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+    assert!(
+        restarts() > before,
+        "the WAL was not restarted after the reader ended"
+    );
+}
+
 #[test]
 fn tail_prints_the_newest_calls_last() {
     let dir = tempfile::tempdir().unwrap();

@@ -165,7 +165,7 @@ impl Ledger {
                 |row| row.get(0),
             )
             .map_err(|e| open_err("reading the last call id", e))?;
-        // The five staging statements plus a few for readers of this connection.
+        // The five staging statements, BEGIN and COMMIT, and a few for readers.
         conn.set_prepared_statement_cache_capacity(16);
         let checkpointer = Checkpointer::start(
             path,
