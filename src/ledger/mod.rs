@@ -10,6 +10,7 @@ mod body;
 mod checkpointer;
 mod error;
 mod file;
+mod lock_wait;
 pub mod measure;
 mod record;
 mod schema;

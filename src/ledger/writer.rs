@@ -10,6 +10,7 @@ use super::body::{self, Preview};
 use super::checkpointer::Checkpointer;
 use super::error::{LedgerError, LedgerErrorKind};
 use super::file::{self, WriterLock};
+use super::lock_wait::{self, Waiting};
 use super::record::{CallEnd, CallStart};
 use super::schema;
 use super::staged::{Op, Span, Staged};
@@ -99,6 +100,8 @@ pub struct Ledger {
     blob_every_body: bool,
     /// Folds the WAL back on its own thread; stopped (joined) before the connection closes.
     checkpointer: Option<Checkpointer>,
+    /// How long a write waits for another connection's lock (`busy_timeout_ms`).
+    busy_timeout: Duration,
     _writer_lock: WriterLock,
 }
 
@@ -167,6 +170,10 @@ impl Ledger {
             .map_err(|e| open_err("reading the last call id", e))?;
         // The five staging statements, BEGIN and COMMIT, and a few for readers.
         conn.set_prepared_statement_cache_capacity(16);
+        // From here on, writes wait for locks in short steps (migrations above used
+        // SQLite's own handler with the same timeout).
+        conn.busy_handler(Some(lock_wait::retry))
+            .map_err(|e| open_err("busy handler", e))?;
         let checkpointer = Checkpointer::start(
             path,
             Duration::from_millis(cfg.busy_timeout_ms),
@@ -189,6 +196,7 @@ impl Ledger {
             text_cap_bytes: cfg.text_cap_bytes,
             blob_every_body: cfg.blob_every_body,
             checkpointer: Some(checkpointer),
+            busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
             _writer_lock: writer_lock,
         })
     }
@@ -437,6 +445,7 @@ impl Ledger {
         // Cached statements rather than rusqlite's transaction guard, which parses
         // `BEGIN IMMEDIATE` and `COMMIT` again on every commit (two per call at one call in
         // flight).
+        let _waiting = Waiting::until(self.busy_timeout);
         self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let result = write_rows(&self.conn, &self.staged, dropped).and_then(|done| {
             self.conn.prepare_cached("COMMIT")?.execute([])?;
@@ -454,6 +463,7 @@ impl Ledger {
     pub fn checkpoint(&mut self) -> Result<(), LedgerError> {
         // The background checkpointer would hold the WAL open against TRUNCATE.
         self.checkpointer.take();
+        let _waiting = Waiting::until(self.busy_timeout);
         let (busy, wal_pages, checkpointed): (i64, i64, i64) = self
             .conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
