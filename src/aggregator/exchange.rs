@@ -10,20 +10,17 @@
 //! authority alone. The worker itself has no DNS and no files.
 
 use std::io::Read;
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use ureq::config::Config;
 use ureq::http::{Response, Uri};
-use ureq::unversioned::resolver::{ResolvedSocketAddrs, Resolver};
-use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
+use ureq::unversioned::transport::DefaultConnector;
 use ureq::{Agent, Body};
 
 use super::error::{UpstreamError, UpstreamErrorCode, quote_upstream};
 use super::message::{Incoming, RpcFailure, classify};
 use super::setup::{Limits, UpstreamSetup};
 use super::sse::{SseEvent, SseParser};
-use crate::tools::http::MAX_ADDRESSES_TRIED;
+use crate::tools::http::PinnedResolver;
 
 /// What every POST accepts: both answer forms, as the transport requires.
 pub const ACCEPT_POST: &str = "application/json, text/event-stream";
@@ -57,40 +54,6 @@ pub struct Reply {
     pub answer: Option<Result<String, RpcFailure>>,
 }
 
-/// A ureq resolver that knows one authority and the addresses checked for it.
-struct CheckedResolver {
-    authority: String,
-    addrs: Vec<SocketAddr>,
-}
-
-impl std::fmt::Debug for CheckedResolver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CheckedResolver")
-            .field("authority", &self.authority)
-            .field("addrs", &self.addrs)
-            .finish()
-    }
-}
-
-impl Resolver for CheckedResolver {
-    fn resolve(
-        &self,
-        uri: &Uri,
-        _config: &Config,
-        _timeout: NextTimeout,
-    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
-        let asked = uri.authority().map(|a| a.as_str()).unwrap_or("");
-        if self.addrs.is_empty() || asked != self.authority {
-            return Err(ureq::Error::HostNotFound);
-        }
-        let mut out = self.empty();
-        for a in self.addrs.iter().take(MAX_ADDRESSES_TRIED) {
-            out.push(*a);
-        }
-        Ok(out)
-    }
-}
-
 /// How to reach one server.
 pub struct Transport {
     server: String,
@@ -120,10 +83,6 @@ impl Transport {
                 format!("server {}: the URL does not parse", setup.name),
             )
         })?;
-        let authority = uri
-            .authority()
-            .map(|a| a.as_str().to_owned())
-            .unwrap_or_default();
         let connect = Duration::from_secs(limits.connect_timeout_secs);
         let config = Agent::config_builder()
             .proxy(None)
@@ -140,10 +99,7 @@ impl Transport {
         let agent = Agent::with_parts(
             config,
             DefaultConnector::default(),
-            CheckedResolver {
-                authority,
-                addrs: setup.addresses.clone(),
-            },
+            PinnedResolver::new(&uri, &setup.addresses),
         );
         Ok(Transport {
             server: setup.name.clone(),

@@ -110,6 +110,27 @@ fn as_text(bytes: &[u8]) -> Option<(&str, usize)> {
     }
 }
 
+/// Opens a file beneath the root for reading (`file_read`, `file_edit`); a directory is
+/// refused.
+fn open_to_read(
+    root: &WorkspaceRoot,
+    path: &CheckedPath,
+    shown: &str,
+) -> Result<(std::fs::File, std::fs::Metadata), WsError> {
+    let fd = root
+        .open_beneath(path, libc::O_RDONLY, 0)
+        .map_err(|e| WsError::io(shown, &e))?;
+    let file = std::fs::File::from(fd);
+    let meta = file.metadata().map_err(|e| WsError::io(shown, &e))?;
+    if meta.is_dir() {
+        return Err(WsError::new(
+            WsErrorCode::IsDirectory,
+            format!("{shown} is a directory (ws__file_list lists it)"),
+        ));
+    }
+    Ok((file, meta))
+}
+
 /// `file_read`: `limit` bytes from `offset`, as text, or base64 when the bytes are not
 /// UTF-8 text.
 pub fn read(
@@ -119,17 +140,7 @@ pub fn read(
 ) -> Result<Value, WsError> {
     let path = root.check(&args.path)?;
     let shown = path.display();
-    let fd = root
-        .open_beneath(&path, libc::O_RDONLY, 0)
-        .map_err(|e| WsError::io(&shown, &e))?;
-    let file = std::fs::File::from(fd);
-    let meta = file.metadata().map_err(|e| WsError::io(&shown, &e))?;
-    if meta.is_dir() {
-        return Err(WsError::new(
-            WsErrorCode::IsDirectory,
-            format!("{shown} is a directory (ws__file_list lists it)"),
-        ));
-    }
+    let (file, meta) = open_to_read(root, &path, &shown)?;
     let size = meta.len();
     let offset = args.offset.unwrap_or(0);
     let limit = args
@@ -311,17 +322,7 @@ pub fn edit(
 ) -> Result<Value, WsError> {
     let path = root.check(&args.path)?;
     let shown = path.display();
-    let fd = root
-        .open_beneath(&path, libc::O_RDONLY, 0)
-        .map_err(|e| WsError::io(&shown, &e))?;
-    let file = std::fs::File::from(fd);
-    let meta = file.metadata().map_err(|e| WsError::io(&shown, &e))?;
-    if meta.is_dir() {
-        return Err(WsError::new(
-            WsErrorCode::IsDirectory,
-            format!("{shown} is a directory"),
-        ));
-    }
+    let (file, meta) = open_to_read(root, &path, &shown)?;
     if meta.len() > cfg.max_write_bytes as u64 {
         return Err(WsError::new(
             WsErrorCode::TooLarge,

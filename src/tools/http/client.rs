@@ -234,7 +234,7 @@ impl<'a> Client<'a> {
         Agent::with_parts(
             config,
             DefaultConnector::default(),
-            PinnedResolver::new(uri, addr),
+            PinnedResolver::new(uri, &[addr]),
         )
     }
 }

@@ -84,21 +84,22 @@ pub fn resolve_name(
     }
 }
 
-/// A ureq resolver that knows one URI authority and one checked address, and refuses
-/// anything else.
+/// A ureq resolver that knows one URI authority and the addresses checked for it (at most
+/// [`MAX_ADDRESSES_TRIED`]), and refuses anything else. The HTTP tools pin one address per
+/// attempt; the aggregator pins a server's checked list.
 pub struct PinnedResolver {
     authority: String,
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
 }
 
 impl PinnedResolver {
-    pub fn new(uri: &Uri, addr: SocketAddr) -> PinnedResolver {
+    pub fn new(uri: &Uri, addrs: &[SocketAddr]) -> PinnedResolver {
         PinnedResolver {
             authority: uri
                 .authority()
                 .map(|a| a.as_str().to_string())
                 .unwrap_or_default(),
-            addr,
+            addrs: addrs.iter().take(MAX_ADDRESSES_TRIED).copied().collect(),
         }
     }
 }
@@ -107,7 +108,7 @@ impl fmt::Debug for PinnedResolver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PinnedResolver")
             .field("authority", &self.authority)
-            .field("addr", &self.addr)
+            .field("addrs", &self.addrs)
             .finish()
     }
 }
@@ -120,13 +121,15 @@ impl Resolver for PinnedResolver {
         _timeout: NextTimeout,
     ) -> Result<ResolvedSocketAddrs, ureq::Error> {
         let asked = uri.authority().map(|a| a.as_str()).unwrap_or("");
-        if self.authority.is_empty() || asked != self.authority {
+        if self.authority.is_empty() || self.addrs.is_empty() || asked != self.authority {
             // Only the checked URI may be connected to; anything else fails closed.
             return Err(ureq::Error::HostNotFound);
         }
-        let mut addrs = self.empty();
-        addrs.push(self.addr);
-        Ok(addrs)
+        let mut out = self.empty();
+        for addr in &self.addrs {
+            out.push(*addr);
+        }
+        Ok(out)
     }
 }
 
@@ -144,7 +147,7 @@ mod tests {
     fn pinned_resolver_refuses_other_authorities() {
         let uri: Uri = "http://example.com:8080/x".parse().unwrap();
         let addr: SocketAddr = "93.184.216.34:8080".parse().unwrap();
-        let r = PinnedResolver::new(&uri, addr);
+        let r = PinnedResolver::new(&uri, &[addr]);
         let config = Config::default();
         let timeout = NextTimeout {
             after: ureq::unversioned::transport::time::Duration::NotHappening,
