@@ -21,6 +21,13 @@ pub const SYSTEM_CONFIG: &str = "/etc/toolwall/toolwall.toml";
 /// The state directory of the embedded defaults.
 pub const DEFAULT_STATE_DIR: &str = "toolwall-data";
 
+/// Longest timeout or period any key accepts: a day. Longer ones add nothing, and near
+/// `u64::MAX` they overflow `Instant` arithmetic (a panic at first use).
+pub const MAX_TIMEOUT_SECS: u64 = 24 * 3600;
+
+/// Most threads a worker pool may be configured with.
+pub const MAX_POOL_THREADS: usize = 1024;
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -222,6 +229,28 @@ impl Config {
                 )));
             }
         }
+        for (key, value) in [
+            ("gateway.frame_timeout_secs", g.frame_timeout_secs),
+            ("gateway.request_timeout_secs", g.request_timeout_secs),
+            ("gateway.tool_call_timeout_secs", g.tool_call_timeout_secs),
+            ("gateway.drain_secs", g.drain_secs),
+        ] {
+            if value > MAX_TIMEOUT_SECS {
+                return Err(ConfigError(format!(
+                    "{origin}: {key} must be at most {MAX_TIMEOUT_SECS}"
+                )));
+            }
+        }
+        if self.builtin.threads > MAX_POOL_THREADS {
+            return Err(ConfigError(format!(
+                "{origin}: builtin.threads must be at most {MAX_POOL_THREADS}"
+            )));
+        }
+        self.builtin
+            .http
+            .validate()
+            .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
+        self.http.validate(origin).map_err(ConfigError)?;
         self.servers
             .validate()
             .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
@@ -275,6 +304,60 @@ mod tests {
         let err =
             Config::from_toml("[gateway]\nmax_in_flight_per_connection = 0\n", "t").unwrap_err();
         assert!(err.0.contains("max_in_flight_per_connection"));
+    }
+
+    /// Every section's limits are checked when the file is read, not when (or whether) the
+    /// part that uses them starts: `[builtin.http]` and `[http]` were checked only in tests
+    /// and at the HTTP door's start, and no timeout had an upper bound.
+    #[test]
+    fn every_section_is_checked_when_the_file_is_read() {
+        let huge = u64::MAX;
+        let cases = [
+            (
+                "[builtin.http]\ntimeout_secs = 0\n".to_string(),
+                "builtin.http.timeout_secs",
+            ),
+            (
+                r#"[builtin.http]
+allow = ["not an address"]
+"#
+                .to_string(),
+                "builtin.http.allow",
+            ),
+            (
+                "[builtin.http]\nuser_agent = \"a\\u0007b\"\n".to_string(),
+                "builtin.http.user_agent",
+            ),
+            (
+                "[builtin]\nthreads = 1000000\n".to_string(),
+                "builtin.threads",
+            ),
+            (
+                "[http]\nmax_body_bytes = 0\n".to_string(),
+                "http.max_body_bytes",
+            ),
+            (
+                "[http]\nmax_body_bytes = 1000000000\n".to_string(),
+                "http.max_body_bytes",
+            ),
+            (
+                format!("[http]\nsession_idle_secs = {}\n", huge >> 1),
+                "http.session_idle_secs",
+            ),
+            (
+                format!("[gateway]\ntool_call_timeout_secs = {}\n", huge >> 1),
+                "gateway.tool_call_timeout_secs",
+            ),
+            (
+                "[gateway]\ndrain_secs = 100000000\n".to_string(),
+                "gateway.drain_secs",
+            ),
+        ];
+        for (text, key) in cases {
+            let err = Config::from_toml(&text, "t.toml").expect_err(&text);
+            assert!(err.0.contains(key), "{text}: {err}");
+            assert!(err.0.starts_with("t.toml"), "{err}");
+        }
     }
 
     #[test]

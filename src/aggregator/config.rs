@@ -7,6 +7,7 @@
 //! that line may hold a token someone pasted inline. Unknown keys are collected instead and
 //! refused by [`ServersConfig::validate`], whose messages never quote a value.
 
+use crate::config::MAX_TIMEOUT_SECS;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -44,8 +45,6 @@ pub const MAX_URL_BYTES: usize = 2048;
 pub const MAX_HEADERS: usize = 32;
 /// Longest header value.
 pub const MAX_HEADER_VALUE_BYTES: usize = 4096;
-/// Durations past this overflow `Instant` arithmetic on some platforms.
-const MAX_SECS: u64 = 24 * 3600;
 
 /// Headers toolwall sets itself; `headers` may not name them (case-insensitive).
 pub const RESERVED_HEADERS: &[&str] = &[
@@ -338,8 +337,10 @@ impl ServersConfig {
             ("connect_timeout_secs", self.connect_timeout_secs),
             ("retry_max_secs", self.retry_max_secs),
         ] {
-            if value > MAX_SECS {
-                return Err(format!("servers.{key} must be at most {MAX_SECS} seconds"));
+            if value > MAX_TIMEOUT_SECS {
+                return Err(format!(
+                    "servers.{key} must be at most {MAX_TIMEOUT_SECS} seconds"
+                ));
             }
         }
         for (name, server) in &self.servers {
@@ -476,9 +477,9 @@ impl ServerConfig {
             }
             _ => {}
         }
-        if self.timeout_secs == 0 || self.timeout_secs > MAX_SECS {
+        if self.timeout_secs == 0 || self.timeout_secs > MAX_TIMEOUT_SECS {
             return Err(format!(
-                "{} must be from 1 to {MAX_SECS} seconds",
+                "{} must be from 1 to {MAX_TIMEOUT_SECS} seconds",
                 at("timeout_secs")
             ));
         }

@@ -254,6 +254,10 @@ fn bad_limits_are_config_errors() {
             wal_restart_bytes: 4096,
             ..config(dir.path())
         },
+        LedgerConfig {
+            busy_timeout_ms: u64::MAX,
+            ..config(dir.path())
+        },
     ] {
         let err = Ledger::open(&cfg).err().expect("must be refused");
         assert_eq!(err.kind(), LedgerErrorKind::Config, "{err}");

@@ -81,6 +81,9 @@ fn is_row_refusal(e: &rusqlite::Error) -> bool {
 /// pages and showed in the gateway's RSS as the ledger grew.
 const WRITER_CACHE_KIB: u32 = 1024;
 
+/// Longest `busy_timeout_ms`: the gateway's loop stands still while a commit waits.
+const MAX_BUSY_TIMEOUT_MS: u64 = 60_000;
+
 /// Smallest `wal_restart_bytes`.
 const MIN_WAL_RESTART_BYTES: u64 = 64 << 10;
 
@@ -665,6 +668,13 @@ fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
     }
     if cfg.max_staged_rows == 0 {
         return bad("ledger.max_staged_rows must be at least 1".into());
+    }
+    if cfg.busy_timeout_ms > MAX_BUSY_TIMEOUT_MS {
+        return bad(format!(
+            "ledger.busy_timeout_ms {} is above {MAX_BUSY_TIMEOUT_MS} (the gateway's loop waits \
+             with a commit)",
+            cfg.busy_timeout_ms
+        ));
     }
     if cfg.wal_restart_bytes < MIN_WAL_RESTART_BYTES {
         return bad(format!(

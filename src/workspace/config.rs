@@ -313,6 +313,24 @@ impl WorkspaceConfig {
         if self.threads > MAX_THREADS {
             return Err(format!("threads: at most {MAX_THREADS}"));
         }
+        if self.max_search_file_bytes > MAX_TRANSFER_BYTES as u64 {
+            return Err(format!(
+                "max_search_file_bytes: at most {MAX_TRANSFER_BYTES}"
+            ));
+        }
+        let max = crate::config::MAX_TIMEOUT_SECS;
+        for (key, secs) in [
+            ("task_max_runtime_secs", self.task_max_runtime_secs),
+            ("task_cpu_secs", self.task_cpu_secs),
+            ("task_retention_secs", self.task_retention_secs),
+            ("max_wait_secs", self.max_wait_secs),
+            ("cancel_grace_ms", self.cancel_grace_ms / 1000),
+            ("scan_time_limit_ms", self.scan_time_limit_ms / 1000),
+        ] {
+            if secs > max {
+                return Err(format!("{key}: at most {max} seconds"));
+            }
+        }
         Ok(())
     }
 }
@@ -412,6 +430,23 @@ mod tests {
         let mut huge = ws(&a);
         huge.output_cap_bytes = MAX_OUTPUT_CAP_BYTES + 1;
         assert!(one("p", huge).validate(&[]).is_err());
+        let mut search = ws(&a);
+        search.max_search_file_bytes = u64::MAX;
+        let err = one("p", search).validate(&[]).expect_err("search bytes");
+        assert!(err.contains("max_search_file_bytes"), "{err}");
+        for set in [
+            |w: &mut WorkspaceConfig| w.task_max_runtime_secs = u64::MAX,
+            |w: &mut WorkspaceConfig| w.task_retention_secs = u64::MAX,
+            |w: &mut WorkspaceConfig| w.cancel_grace_ms = u64::MAX,
+            |w: &mut WorkspaceConfig| w.scan_time_limit_ms = u64::MAX,
+        ] {
+            let mut long = ws(&a);
+            set(&mut long);
+            let err = one("p", long)
+                .validate(&[])
+                .expect_err("a timeout past a day");
+            assert!(err.contains("at most 86400 seconds"), "{err}");
+        }
         let mut relative = ws(&a);
         relative.read_only_paths = vec!["opt".into()];
         assert!(one("p", relative).validate(&[]).is_err());

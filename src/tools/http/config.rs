@@ -1,5 +1,6 @@
 //! The `[builtin.http]` table: limits and exceptions of the built-in HTTP tools.
 
+use crate::config::MAX_TIMEOUT_SECS;
 use serde::{Deserialize, Serialize};
 
 use super::address_policy::AddressPolicy;
@@ -71,11 +72,9 @@ impl HttpToolsConfig {
                 return Err(format!("builtin.http.{key} must be greater than 0"));
             }
         }
-        // Durations past this overflow Instant arithmetic on some platforms.
-        const MAX_SECS: u64 = 24 * 3600;
-        if self.connect_timeout_secs > MAX_SECS || self.timeout_secs > MAX_SECS {
+        if self.connect_timeout_secs > MAX_TIMEOUT_SECS || self.timeout_secs > MAX_TIMEOUT_SECS {
             return Err(format!(
-                "builtin.http timeouts must be at most {MAX_SECS} seconds"
+                "builtin.http timeouts must be at most {MAX_TIMEOUT_SECS} seconds"
             ));
         }
         if self.user_agent.is_empty()

@@ -82,6 +82,25 @@ impl HttpConfig {
                 return Err(format!("{origin}: {key} must be greater than 0"));
             }
         }
+        for (key, value) in [
+            ("http.request_timeout_secs", self.request_timeout_secs),
+            ("http.keepalive_idle_secs", self.keepalive_idle_secs),
+            ("http.session_idle_secs", self.session_idle_secs),
+        ] {
+            if value > crate::config::MAX_TIMEOUT_SECS {
+                return Err(format!(
+                    "{origin}: {key} must be at most {}",
+                    crate::config::MAX_TIMEOUT_SECS
+                ));
+            }
+        }
+        // A request body travels to a worker as one RPC message.
+        if self.max_body_bytes > crate::aggregator::config::MAX_BODY_BYTES_LIMIT {
+            return Err(format!(
+                "{origin}: http.max_body_bytes must be at most {} (a call must fit one worker message)",
+                crate::aggregator::config::MAX_BODY_BYTES_LIMIT
+            ));
+        }
         // httparse needs a header slot per header; a huge count is a memory lever.
         if self.max_headers > 1024 {
             return Err(format!("{origin}: http.max_headers must be at most 1024"));
