@@ -156,6 +156,9 @@ pub struct Gateway {
     /// When the oldest incomplete frame times out: one deadline for all connections,
     /// found again by a scan when it passes (bounded memory whatever the call rate).
     frame_deadline: Option<Instant>,
+    /// Connections given output by this pass of `end_turn`: each is written once, after
+    /// every action of the pass, not once per answer.
+    to_flush: Vec<usize>,
     stdio: Option<StdioSide>,
     stdio_slot: Option<usize>,
     waker: Arc<Waker>,
@@ -343,6 +346,7 @@ impl Gateway {
             admin,
             signals,
             frame_deadline: None,
+            to_flush: Vec::new(),
             stdio: None,
             stdio_slot: None,
             waker,
@@ -542,6 +546,14 @@ impl Gateway {
             for action in actions {
                 self.execute(action);
             }
+            self.to_flush.sort_unstable();
+            self.to_flush.dedup();
+            let to_flush = std::mem::take(&mut self.to_flush);
+            for &slot in &to_flush {
+                self.flush_conn(slot);
+            }
+            self.to_flush = to_flush;
+            self.to_flush.clear();
             self.supervisor
                 .flush_all(self.poll.registry(), now, worker_events);
             self.apply_worker_events(worker_events, now);
@@ -614,7 +626,7 @@ impl Gateway {
                 c.out.push(b'\n');
             }
         }
-        self.flush_conn(conn.slot);
+        self.to_flush.push(conn.slot);
     }
 
     fn flush_conn(&mut self, slot: usize) {
