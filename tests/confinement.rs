@@ -110,7 +110,8 @@ fn probes_rerun_inside_the_serving_worker_are_all_denied_and_it_keeps_serving() 
         std::thread::sleep(Duration::from_millis(20));
     };
     let detail: Value = serde_json::from_str(event["detail"].as_str().unwrap()).unwrap();
-    assert_eq!(detail["all_denied"], true, "{detail:#}");
+    assert_eq!(detail["confined"], true, "{detail:#}");
+    assert_eq!(detail["gaps"], json!([]), "{detail:#}");
     let probes = detail["report"]["probes"].as_array().unwrap();
     for name in [
         "create_file_tmp",

@@ -119,7 +119,20 @@ fn every_method_over_framed_unix() {
     );
     let r = c.call("ping", json!({}));
     assert_eq!(r["result"], json!({}));
-    let rows = gw.wait_rows("4 tools/call rows", |r| r.len() == 4);
+    // Every request that reaches the pipeline has a row: 4 tools/call, and the
+    // resources/read and prompts/get of unknown targets.
+    let rows = gw.wait_rows("6 rows", |r| r.len() == 6);
+    let methods: Vec<&str> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
+    assert_eq!(
+        methods.iter().filter(|m| **m == "tools/call").count(),
+        4,
+        "{methods:?}"
+    );
+    assert!(methods.contains(&"resources/read") && methods.contains(&"prompts/get"));
+    let rows: Vec<Value> = rows
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect();
     assert_eq!(rows[0]["decision"], "allowed");
     assert_eq!(rows[0]["server_name"], "local");
     assert_eq!(rows[0]["transport"], "unix");
@@ -181,7 +194,11 @@ fn every_method_over_stdio_and_eof_exits_zero() {
     // stdout carried protocol only: every line parsed as JSON above.
     let ledger = rusqlite::Connection::open(dir.path().join("state/ledger.db")).unwrap();
     let rows = query_json(&ledger, "SELECT * FROM tool_calls ORDER BY id");
-    assert_eq!(rows.len(), 4);
+    assert_eq!(
+        rows.len(),
+        6,
+        "4 tools/call, 1 resources/read, 1 prompts/get"
+    );
     assert_eq!(rows[0]["transport"], "stdio");
     assert!(rows[0]["principal"].as_str().unwrap().starts_with("uid:"));
 }

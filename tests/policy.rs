@@ -362,7 +362,13 @@ resource = "file:///etc/*"
     assert_eq!(r["error"]["data"]["rule"], "no-etc");
     let r = c.call("resources/read", json!({"uri": "file:///home/x"}));
     assert_eq!(r["error"]["code"], -32002, "not blocked, just absent: {r}");
-    assert!(!gw.events("method_denied").is_empty());
+    // Both reads have rows: the refused one names its rule.
+    let rows = gw.wait_rows("two resources/read rows", |r| r.len() == 2);
+    assert_eq!(rows[0]["method"], "resources/read");
+    assert_eq!(rows[0]["tool_name"], "file:///etc/shadow");
+    assert_eq!(rows[0]["decision"], "denied");
+    assert_eq!(rows[0]["policy_rule"], "no-etc");
+    assert_eq!(rows[1]["decision"], "error");
 }
 
 fn cli_json(gw: &TestGateway, args: &[&str]) -> Value {

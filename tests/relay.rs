@@ -73,7 +73,9 @@ fn dispatch_through_the_relay() {
     drop(stdin);
     let status = wait_timeout(&mut relay, PATIENCE).expect("relay exits at EOF");
     assert!(status.success());
-    let rows = gw.wait_rows("the relay's call", |r| r.len() == 1);
+    // The echo, and the resources/read refused for its missing uri.
+    let rows = gw.wait_rows("the relay's calls", |r| r.len() == 2);
+    assert_eq!(rows[1]["method"], "resources/read");
     assert_eq!(rows[0]["process_name"], "guest_agent");
     assert_eq!(rows[0]["transport"], "unix");
 }

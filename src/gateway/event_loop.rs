@@ -234,7 +234,13 @@ impl Gateway {
         listeners::create_private_dir(&state_dir, 0o750)
             .map_err(|e| format!("state directory {}: {e}", state_dir.display()))?;
         let ledger = Ledger::open(&config.ledger).map_err(|e| format!("ledger: {e}"))?;
-        let mut core = Core::new(config.gateway.clone(), Rc::new(policy), ledger);
+        let mut core = Core::new(
+            config.gateway.clone(),
+            Rc::new(policy),
+            ledger,
+            Instant::now(),
+            crate::ledger::now_ms(),
+        );
 
         let poll = Poll::new().map_err(|e| format!("poll: {e}"))?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKE).map_err(|e| format!("waker: {e}"))?);
@@ -486,6 +492,7 @@ impl Gateway {
                 Err(e) => return Err(format!("poll: {e}")),
             }
             let now = Instant::now();
+            self.core.set_wall_clock(now, crate::ledger::now_ms());
             for event in events.iter() {
                 match event.token() {
                     SIGNALS => self.on_signals(now, &mut worker_events),
@@ -538,7 +545,7 @@ impl Gateway {
     /// Commit, then release this turn's actions; repeat while releasing produced more.
     fn end_turn(&mut self, now: Instant, worker_events: &mut Vec<WorkerEvent>) {
         for _ in 0..8 {
-            let _ = self.core.commit();
+            self.commit();
             let actions = self.core.take_actions();
             if actions.is_empty() {
                 break;
@@ -560,6 +567,24 @@ impl Gateway {
         }
     }
 
+    /// Commit what the core staged and tell it how that went: only then may its actions
+    /// leave (the core turns them into refusals when the commit failed).
+    fn commit(&mut self) {
+        if self.core.records().staged() > 0 {
+            let started = Instant::now();
+            let outcome = self
+                .core
+                .records_mut()
+                .commit()
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            self.core.after_commit(outcome, started.elapsed());
+        }
+        for (level, line) in self.core.take_logs() {
+            crate::log::write(level, format_args!("{line}"));
+        }
+    }
+
     fn execute(&mut self, action: Action) {
         match action {
             Action::Reply {
@@ -578,7 +603,7 @@ impl Gateway {
                 if let Err(why) = self.supervisor.send(worker, &msg)
                     && let Some(key) = call
                 {
-                    self.core.fail_unsent(key, &why);
+                    self.core.fail_unsent(key, &why, Instant::now());
                 }
             }
         }
@@ -759,11 +784,12 @@ impl Gateway {
             .iter()
             .map(|w| serde_json::json!({"name": w.spec.name, "state": w.state.as_str(), "pid": w.pid, "restarts": w.restarts}))
             .collect();
-        let confined = self.supervisor.workers.iter().all(|w| {
-            w.report
-                .as_ref()
-                .is_some_and(|r| r.seccomp && r.no_new_privs && r.landlock == "fully_enforced")
-        });
+        // The same verdict the supervisor gives a worker before it gets work.
+        let confined = self
+            .supervisor
+            .workers
+            .iter()
+            .all(|w| w.report.as_ref().is_some_and(|r| r.gaps().is_empty()));
         crate::transport::http::HealthReport {
             serving: self.announced_ready && self.core.ledger_ok() && self.stop_deadline.is_none(),
             workers: serde_json::Value::Array(workers),
@@ -1106,6 +1132,7 @@ impl Gateway {
                     generation: c.generation,
                 },
                 &c.peer,
+                Instant::now(),
             );
         }
         self.free.push(slot);
@@ -1422,7 +1449,7 @@ impl Gateway {
                 }
                 self.core.refresh_upstreams(now);
                 let rules = policy.rule_count();
-                self.core.set_policy(Rc::new(policy));
+                self.core.set_policy(Rc::new(policy), now);
                 let mut summary = format!("policy reloaded: {rules} rules");
                 // The HTTP door's settings and certificate follow; on error they stay.
                 if let Some(door) = self.http.as_mut() {
@@ -1526,7 +1553,7 @@ impl Gateway {
     fn finish(&mut self, now: Instant) {
         let mut worker_events = Vec::new();
         self.core.set_stopping();
-        self.core.refuse_remaining();
+        self.core.refuse_remaining(now);
         self.core.event(
             "gateway_stop",
             serde_json::json!({"uptime_s": now.saturating_duration_since(self.started).as_secs()}),
@@ -1568,8 +1595,10 @@ impl Gateway {
         }
         self.supervisor
             .shutdown(self.poll.registry(), Duration::from_secs(2));
-        let _ = self.core.commit();
-        self.core.checkpoint();
+        self.commit();
+        if let Err(e) = self.core.records_mut().checkpoint() {
+            crate::warn!("ledger checkpoint failed: {e}");
+        }
         for l in &self.listeners {
             l.cleanup();
         }
@@ -1626,7 +1655,7 @@ impl Gateway {
                         "worker_gone",
                         serde_json::json!({"worker": name, "reason": why}),
                     );
-                    self.core.on_worker_gone(id, &why);
+                    self.core.on_worker_gone(id, &why, now);
                 }
                 WorkerEvent::Exited(id, pid, how) => {
                     let name = self.core.workers()[id].name.clone();

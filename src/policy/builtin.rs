@@ -7,17 +7,15 @@ pub const BUILTIN_RULES_TOML: &str = r#"
 [[policy.rules]]
 id = "builtin-private-key-in-arguments"
 action = "block"
-method = "tools/call"
 arg = { matches = "-----BEGIN [A-Z0-9 ]*PRIVATE KEY" }
-reason = "a private key in tool arguments"
+reason = "a private key in the arguments of a request for a server"
 
 [[policy.rules]]
 id = "builtin-private-key-in-result"
 action = "block"
 phase = "response"
-method = "{tools/call,resources/read}"
 result = { matches = "-----BEGIN [A-Z0-9 ]*PRIVATE KEY" }
-reason = "a private key in a tool or resource result"
+reason = "a private key in an answer from a server (result or error)"
 "#;
 
 /// Where built-in rules say they come from.

@@ -8,7 +8,9 @@
 //! - Without a path: the condition holds if it holds for any scalar (string, number,
 //!   boolean) anywhere in the value, at any depth; object keys are not tested. For a result
 //!   it also holds if it holds for the result's text content: the `text` of every
-//!   `content[]` and `contents[]` item, joined with `\n` (so a match may span blocks).
+//!   `content[]` and `contents[]` item (and of an embedded `resource`), joined with nothing
+//!   and joined with `\n`, so a pattern split across blocks, mid-word or at a line break,
+//!   is still found.
 
 use std::cell::OnceCell;
 
@@ -123,7 +125,10 @@ impl Condition {
         if self.holds_in(result.value) {
             return true;
         }
-        self.path.is_none() && result.joined_text().is_some_and(|t| self.test.holds_str(t))
+        self.path.is_none()
+            && result
+                .joined_texts()
+                .is_some_and(|joined| joined.iter().any(|t| self.test.holds_str(t)))
     }
 }
 
@@ -196,7 +201,7 @@ pub fn any_scalar(root: &Value, mut test: impl FnMut(&Value) -> bool) -> bool {
 /// only when some rule needs it.
 pub struct ResultView<'a> {
     pub value: &'a Value,
-    joined: OnceCell<Option<String>>,
+    joined: OnceCell<Option<[String; 2]>>,
 }
 
 impl<'a> ResultView<'a> {
@@ -207,29 +212,37 @@ impl<'a> ResultView<'a> {
         }
     }
 
-    /// The joined text of all `content[]` / `contents[]` items, when there are two or more
-    /// (one text is already tested as a scalar).
-    pub fn joined_text(&self) -> Option<&str> {
+    /// The text of all `content[]` / `contents[]` items joined with nothing and with `\n`,
+    /// when there are two or more (one text is already tested as a scalar).
+    pub fn joined_texts(&self) -> Option<&[String; 2]> {
         self.joined
             .get_or_init(|| {
                 let texts: Vec<&str> = text_blocks(self.value).collect();
                 if texts.len() < 2 {
                     None
                 } else {
-                    Some(texts.join("\n"))
+                    Some([texts.concat(), texts.join("\n")])
                 }
             })
-            .as_deref()
+            .as_ref()
     }
 }
 
-/// The `text` strings of the `content[]` (tool results) and `contents[]` (resources) items.
+/// The `text` strings of the `content[]` (tool results) and `contents[]` (resources) items,
+/// and of resources embedded in them.
 pub fn text_blocks(result: &Value) -> impl Iterator<Item = &str> {
     ["content", "contents"]
         .into_iter()
         .filter_map(move |key| result.get(key).and_then(Value::as_array))
         .flatten()
-        .filter_map(|item| item.get("text").and_then(Value::as_str))
+        .flat_map(|item| {
+            [
+                item.get("text"),
+                item.get("resource").and_then(|r| r.get("text")),
+            ]
+        })
+        .flatten()
+        .filter_map(Value::as_str)
 }
 
 #[cfg(test)]

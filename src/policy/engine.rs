@@ -144,7 +144,12 @@ impl Policy {
                 matched,
             },
             None => Decision {
-                verdict: self.default,
+                // The default decides requests; an answer to a request that was let through
+                // is refused only by a rule that matches it.
+                verdict: match phase {
+                    Phase::Request => self.default,
+                    Phase::Response => Verdict::Allow,
+                },
                 rule: None,
                 reason: Some(DEFAULT_REASON.to_string()),
                 matched,

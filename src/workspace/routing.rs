@@ -29,7 +29,7 @@ pub enum WsRoute {
     /// To the worker of this workspace, with these (unwrapped) arguments.
     Forward {
         workspace_id: String,
-        arguments: String,
+        arguments: Value,
     },
 }
 
@@ -44,18 +44,13 @@ pub fn route_call(
     directory: &WorkspaceDirectory,
     principal: &str,
     tool: &str,
-    arguments: &str,
+    arguments: &Value,
     state: impl Fn(&str) -> WorkerState,
 ) -> WsRoute {
-    let parsed: Value = match serde_json::from_str(arguments) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => {
-            return WsRoute::Answer(
-                WsError::invalid("arguments must be a JSON object").to_result(),
-            );
-        }
-    };
-    let inner = unwrap_input(&parsed);
+    if !arguments.is_object() {
+        return WsRoute::Answer(WsError::invalid("arguments must be a JSON object").to_result());
+    }
+    let inner = unwrap_input(arguments);
     if tool == tools::WORKERS_LIST {
         return WsRoute::Answer(ok_result(directory.workers_list(principal, state)));
     }
@@ -82,7 +77,7 @@ pub fn route_call(
     }
     WsRoute::Forward {
         workspace_id: entry.id.clone(),
-        arguments: inner.to_string(),
+        arguments: inner.clone(),
     }
 }
 
@@ -177,12 +172,13 @@ mod tests {
     #[test]
     fn calls_route_to_the_callers_workspace_or_are_answered_here() {
         let (_d, _cfg, d) = setup();
+        let json = |t: &str| -> Value { serde_json::from_str(t).expect("json") };
         let online = |_: &str| WorkerState::Online;
         let r = route_call(
             &d,
             "uid:1",
             "shell_run",
-            r#"{"input":{"worker":"a","command":"ls"}}"#,
+            &json(r#"{"input":{"worker":"a","command":"ls"}}"#),
             online,
         );
         let WsRoute::Forward {
@@ -193,32 +189,32 @@ mod tests {
             panic!("not forwarded: {r:?}");
         };
         assert!(workspace_id.starts_with("wrk_"));
-        assert_eq!(arguments, r#"{"command":"ls","worker":"a"}"#);
+        assert_eq!(arguments.to_string(), r#"{"command":"ls","worker":"a"}"#);
         let other = route_call(
             &d,
             "uid:1",
             "shell_run",
-            r#"{"worker":"b","command":"ls"}"#,
+            &json(r#"{"worker":"b","command":"ls"}"#),
             online,
         );
         assert_eq!(error_code(&other), "worker_not_found");
-        let missing = route_call(&d, "uid:1", "file_read", r#"{"path":"x"}"#, online);
+        let missing = route_call(&d, "uid:1", "file_read", &json(r#"{"path":"x"}"#), online);
         assert_eq!(error_code(&missing), "invalid_arguments");
-        let offline = route_call(&d, "uid:1", "task_list", r#"{"worker":"a"}"#, |_| {
+        let offline = route_call(&d, "uid:1", "task_list", &json(r#"{"worker":"a"}"#), |_| {
             WorkerState::Offline
         });
         assert_eq!(error_code(&offline), "worker_offline");
-        let list = route_call(&d, "uid:2", "workers_list", "{}", online);
+        let list = route_call(&d, "uid:2", "workers_list", &json("{}"), online);
         let WsRoute::Answer(v) = list else {
             panic!("answered here")
         };
         assert_eq!(v["structuredContent"]["workers"][0]["name"], "b");
         assert_eq!(
-            error_code(&route_call(&d, "uid:1", "x", "{}", online)),
+            error_code(&route_call(&d, "uid:1", "x", &json("{}"), online)),
             "invalid_arguments"
         );
         assert_eq!(
-            error_code(&route_call(&d, "uid:1", "task_list", "[1]", online)),
+            error_code(&route_call(&d, "uid:1", "task_list", &json("[1]"), online)),
             "invalid_arguments"
         );
         assert!(has_workspaces(&d, "uid:2") && !has_workspaces(&d, "uid:3"));

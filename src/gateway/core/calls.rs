@@ -1,0 +1,146 @@
+//! The call table: every request the gateway is waiting on (an agent's exchange with a
+//! server, or one of its own listings), each with one deadline, and the count of
+//! unanswered requests per connection. Bounded by the in-flight limits the loop enforces.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
+
+use super::ConnRef;
+use super::exchange::Exchange;
+use crate::mcp::catalog::{Kind, WorkerId};
+
+/// Why the gateway waits on a worker.
+#[derive(Debug)]
+pub(super) enum Purpose {
+    /// An agent's request to a server: crosses the pipeline both ways.
+    Exchange(Box<Exchange>),
+    /// A listing the gateway asked for itself (no agent behind it).
+    Listing { kind: Kind, server: String },
+    /// A fresh confinement report asked of a live worker.
+    Attest,
+    /// The aggregator's `configure` request (credentials).
+    Configure,
+}
+
+/// Where a call stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// Held by an `ask` rule for a human decision.
+    AwaitingApproval,
+    /// Sent to its worker.
+    AtWorker,
+}
+
+#[derive(Debug)]
+pub(super) struct Call {
+    pub purpose: Purpose,
+    pub worker: WorkerId,
+    pub stage: Stage,
+    pub started: Instant,
+    pub deadline: Instant,
+    /// The config key a timeout names.
+    pub timeout_key: &'static str,
+}
+
+impl Call {
+    pub fn exchange(&self) -> Option<&Exchange> {
+        match &self.purpose {
+            Purpose::Exchange(x) => Some(x),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct CallTable {
+    calls: HashMap<u64, Call>,
+    /// Every call's deadline, removed with the call.
+    deadlines: BTreeSet<(Instant, u64)>,
+    /// Requests of each connection not yet answered.
+    in_flight: HashMap<ConnRef, usize>,
+    next_key: u64,
+}
+
+impl CallTable {
+    /// A fresh key: worker request ids and approval ids.
+    pub fn new_key(&mut self) -> u64 {
+        self.next_key += 1;
+        self.next_key
+    }
+
+    pub fn insert(&mut self, key: u64, call: Call) {
+        self.deadlines.insert((call.deadline, key));
+        self.calls.insert(key, call);
+    }
+
+    pub fn get(&self, key: u64) -> Option<&Call> {
+        self.calls.get(&key)
+    }
+
+    pub fn take(&mut self, key: u64) -> Option<Call> {
+        let call = self.calls.remove(&key)?;
+        self.deadlines.remove(&(call.deadline, key));
+        Some(call)
+    }
+
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Call)> {
+        self.calls.iter().map(|(k, c)| (*k, c))
+    }
+
+    pub fn keys_where(&self, keep: impl Fn(&Call) -> bool) -> Vec<u64> {
+        let mut keys: Vec<u64> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| keep(c))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// The earliest deadline, if any call waits.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|(t, _)| *t)
+    }
+
+    /// The key of a call whose deadline has passed, removed from the deadline set (the call
+    /// itself stays until the caller ends it).
+    pub fn pop_expired(&mut self, now: Instant) -> Option<u64> {
+        let (t, key) = *self.deadlines.first()?;
+        if t > now {
+            return None;
+        }
+        self.deadlines.pop_first();
+        Some(key)
+    }
+
+    /// Forget everything a closed connection is owed; its calls stay (their rows end).
+    pub fn detach(&mut self, conn: ConnRef) {
+        self.in_flight.remove(&conn);
+        for call in self.calls.values_mut() {
+            if let Purpose::Exchange(x) = &mut call.purpose
+                && x.from.conn == Some(conn)
+            {
+                x.from.conn = None;
+            }
+        }
+    }
+
+    pub fn opened(&mut self, conn: ConnRef) {
+        *self.in_flight.entry(conn).or_insert(0) += 1;
+    }
+
+    pub fn answered(&mut self, conn: ConnRef) {
+        if let Some(n) = self.in_flight.get_mut(&conn) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    pub fn in_flight(&self, conn: ConnRef) -> usize {
+        self.in_flight.get(&conn).copied().unwrap_or(0)
+    }
+}

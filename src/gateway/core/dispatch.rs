@@ -1,0 +1,318 @@
+//! Method dispatch: what the gateway answers itself (initialize, discover, ping, lists) and
+//! what goes to the pipeline ([`Routed`] methods). Protocol faults are answered here.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use std::time::Instant;
+
+use super::exchange::Routed;
+use super::{Action, ConnRef, Core, Expect, Peer, Recorder};
+use crate::mcp::catalog::Kind;
+use crate::mcp::jsonrpc::{self, Message};
+use crate::mcp::protocol;
+use crate::policy::{Phase, Subject, Transport, Verdict};
+
+/// The request being dispatched.
+pub(super) struct RequestCtx<'a> {
+    pub conn: ConnRef,
+    pub stream: u32,
+    pub id: &'a str,
+    pub peer: &'a Peer,
+    pub process: &'a str,
+    pub bytes_received: usize,
+}
+
+#[derive(Deserialize)]
+struct CursorParams {
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct CancelParams<'a> {
+    #[serde(borrow, rename = "requestId")]
+    request_id: &'a RawValue,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+impl<R: Recorder> Core<R> {
+    /// One payload from an agent.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_message(
+        &mut self,
+        conn: ConnRef,
+        peer: &Peer,
+        process: &str,
+        expect: Expect,
+        stream: u32,
+        payload: &[u8],
+        now: Instant,
+    ) {
+        self.now = now;
+        let message = match jsonrpc::parse(payload) {
+            Ok(m) => m,
+            Err(fault) => {
+                let id = fault.id.map(|r| r.get());
+                let bytes = jsonrpc::error_response(id, fault.code, fault.message, None);
+                self.actions.push(Action::Push {
+                    conn,
+                    stream,
+                    bytes,
+                });
+                return;
+            }
+        };
+        match message {
+            Message::Request { id, method, params } => {
+                if expect == Expect::Notification {
+                    let bytes = jsonrpc::error_response(
+                        Some(id.get()),
+                        jsonrpc::INVALID_REQUEST,
+                        "a notification frame must not carry an id",
+                        None,
+                    );
+                    self.actions.push(Action::Push {
+                        conn,
+                        stream,
+                        bytes,
+                    });
+                    return;
+                }
+                self.calls.opened(conn);
+                self.counters.requests_total += 1;
+                let ctx = RequestCtx {
+                    conn,
+                    stream,
+                    id: id.get(),
+                    peer,
+                    process,
+                    bytes_received: payload.len(),
+                };
+                self.on_request(&ctx, &method, params);
+            }
+            Message::Notification { method, params } => {
+                if expect == Expect::Request {
+                    let bytes = jsonrpc::error_response(
+                        None,
+                        jsonrpc::INVALID_REQUEST,
+                        "a request frame must carry an id",
+                        None,
+                    );
+                    self.actions.push(Action::Push {
+                        conn,
+                        stream,
+                        bytes,
+                    });
+                    return;
+                }
+                self.on_notification(conn, &method, params);
+            }
+            Message::Response { .. } => {
+                // toolwall sends agents no requests, so no response is awaited.
+            }
+        }
+    }
+
+    /// Only `notifications/cancelled` needs anything; initialized, roots/list_changed,
+    /// progress and the rest are accepted and ignored.
+    fn on_notification(&mut self, conn: ConnRef, method: &str, params: Option<&RawValue>) {
+        if method != "notifications/cancelled" {
+            return;
+        }
+        let Some(p) = params.and_then(|p| serde_json::from_str::<CancelParams>(p.get()).ok())
+        else {
+            return;
+        };
+        let target = p.request_id.get();
+        let key = self
+            .calls
+            .keys_where(|c| {
+                c.exchange()
+                    .is_some_and(|x| x.from.conn == Some(conn) && x.from.id == target)
+            })
+            .first()
+            .copied();
+        let reason = p.reason.unwrap_or_else(|| "cancelled by the client".into());
+        self.event(
+            "cancelled",
+            json!({"request_id": target, "reason": reason, "found": key.is_some()}),
+        );
+        if let Some(key) = key {
+            self.cancel_call(key, &reason);
+        }
+    }
+
+    fn on_request(&mut self, ctx: &RequestCtx, method: &str, params: Option<&RawValue>) {
+        self.observed.request(method, "received");
+        if self.stopping {
+            self.answer_error(
+                ctx,
+                method,
+                jsonrpc::SHUTTING_DOWN,
+                "the gateway is stopping",
+                None,
+            );
+            return;
+        }
+        if let Some(routed) = Routed::from_method(method) {
+            self.begin_exchange(ctx, routed, params);
+            return;
+        }
+        match method {
+            "initialize" => {
+                let asked = protocol::requested_version(params);
+                let version = protocol::negotiate(asked.as_deref());
+                if let Some(s) = self.sessions.get_mut(&ctx.conn) {
+                    s.protocol_version = Some(version);
+                }
+                let client = params
+                    .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                    .and_then(|v| v.get("clientInfo").cloned())
+                    .unwrap_or(Value::Null);
+                self.event(
+                    "initialize",
+                    json!({"requested": asked, "negotiated": version, "client": client,
+                           "principal": ctx.peer.principal, "transport": ctx.peer.transport.as_str()}),
+                );
+                let list_changed = ctx.peer.transport != Transport::Http;
+                let result = protocol::initialize_result(version, list_changed).to_string();
+                self.answer(ctx, method, &result);
+            }
+            "server/discover" => {
+                // The modern era's handshake-free description; the HTTP door adds the
+                // era's fields (resultType, _meta) when it writes the answer.
+                let result = crate::transport::http::era::discover_result(protocol::INSTRUCTIONS)
+                    .to_string();
+                self.answer(ctx, method, &result);
+            }
+            "ping" => self.answer(ctx, method, "{}"),
+            "tools/list" => self.list(ctx, Kind::Tools, method, params),
+            "resources/list" => self.list(ctx, Kind::Resources, method, params),
+            "prompts/list" => self.list(ctx, Kind::Prompts, method, params),
+            "resources/templates/list" => {
+                if self.method_allowed(ctx, method) {
+                    self.answer(ctx, method, "{\"resourceTemplates\":[]}");
+                }
+            }
+            _ => {
+                let message = format!("method not found: {method}");
+                self.answer_error(ctx, method, jsonrpc::METHOD_NOT_FOUND, &message, None);
+            }
+        }
+    }
+
+    /// The request phase for a method the gateway answers itself (lists): `ask` is for
+    /// requests that reach a server, so here it refuses like a block.
+    fn method_allowed(&mut self, ctx: &RequestCtx, method: &str) -> bool {
+        let subject = Subject {
+            method,
+            server: None,
+            tool: None,
+            resource: None,
+            principal: &ctx.peer.principal,
+            transport: ctx.peer.transport,
+            process: ctx.process,
+            arguments: None,
+        };
+        let decision = self.policy.decide(Phase::Request, &subject, None);
+        if decision.verdict == Verdict::Allow {
+            return true;
+        }
+        let rule = decision.rule.clone();
+        let message = format!(
+            "{method} refused by policy{}",
+            rule.as_deref()
+                .map(|r| format!(" rule {r}"))
+                .unwrap_or_default()
+        );
+        self.event(
+            "method_denied",
+            json!({"method": method, "rule": rule, "reason": decision.reason,
+                   "principal": ctx.peer.principal}),
+        );
+        let data = json!({"rule": rule, "reason": decision.reason});
+        self.answer_error(ctx, method, jsonrpc::POLICY_BLOCKED, &message, Some(&data));
+        false
+    }
+
+    fn list(&mut self, ctx: &RequestCtx, kind: Kind, method: &str, params: Option<&RawValue>) {
+        if !self.method_allowed(ctx, method) {
+            return;
+        }
+        let cursor = match params.map(|p| serde_json::from_str::<CursorParams>(p.get())) {
+            None => None,
+            Some(Ok(p)) => p.cursor,
+            Some(Err(_)) => {
+                self.answer_error(ctx, method, jsonrpc::INVALID_PARAMS, "invalid params", None);
+                return;
+            }
+        };
+        let policy = &self.policy;
+        let peer = ctx.peer;
+        let process = ctx.process;
+        let result = self
+            .catalog
+            .list_page(kind, cursor.as_deref(), self.page_size, |e| {
+                kind != Kind::Tools
+                    || !policy.hides_tool(
+                        &e.name,
+                        &e.server,
+                        &peer.principal,
+                        peer.transport,
+                        process,
+                    )
+            });
+        self.event(
+            "list",
+            json!({"method": method, "principal": ctx.peer.principal, "transport": ctx.peer.transport.as_str()}),
+        );
+        self.answer(ctx, method, &result);
+    }
+
+    /// The answer to a request the gateway serves itself.
+    fn answer(&mut self, ctx: &RequestCtx, method: &str, result: &str) {
+        self.observed.request(method, "ok");
+        let bytes = jsonrpc::result_response(ctx.id, result);
+        self.reply(ctx.conn, ctx.stream, ctx.id, None, bytes);
+    }
+
+    /// A JSON-RPC error for a request the gateway refuses itself.
+    pub(super) fn answer_error(
+        &mut self,
+        ctx: &RequestCtx,
+        method: &str,
+        code: i64,
+        message: &str,
+        data: Option<&Value>,
+    ) {
+        let outcome = if code == jsonrpc::POLICY_BLOCKED {
+            "refused"
+        } else {
+            "error"
+        };
+        self.observed.request(method, outcome);
+        let bytes = jsonrpc::error_response(Some(ctx.id), code, message, data);
+        self.reply(ctx.conn, ctx.stream, ctx.id, None, bytes);
+    }
+
+    /// Queue an answer; the commit barrier releases it.
+    pub(super) fn reply(
+        &mut self,
+        conn: ConnRef,
+        stream: u32,
+        id: &str,
+        row: Option<i64>,
+        bytes: Vec<u8>,
+    ) {
+        self.calls.answered(conn);
+        self.actions.push(Action::Reply {
+            conn,
+            stream,
+            id: id.to_owned(),
+            row,
+            bytes,
+        });
+    }
+}
