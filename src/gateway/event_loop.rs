@@ -408,6 +408,19 @@ impl Gateway {
             process: listeners::process_name(ppid).unwrap_or_else(|| "unknown".into()),
         };
         let slot = self.insert_conn(ConnIo::Stdio, Wire::Lines(LineInbound::new()), peer);
+        // The agent started us as its own uid: an admin socket it can reach would let it
+        // approve its own asks, so asks go to the operator only when it cannot.
+        let admin = self
+            .admin
+            .as_ref()
+            .map(|_| self.config.admin.socket.as_path());
+        let route = crate::gateway::stdio::ask_route(admin, ppid);
+        if route == crate::gateway::core::AskRoute::Refuse {
+            crate::info!(
+                "ask rules refuse their calls here: no admin socket out of the agent's reach (see README, toolwall stdio)"
+            );
+        }
+        self.core.set_ask_route(route);
         self.stdio = Some(side);
         self.stdio_slot = Some(slot);
         Ok(())
@@ -615,6 +628,16 @@ impl Gateway {
         };
         if c.generation != conn.generation || c.broken {
             return;
+        }
+        // A line transport carries one message per line: a message with a raw line break
+        // (which the core never produces) is dropped rather than split into two.
+        let unframed = matches!(c.io, ConnIo::Stdio) || matches!(c.wire, Wire::Lines(_));
+        if unframed {
+            let (Outgoing::Reply(_, bytes) | Outgoing::Notification(bytes)) = &out;
+            if !crate::transport::lines::is_one_line(bytes) {
+                crate::error!("a message with a raw line break was withheld from a line transport");
+                return;
+            }
         }
         match (&c.io, &c.wire) {
             (ConnIo::Stdio, _) => {

@@ -5,6 +5,8 @@
 
 use mio::Waker;
 use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, channel, sync_channel};
@@ -127,5 +129,60 @@ impl StdioSide {
         if let Some(w) = self.writer.take() {
             let _ = w.join();
         }
+    }
+}
+
+/// Who answers `ask` rules for the agent that started `toolwall stdio` (process `agent_pid`):
+/// the operator, only if the admin socket exists and the agent's uid cannot connect to it
+/// (it is not root and does not own the socket, which is 0600). Anything unknown refuses.
+pub fn ask_route(admin_socket: Option<&Path>, agent_pid: i32) -> crate::gateway::core::AskRoute {
+    use crate::gateway::core::AskRoute;
+    let Some(owner) = admin_socket
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| m.uid())
+    else {
+        return AskRoute::Refuse;
+    };
+    match process_uids(agent_pid) {
+        Some(uids) if uids.iter().all(|&u| u != 0 && u != owner) => AskRoute::Operator,
+        _ => AskRoute::Refuse,
+    }
+}
+
+/// The real, effective, saved and filesystem uids of a process, from /proc.
+fn process_uids(pid: i32) -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    let uids: Vec<u32> = line
+        .split_whitespace()
+        .filter_map(|u| u.parse().ok())
+        .collect();
+    (uids.len() == 4).then_some(uids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::core::AskRoute;
+
+    #[test]
+    fn the_agents_own_admin_socket_refuses_asks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("admin.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        // Our own pid plays the agent: same uid as the socket's owner.
+        let me = std::process::id() as i32;
+        assert_eq!(ask_route(Some(&socket), me), AskRoute::Refuse);
+        assert_eq!(
+            ask_route(None, me),
+            AskRoute::Refuse,
+            "no socket, no operator"
+        );
+        assert_eq!(
+            ask_route(Some(&socket), -1),
+            AskRoute::Refuse,
+            "unknown agent"
+        );
+        assert_eq!(process_uids(me).map(|u| u.len()), Some(4));
     }
 }

@@ -9,6 +9,13 @@ use crate::mcp::jsonrpc;
 /// Longest line accepted (the same bound as a frame's payload).
 pub const MAX_LINE: usize = MAX_TOTAL;
 
+/// Whether `message` can be written as one line: a message with a raw line break would
+/// reach the agent as two (a forged second message). The core serializes every answer
+/// itself, so this never fails in practice; the line writer checks it anyway.
+pub fn is_one_line(message: &[u8]) -> bool {
+    !message.iter().any(|&b| b == b'\n' || b == b'\r')
+}
+
 #[derive(Debug, PartialEq, Eq)]
 pub enum Line<'a> {
     Message(&'a [u8]),

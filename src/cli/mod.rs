@@ -1,7 +1,8 @@
-//! The command line. Every subcommand takes `--config FILE`; without it the system config
-//! when it exists, else the embedded defaults.
+//! The command line: parsed from the table in `args.rs` (each subcommand accepts only its
+//! own flags and has its own `--help`), then dispatched here. Every subcommand takes
+//! `--config FILE`; without it the system config when it exists, else the embedded
+//! defaults.
 
-use lexopt::prelude::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -11,48 +12,11 @@ use crate::config::Config;
 use crate::gateway::event_loop::{Exit, FromSystemd, Gateway, Mode};
 use crate::policy::{self, ExplainQuery, Phase, Policy, Transport};
 
-const USAGE: &str = "\
-toolwall: an MCP firewall between AI agents and the tools they call
+mod args;
+mod format;
 
-Usage: toolwall <COMMAND> [--config FILE] [OPTIONS]
-
-Gateway:
-  serve                      Run the gateway daemon (framed unix/vsock doors, HTTP door,
-                             admin socket)
-  stdio                      Serve one host agent on stdin/stdout (no daemon needed)
-
-Daemon (over the admin socket):
-  status [--json]            Workers, confinement, counters, ledger health
-  reload                     Re-read the config; the policy swaps atomically
-  approvals [--json]         Calls held by an `ask` rule, with their arguments
-  approve ID                 Let a held call go to its tool
-  deny ID [--reason TEXT]    Refuse a held call
-  pins list [--json]         Pinned upstream tools; a changed one shows old and new
-  pins approve SERVER__TOOL  Accept a pinned tool's changed definition
-
-Tokens for the HTTP door (stored as hashes in the ledger database):
-  token create --principal NAME [--kind client|admin] [--expires 30d|never]
-                             Prints the token once; keep it, it cannot be shown again
-  token list                 Ids, principals, kinds, expiry, revocation
-  token revoke ID
-
-Files (no daemon needed):
-  ledger tail [-n N] [--json] [--ledger FILE]
-                             Recent tool calls from the ledger
-  policy check               Validate the policy (config, corp layer); non-zero on any fault
-  policy explain --tool NAME [--args JSON] [--principal P] [--transport T]
-                 [--process P] [--method M] [--resource URI]
-                 [--phase request|response] [--result JSON]
-                             The decision for a call and every rule that matched
-
-Options:
-  --config FILE              Config file (default /etc/toolwall/toolwall.toml if it exists,
-                             else embedded defaults with state in ./toolwall-data/)
-  -h, --help                 This help
-  -V, --version              Version
-
-Internal: `toolwall worker ROLE` is started by the gateway only.
-";
+use args::{Outcome, Parsed};
+use format::{format_approvals, format_status};
 
 /// Run the command line; returns the exit code.
 pub fn main() -> i32 {
@@ -66,61 +30,22 @@ pub fn main() -> i32 {
 }
 
 fn run() -> Result<i32, String> {
-    let mut parser = lexopt::Parser::from_env();
-    let mut command: Vec<String> = Vec::new();
-    let mut config_path: Option<PathBuf> = None;
-    let mut json_out = false;
-    let mut n: usize = 20;
-    let mut ledger_path: Option<PathBuf> = None;
-    let mut reason: Option<String> = None;
-    let mut explain = ExplainArgs::default();
-    let mut kind: Option<String> = None;
-    let mut expires: Option<String> = None;
-    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
-        match arg {
-            Short('h') | Long("help") => {
-                print!("{USAGE}");
-                return Ok(0);
-            }
-            Short('V') | Long("version") => {
-                println!("toolwall {}", env!("CARGO_PKG_VERSION"));
-                return Ok(0);
-            }
-            Long("config") => config_path = Some(parser.value().map_err(|e| e.to_string())?.into()),
-            Long("json") => json_out = true,
-            Short('n') => {
-                let v = parser.value().map_err(|e| e.to_string())?;
-                n = v
-                    .to_str()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| format!("-n needs a number, got {v:?}"))?;
-            }
-            Long("ledger") => ledger_path = Some(parser.value().map_err(|e| e.to_string())?.into()),
-            Long("reason") => reason = Some(string(parser.value())?),
-            Long("tool") => explain.tool = Some(string(parser.value())?),
-            Long("args") => explain.args = Some(string(parser.value())?),
-            Long("principal") => explain.principal = Some(string(parser.value())?),
-            Long("transport") => explain.transport = Some(string(parser.value())?),
-            Long("process") => explain.process = Some(string(parser.value())?),
-            Long("method") => explain.method = Some(string(parser.value())?),
-            Long("phase") => explain.phase = Some(string(parser.value())?),
-            Long("result") => explain.result = Some(string(parser.value())?),
-            Long("resource") => explain.resource = Some(string(parser.value())?),
-            Long("kind") => kind = Some(string(parser.value())?),
-            Long("expires") => expires = Some(string(parser.value())?),
-            Value(v) => command.push(
-                v.into_string()
-                    .map_err(|v| format!("argument {v:?} is not UTF-8"))?,
-            ),
-            _ => return Err(arg.unexpected().to_string()),
+    let parsed = match args::parse(std::env::args_os().skip(1))? {
+        Outcome::Run(p) => p,
+        Outcome::Help(text) => {
+            print!("{text}");
+            return Ok(0);
         }
-    }
-    let words: Vec<&str> = command.iter().map(String::as_str).collect();
+        Outcome::Version => {
+            println!("toolwall {}", env!("CARGO_PKG_VERSION"));
+            return Ok(0);
+        }
+    };
+    let config_path = parsed.config();
+    let json_out = parsed.switch("json");
+    let positional: Vec<&str> = parsed.positional.iter().map(String::as_str).collect();
+    let words: Vec<&str> = parsed.words.iter().copied().chain(positional).collect();
     match words.as_slice() {
-        [] => {
-            eprint!("{USAGE}");
-            Ok(2)
-        }
         ["worker", role] => {
             let role = role.parse().map_err(|e: String| e)?;
             Ok(crate::workers::worker_main::run(role))
@@ -160,20 +85,22 @@ fn run() -> Result<i32, String> {
             let request = if words[0] == "approve" {
                 serde_json::json!({"op": "approve", "id": id})
             } else {
-                serde_json::json!({"op": "deny", "id": id, "reason": reason})
+                serde_json::json!({"op": "deny", "id": id, "reason": parsed.flag("reason")})
             };
             let reply = admin_request(&config, &request)?;
             admin_outcome(&reply, json_out)
         }
         ["token", "create"] => {
             let config = load(config_path)?;
-            let principal = explain
-                .principal
-                .ok_or("token create needs --principal NAME")?;
+            let principal = parsed
+                .flag("principal")
+                .ok_or("token create needs --principal NAME")?
+                .to_owned();
             crate::tokens::validate_principal(&principal)?;
-            let kind = crate::tokens::TokenKind::parse(kind.as_deref().unwrap_or("client"))?;
-            let lifetime =
-                crate::tokens::cli_output::parse_lifetime(expires.as_deref().unwrap_or("never"))?;
+            let kind = crate::tokens::TokenKind::parse(parsed.flag("kind").unwrap_or("client"))?;
+            let lifetime = crate::tokens::cli_output::parse_lifetime(
+                parsed.flag("expires").unwrap_or("never"),
+            )?;
             let store =
                 crate::tokens::TokenStore::open(&config.ledger.path).map_err(|e| e.to_string())?;
             let new = store
@@ -226,8 +153,14 @@ fn run() -> Result<i32, String> {
             admin_outcome(&reply, json_out)
         }
         ["ledger", "tail"] => {
-            let path = match ledger_path {
-                Some(p) => p,
+            let n: usize = match parsed.flag("n") {
+                Some(v) => v
+                    .parse()
+                    .map_err(|_| format!("-n needs a number, got {v:?}"))?,
+                None => 20,
+            };
+            let path = match parsed.flag("ledger") {
+                Some(p) => p.into(),
                 None => load(config_path)?.ledger.path,
             };
             let text = crate::ledger::tail(&path, n, json_out).map_err(|e| e.to_string())?;
@@ -254,21 +187,15 @@ fn run() -> Result<i32, String> {
             let config = load(config_path)?;
             let policy =
                 Policy::load(&config.policy, &origin(&config)).map_err(|e| e.to_string())?;
-            let query = explain.into_query()?;
+            let query = explain_query(&parsed)?;
             print!("{}", policy::explain(&policy, &query));
             Ok(0)
         }
         _ => Err(format!(
             "unknown command {:?}; see toolwall --help",
-            command.join(" ")
+            words.join(" ")
         )),
     }
-}
-
-fn string(v: Result<std::ffi::OsString, lexopt::Error>) -> Result<String, String> {
-    v.map_err(|e| e.to_string())?
-        .into_string()
-        .map_err(|v| format!("argument {v:?} is not UTF-8"))
 }
 
 fn load(path: Option<PathBuf>) -> Result<Config, String> {
@@ -348,108 +275,23 @@ fn admin_outcome(reply: &serde_json::Value, json_out: bool) -> Result<i32, Strin
     Ok(if reply["ok"] == true { 0 } else { 1 })
 }
 
-fn format_status(s: &serde_json::Value) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    if s["ok"] != true {
-        let _ = writeln!(out, "error: {}", s["error"]);
-        return out;
+/// `policy explain`'s flags as a query.
+fn explain_query(p: &Parsed) -> Result<ExplainQuery, String> {
+    let owned = |f: &str| p.flag(f).map(str::to_owned);
+    ExplainArgs {
+        tool: owned("tool"),
+        args: owned("args"),
+        principal: owned("principal"),
+        transport: owned("transport"),
+        process: owned("process"),
+        method: owned("method"),
+        phase: owned("phase"),
+        result: owned("result"),
+        resource: owned("resource"),
     }
-    let _ = writeln!(
-        out,
-        "toolwall {}  ready: {}  uptime: {} s  connections: {}  in flight: {}  tools: {}",
-        s["version"].as_str().unwrap_or(""),
-        s["ready"],
-        s["uptime_s"],
-        s["connections"],
-        s["in_flight"],
-        s["tools"]
-    );
-    let _ = writeln!(
-        out,
-        "ledger: {} (writable: {})  policy: {} rules, default {}  sandbox: {}  last reload: {}",
-        s["ledger"]["path"].as_str().unwrap_or(""),
-        s["ledger"]["writable"],
-        s["policy"]["rules"],
-        s["policy"]["default"].as_str().unwrap_or(""),
-        s["sandbox_mode"].as_str().unwrap_or(""),
-        s["last_reload"].as_str().unwrap_or("never")
-    );
-    let c = &s["counters"];
-    let _ = writeln!(
-        out,
-        "calls: {} (allowed {}, denied {}, error {})",
-        c["calls_total"], c["calls_allowed"], c["calls_denied"], c["calls_error"]
-    );
-    for w in s["workers"].as_array().into_iter().flatten() {
-        let conf = &w["confinement"];
-        let _ = writeln!(
-            out,
-            "worker {}  role {}  pid {}  state {}  restarts {}  landlock ABI {} {}  seccomp {}  no_new_privs {}",
-            w["name"].as_str().unwrap_or(""),
-            w["role"].as_str().unwrap_or(""),
-            w["pid"],
-            w["state"].as_str().unwrap_or(""),
-            w["restarts"],
-            conf["landlock_abi"],
-            conf["landlock"].as_str().unwrap_or("unknown"),
-            conf["seccomp"],
-            conf["no_new_privs"]
-        );
-        for p in conf["probes"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "    probe {:<24} {}  {}",
-                p["name"].as_str().unwrap_or(""),
-                if p["denied"] == true {
-                    "denied"
-                } else if p["detail"]
-                    .as_str()
-                    .is_some_and(|d| d.contains("by design"))
-                {
-                    "allowed (by design)"
-                } else {
-                    "ALLOWED"
-                },
-                p["detail"].as_str().unwrap_or("")
-            );
-        }
-        for warning in w["warnings"].as_array().into_iter().flatten() {
-            let _ = writeln!(out, "    WARNING: {}", warning.as_str().unwrap_or(""));
-        }
-        if let Some(e) = w["last_exit"].as_str() {
-            let _ = writeln!(out, "    last exit: {e}");
-        }
-    }
-    out.push_str(&crate::aggregator::status::format_servers(&s["servers"]));
-    out
+    .into_query()
 }
 
-fn format_approvals(reply: &serde_json::Value) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let pending = reply["pending"].as_array().cloned().unwrap_or_default();
-    if pending.is_empty() {
-        out.push_str("no calls awaiting approval\n");
-    }
-    for p in pending {
-        let _ = writeln!(
-            out,
-            "{}  {}  principal {}  process {}  via {}  waiting {} ms  rule {}\n    arguments: {}",
-            p["id"],
-            p["tool"].as_str().unwrap_or(""),
-            p["principal"].as_str().unwrap_or(""),
-            p["process"].as_str().unwrap_or(""),
-            p["transport"].as_str().unwrap_or(""),
-            p["waiting_ms"],
-            p["rule"].as_str().unwrap_or("-"),
-            p["arguments"].as_str().unwrap_or("")
-        );
-    }
-    out
-}
-
-#[derive(Default)]
 struct ExplainArgs {
     tool: Option<String>,
     args: Option<String>,

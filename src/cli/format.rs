@@ -1,0 +1,102 @@
+//! What the admin commands print for a human (`--json` prints the daemon's answer as is).
+
+pub fn format_status(s: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if s["ok"] != true {
+        let _ = writeln!(out, "error: {}", s["error"]);
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "toolwall {}  ready: {}  uptime: {} s  connections: {}  in flight: {}  tools: {}",
+        s["version"].as_str().unwrap_or(""),
+        s["ready"],
+        s["uptime_s"],
+        s["connections"],
+        s["in_flight"],
+        s["tools"]
+    );
+    let _ = writeln!(
+        out,
+        "ledger: {} (writable: {})  policy: {} rules, default {}  sandbox: {}  last reload: {}",
+        s["ledger"]["path"].as_str().unwrap_or(""),
+        s["ledger"]["writable"],
+        s["policy"]["rules"],
+        s["policy"]["default"].as_str().unwrap_or(""),
+        s["sandbox_mode"].as_str().unwrap_or(""),
+        s["last_reload"].as_str().unwrap_or("never")
+    );
+    let c = &s["counters"];
+    let _ = writeln!(
+        out,
+        "calls: {} (allowed {}, denied {}, error {})",
+        c["calls_total"], c["calls_allowed"], c["calls_denied"], c["calls_error"]
+    );
+    for w in s["workers"].as_array().into_iter().flatten() {
+        let conf = &w["confinement"];
+        let _ = writeln!(
+            out,
+            "worker {}  role {}  pid {}  state {}  restarts {}  landlock ABI {} {}  seccomp {}  no_new_privs {}",
+            w["name"].as_str().unwrap_or(""),
+            w["role"].as_str().unwrap_or(""),
+            w["pid"],
+            w["state"].as_str().unwrap_or(""),
+            w["restarts"],
+            conf["landlock_abi"],
+            conf["landlock"].as_str().unwrap_or("unknown"),
+            conf["seccomp"],
+            conf["no_new_privs"]
+        );
+        for p in conf["probes"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "    probe {:<24} {}  {}",
+                p["name"].as_str().unwrap_or(""),
+                if p["denied"] == true {
+                    "denied"
+                } else if p["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("by design"))
+                {
+                    "allowed (by design)"
+                } else {
+                    "ALLOWED"
+                },
+                p["detail"].as_str().unwrap_or("")
+            );
+        }
+        for warning in w["warnings"].as_array().into_iter().flatten() {
+            let _ = writeln!(out, "    WARNING: {}", warning.as_str().unwrap_or(""));
+        }
+        if let Some(e) = w["last_exit"].as_str() {
+            let _ = writeln!(out, "    last exit: {e}");
+        }
+    }
+    out.push_str(&crate::aggregator::status::format_servers(&s["servers"]));
+    out
+}
+
+pub fn format_approvals(reply: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let pending = reply["pending"].as_array().cloned().unwrap_or_default();
+    if pending.is_empty() {
+        out.push_str("no calls awaiting approval\n");
+    }
+    for p in pending {
+        let _ = writeln!(
+            out,
+            "{}  {}  principal {}  process {}  via {}  waiting {} ms  rule {}\n    arguments: {}",
+            p["id"],
+            p["tool"].as_str().unwrap_or(""),
+            p["principal"].as_str().unwrap_or(""),
+            p["process"].as_str().unwrap_or(""),
+            p["transport"].as_str().unwrap_or(""),
+            p["waiting_ms"],
+            p["rule"].as_str().unwrap_or("-"),
+            p["arguments"].as_str().unwrap_or("")
+        );
+    }
+    out
+}
