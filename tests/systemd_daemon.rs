@@ -156,19 +156,21 @@ fn socket_activation_through_systemd_socket_activate() {
         &format!("[listen]\nhttp = \"127.0.0.1:{port}\"\nhttp_auth = \"none\"\n"),
     );
     std::fs::write(&config, text).unwrap();
-    let mut child = Command::new("systemd-socket-activate")
-        .arg("-l")
-        .arg(&sock)
-        .arg("-l")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--fdname=mcp-unix:mcp-http")
-        .arg(BIN)
-        .args(["serve", "--config"])
-        .arg(&config)
-        .current_dir(dir.path())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = ChildGuard(
+        Command::new("systemd-socket-activate")
+            .arg("-l")
+            .arg(&sock)
+            .arg("-l")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--fdname=mcp-unix:mcp-http")
+            .arg(BIN)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .current_dir(dir.path())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let stderr = child.stderr.take().unwrap();
     let log = Arc::new(Mutex::new(String::new()));
     let sink = Arc::clone(&log);

@@ -200,6 +200,32 @@ impl Drop for TestGateway {
     }
 }
 
+/// A child process that is killed and reaped when the test ends, even by a panic (a
+/// leaked child keeps the test runner's pipes open).
+pub struct ChildGuard(pub Child);
+
+impl std::ops::Deref for ChildGuard {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + limit;
     loop {
@@ -256,7 +282,20 @@ pub struct Reply {
 
 impl FramedClient {
     pub fn connect(path: &Path) -> FramedClient {
-        let stream = UnixStream::connect(path).expect("connect framed socket");
+        // A socket file can exist a moment before its listener listens (systemd's).
+        let deadline = Instant::now() + PATIENCE;
+        let stream = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::ConnectionRefused
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("connect framed socket {}: {e}", path.display()),
+            }
+        };
         stream.set_read_timeout(Some(PATIENCE)).unwrap();
         FramedClient {
             stream,
