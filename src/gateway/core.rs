@@ -803,7 +803,7 @@ impl Core {
             self.ledger.stage_call_end(
                 *ledger_id,
                 &CallEnd {
-                    decision: "error",
+                    decision: crate::ledger::decision::CANCELLED,
                     policy_rule: None,
                     policy_reason: None,
                     duration_us: call.started.elapsed().as_micros() as u64,
