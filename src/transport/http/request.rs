@@ -445,10 +445,7 @@ mod tests {
         assert_eq!(second.path(), "/health");
         assert!(second.body.is_empty());
         buf.drain(..second.consumed);
-        assert!(matches!(
-            rd.poll_whole(&buf).unwrap(),
-            Progress::NeedMore
-        ));
+        assert!(matches!(rd.poll_whole(&buf).unwrap(), Progress::NeedMore));
         assert!(rd.mid_request(buf.len()));
     }
 
