@@ -618,6 +618,7 @@ for i in range(rounds):
         c.close()
 print(" ".join(seen))
 "#;
+    common::deps::ensure(&["python3"]);
     let out = std::process::Command::new("python3")
         .arg("-c")
         .arg(script)

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod deps;
 pub mod flood;
 pub mod http;
 
