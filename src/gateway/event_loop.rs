@@ -249,6 +249,7 @@ impl Gateway {
         let mut listeners_out = Vec::new();
         let mut http_door = None;
         if mode == Mode::Serve {
+            doors::ensure_descriptors(&config);
             http_door = HttpDoor::open(&config).map_err(|e| format!("http door: {e}"))?;
             let tls = http_door.as_ref().is_some_and(HttpDoor::is_tls);
             listeners_out = open_listeners(&config, from_systemd.inherited, tls)?;

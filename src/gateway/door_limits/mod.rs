@@ -24,3 +24,15 @@ pub use deadline::{Check, ConnGuard, Expiry, Facts, Stage};
 pub use finish::{Finish, FinishFacts};
 pub use settings::{Door, DoorLimits};
 pub use tally::Tally;
+
+/// `toolwall status`'s line for the seats object of the admin status answer.
+pub fn seats_line(seats: &serde_json::Map<String, serde_json::Value>) -> String {
+    ["agents", "http", "admin", "lingering"]
+        .iter()
+        .filter_map(|k| {
+            let v = seats.get(*k)?;
+            Some(format!("{k} {}/{}", v["taken"], v["limit"]))
+        })
+        .collect::<Vec<_>>()
+        .join("  ")
+}

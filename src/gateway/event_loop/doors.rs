@@ -81,6 +81,23 @@ impl DoorState {
     }
 }
 
+/// Make the descriptor limit room for every seat the budgets grant; say which keys to
+/// lower when the hard limit is below that.
+pub(super) fn ensure_descriptors(config: &crate::config::Config) {
+    let seats = DoorLimits::from_config(config).max_descriptors() as u64;
+    let wanted = seats + listeners::DESCRIPTORS_BESIDES_CONNECTIONS;
+    match listeners::raise_descriptor_limit(wanted) {
+        Ok(have) if have >= wanted => {}
+        Ok(have) => crate::warn!(
+            "open-file limit {have} is below the {wanted} the door budgets need \
+             (gateway.max_connections + admin.max_connections + gateway.max_lingering + \
+             {}): raise LimitNOFILE or lower those keys",
+            listeners::DESCRIPTORS_BESIDES_CONNECTIONS
+        ),
+        Err(e) => crate::warn!("cannot raise the open-file limit to {wanted}: {e}"),
+    }
+}
+
 /// `accept()` ran out of descriptors (or the kernel's): try again later rather than spin.
 fn out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
@@ -547,6 +564,18 @@ impl Gateway {
         {
             door.abandon(h);
         }
+    }
+
+    /// Seats taken and their limits, for `toolwall status`.
+    pub fn door_seats(&self) -> serde_json::Value {
+        let (agents, http, admin, lingering) = self.doors.budgets.counts();
+        let l = self.doors.budgets.limits();
+        serde_json::json!({
+            "agents": {"taken": agents, "limit": l.agents},
+            "http": {"taken": http, "limit": l.http},
+            "admin": {"taken": admin, "limit": l.admin},
+            "lingering": {"taken": lingering, "limit": l.lingering},
+        })
     }
 
     // ---- deadlines ----------------------------------------------------------------
