@@ -943,21 +943,38 @@ fn other_refusals_411_417_431_505_and_503() {
     drop(http);
 
     // 503 with Retry-After beyond max_connections, while /health is still answered.
-    // Connections in the middle of a head hold their seats (connections that said nothing
-    // or sit idle between requests would make room); the ones above close on our side
-    // first, so take the four seats as they free up.
-    // Without a session this is a 400; only a full door makes it a 503.
+    // Connections with an accepted head whose body is still arriving hold their seats
+    // (connections that said nothing, whose head is still trickling in, or that sit idle
+    // between requests would make room); one principal may hold a quarter of the door, so
+    // four principals take its four seats as the connections above free theirs.
     let busy_probe = gw.post(&rpc(9, "tools/list", json!({}))).bearer(&token);
     let mut held = Vec::new();
-    eventually("four connections held", || {
-        let mut h = gw.http();
-        h.send_raw(format!("GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n").as_bytes());
-        held.push(h);
-        std::thread::sleep(Duration::from_millis(50));
-        let mut probe = gw.http();
-        probe.send(&busy_probe);
-        probe.response().is_some_and(|r| r.status == 503)
-    });
+    for who in ["p1", "p2", "p3", "p4"] {
+        let t = gw.client_token(who);
+        eventually("a body-in-progress connection held", || {
+            let mut h = gw.http();
+            let head = gw
+                .post(&json!({}))
+                .bearer(&t)
+                .set("Content-Length", "100")
+                .body(Vec::new())
+                .bytes();
+            let head = String::from_utf8(head)
+                .unwrap()
+                .replace("Content-Length: 0\r\n", "");
+            h.send_raw(head.as_bytes());
+            h.stream
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            // Refused: a 503 comes back at once; held: nothing comes.
+            let refused = h.response().is_some();
+            h.stream.set_read_timeout(Some(PATIENCE)).unwrap();
+            if !refused {
+                held.push(h);
+            }
+            !refused
+        });
+    }
     let mut extra = gw.http();
     let r = extra.call(&busy_probe);
     assert_eq!(r.status, 503, "{}", r.text());
@@ -985,9 +1002,18 @@ fn http_limits_follow_a_reload() {
     let port = gw.port;
     let token = gw.client_token("alice");
     let health = || Req::new("GET", "/health", port);
-    // A connection in the middle of its head holds the one seat.
+    // A connection whose accepted head waits for its body holds the one seat.
     let mut first = gw.http();
-    first.send_raw(format!("GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n").as_bytes());
+    let head = gw
+        .post(&json!({}))
+        .bearer(&token)
+        .set("Content-Length", "100")
+        .body(Vec::new())
+        .bytes();
+    let head = String::from_utf8(head)
+        .unwrap()
+        .replace("Content-Length: 0\r\n", "");
+    first.send_raw(head.as_bytes());
     std::thread::sleep(Duration::from_millis(100));
     let mut second = gw.http();
     let r = second.call(&gw.post(&initialize(1)).bearer(&token));

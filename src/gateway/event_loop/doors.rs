@@ -326,10 +326,11 @@ impl Gateway {
         }
     }
 
-    /// Close one agent connection to make room: the oldest that has not sent a byte (it
-    /// is read first, in case its bytes are already here), else the HTTP connection idle
-    /// longest between requests. `among` narrows it to a door and a peer or principal;
-    /// `except` is the connection asking. Returns whether one was closed.
+    /// Close one agent connection to make room: the oldest that has not proven anything
+    /// yet — a framed one that sent no byte, an HTTP one with no head judged (silent, or a
+    /// head still trickling in) — read first in case its bytes are already here; else the
+    /// HTTP connection idle longest between requests. `among` narrows it to a door and a
+    /// peer or principal; `except` is the connection asking. Returns whether one was closed.
     fn displace(
         &mut self,
         among: Option<(Door, Option<&str>)>,
@@ -346,7 +347,11 @@ impl Gateway {
                 Some((door, Some(key))) => seat.door() == door && seat.key() == Some(key),
             }
         };
-        // Silent ones, oldest first.
+        // Unproven ones, oldest first.
+        let unproven = |c: &super::Conn| match &c.wire {
+            Wire::Http(h) => !h.judged() && !h.is_waiting(),
+            _ => !c.guard.read_any,
+        };
         let mut silent: Vec<(Instant, usize)> = self
             .conns
             .iter()
@@ -355,7 +360,7 @@ impl Gateway {
                 let c = c.as_ref()?;
                 (Some(slot) != except
                     && fits(c)
-                    && !c.guard.read_any
+                    && unproven(c)
                     && c.guard.lingering_since.is_none()
                     && !c.broken)
                     .then_some((c.guard.opened, slot))
@@ -366,7 +371,7 @@ impl Gateway {
             self.service_conn(slot, now);
             let still_silent = self.conns[slot]
                 .as_ref()
-                .is_some_and(|c| !c.guard.read_any && !c.broken);
+                .is_some_and(|c| unproven(c) && !c.broken && c.guard.lingering_since.is_none());
             if still_silent {
                 self.retire(slot, Some(Full::Agents), now);
                 return true;
@@ -409,7 +414,7 @@ impl Gateway {
         self.doors.tally.displaced(door);
         self.doors.note("displaced", now, |more| {
             format!(
-                "closing a {} connection of {} that sent nothing, to make room ({more} more since)",
+                "closing a {} connection of {} that had not sent a request, to make room ({more} more since)",
                 door.as_str(),
                 c.peer.principal
             )
