@@ -1,12 +1,14 @@
 //! The decision for one HTTP request, before any JSON-RPC processing, sans-IO.
 //!
-//! In order: route (`/mcp`, `/health`, `/metrics`, else 404); `Host` against the listen
+//! In order, on the head alone ([`Endpoint::decide_head`], before a byte of the body is
+//! read): route (`/mcp`, `/health`, `/metrics`, else 404); `Host` against the listen
 //! address, `public_url` and `[http] allowed_hosts` (DNS-rebinding defence); `Origin`
 //! against `public_url`; the bearer token (nothing of a refused request is read further);
-//! the method; `Accept` and `Content-Type`; the body as one JSON-RPC message; then the era's
-//! own rules (sessions in the legacy era, mirrored headers and `_meta` in the modern one).
+//! the method; `Accept` and `Content-Type`. Then, once the body of an accepted head is in
+//! ([`Endpoint::decide_body`]): the body as one JSON-RPC message; then the era's own rules
+//! (sessions in the legacy era, mirrored headers and `_meta` in the modern one).
 //!
-//! The outcome is a [`Decision`] the loop acts on: write a response now, hand a request to
+//! The outcome is a [`HeadDecision`], then a [`Decision`] the loop acts on: write a response now, hand a request to
 //! the core (and later turn the core's answer into a response with [`Endpoint::answer`]),
 //! hand a notification to the core and acknowledge it, or serve health or metrics with data
 //! the loop holds.
