@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::gateway::admin;
 use crate::gateway::core::{Action, ConnRef, Core, Expect, Peer};
-use crate::gateway::door_limits::{ConnGuard, Door, DoorLimits};
+use crate::gateway::door_limits::{ConnGuard, Door, DoorLimits, Seat};
 use crate::gateway::http_door::{HttpConn, HttpDoor, Step};
 use crate::gateway::listeners::{self, Listener};
 use crate::gateway::stdio::StdioSide;
@@ -461,12 +461,16 @@ impl Gateway {
         self.live_conns += 1;
         if let Some(c) = self.conns[slot].as_ref()
             && !matches!(c.wire, Wire::Admin(_))
+            && c.guard.seat.as_ref().is_none_or(Seat::is_agent)
         {
             let r = ConnRef {
                 slot,
                 generation: c.generation,
             };
             let peer = c.peer.clone();
+            if let Some(Some(c)) = self.conns.get_mut(slot) {
+                c.guard.announced = true;
+            }
             self.core.on_connect(r, &peer);
         }
         slot
@@ -842,7 +846,10 @@ impl Gateway {
             generation: c.generation,
         };
         let is_stdio = matches!(c.io, ConnIo::Stdio);
-        if c.guard.lingering_since.is_some() {
+        // Lingering, or kept only to be refused: nothing it sends is served.
+        if c.guard.lingering_since.is_some()
+            || (c.guard.close_when_drained && !matches!(c.wire, Wire::Http(_)))
+        {
             self.discard_input(slot);
             return;
         }
@@ -1031,7 +1038,7 @@ impl Gateway {
             }
             ConnIo::Stdio => {}
         }
-        if !matches!(c.wire, Wire::Admin(_)) {
+        if c.guard.announced {
             self.core.on_disconnect(
                 ConnRef {
                     slot,

@@ -95,6 +95,8 @@ pub struct ConnGuard {
     pub close_when_drained: bool,
     /// Half-closed at this time; input is read and dropped until EOF or the deadline.
     pub lingering_since: Option<Instant>,
+    /// The core was told of this connection (an agent's), so it must hear of its end.
+    pub announced: bool,
 }
 
 impl ConnGuard {
@@ -108,6 +110,7 @@ impl ConnGuard {
             write_blocked_since: None,
             close_when_drained: false,
             lingering_since: None,
+            announced: false,
         }
     }
 
@@ -186,8 +189,13 @@ pub fn check(f: &Facts, limits: &DoorLimits, now: Instant) -> Check {
         Stage::Busy | Stage::Closing => {}
         Stage::Lingering { since } => add(since, limits.linger, Expiry::Linger),
     }
+    // Until a head is judged, the auth deadline holds whatever the stage (a TLS handshake
+    // that completed and then went quiet is idle, yet unauthenticated).
     if unjudged
-        && matches!(f.stage, Stage::Opening | Stage::Head { .. })
+        && matches!(
+            f.stage,
+            Stage::Opening | Stage::Head { .. } | Stage::Idle { .. }
+        )
         && let Some(a) = t.auth
     {
         add(f.opened, a, Expiry::Auth);
@@ -253,6 +261,9 @@ mod tests {
         // Head started late: the auth deadline (accept + 9) comes before head start + 7.
         let f = facts(Door::Http, t0, Stage::Head { since: t0 + s(4) });
         assert_eq!(check(&f, &l, t0 + s(9)), Check::Expired(Expiry::Auth));
+        // Quiet after the TLS handshake, still unjudged: the auth deadline.
+        let quiet = facts(Door::Http, t0, Stage::Idle { since: t0 + s(1) });
+        assert_eq!(check(&quiet, &l, t0 + s(9)), Check::Expired(Expiry::Auth));
         // Once a head was judged, only the head deadline applies.
         let f = Facts { judged: true, ..f };
         assert_eq!(check(&f, &l, t0 + s(9)), Check::Due(Some(t0 + s(11))));

@@ -599,8 +599,13 @@ impl Gateway {
             Stage::Lingering {
                 since: c.guard.opened,
             }
+        } else if !self.serving && c.guard.door != Door::Admin {
+            // Agents are not read until the workers are ready: nobody is late yet.
+            Stage::Busy
         } else {
             match &c.wire {
+                // Not read this turn by our choice (a bound, or the answer just written).
+                Wire::Http(h) if c.paused && !h.closing => Stage::Busy,
                 Wire::Http(h) => h.stage(),
                 Wire::Framed(_) if !c.guard.read_any => Stage::Opening,
                 Wire::Framed(_) => match c.partial_since {
