@@ -4,7 +4,11 @@
 # Idempotent: safe to run again; installs only what is missing or pinned differently.
 #
 #   scripts/install-test-deps.sh              everything
-#   scripts/install-test-deps.sh PART...      only these parts: debian, python, node
+#   scripts/install-test-deps.sh PART...      only these parts: systemd, python3, python,
+#                                             node (debian = systemd and python3)
+#
+# The tests run it themselves for the parts they use (tests/common/deps.rs), so a fresh
+# clone needs nothing but `cargo test --workspace`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=versions.env
@@ -21,15 +25,18 @@ apt_install() {
 }
 
 # Debian packages: systemd-analyze (unit verification, security score) and
-# systemd-socket-activate; python3 with venv for the aggregator's test upstreams and the
-# Python SDK.
-install_debian_packages() {
-    local need=()
-    command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
-    command -v systemd-socket-activate >/dev/null 2>&1 || need+=(systemd)
-    command -v python3 >/dev/null 2>&1 || need+=(python3 python3-venv)
-    if [ ${#need[@]} -gt 0 ]; then
-        apt_install "${need[@]}"
+# systemd-socket-activate.
+install_systemd() {
+    if ! command -v systemd-analyze >/dev/null 2>&1 \
+        || ! command -v systemd-socket-activate >/dev/null 2>&1; then
+        apt_install systemd
+    fi
+}
+
+# python3 with venv, for the aggregator's test upstreams and the Python SDK's venv.
+install_python3() {
+    if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import venv' >/dev/null 2>&1; then
+        apt_install python3 python3-venv
     fi
 }
 
@@ -47,6 +54,7 @@ install_python_sdk() {
         echo "$requirements does not pin mcp==$MCP_PY_VERSION (scripts/versions.env)" >&2
         exit 1
     fi
+    install_python3
     mkdir -p target
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
@@ -99,7 +107,7 @@ EOF
 }
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(debian python node)
+[ ${#parts[@]} -gt 0 ] || parts=(systemd python3 python node)
 
 # Tests run this from several processes at once: one installer at a time.
 mkdir -p target
@@ -108,11 +116,16 @@ flock 9
 
 for part in "${parts[@]}"; do
     case "$part" in
-        debian) install_debian_packages ;;
+        debian)
+            install_systemd
+            install_python3
+            ;;
+        systemd) install_systemd ;;
+        python3) install_python3 ;;
         python) install_python_sdk ;;
         node) install_node_tools ;;
         *)
-            echo "unknown part $part (expected debian, python or node)" >&2
+            echo "unknown part $part (expected systemd, python3, python, node or debian)" >&2
             exit 2
             ;;
     esac

@@ -25,6 +25,9 @@ pub const DEFAULT_STATE_DIR: &str = "toolwall-data";
 /// `u64::MAX` they overflow `Instant` arithmetic (a panic at first use).
 pub const MAX_TIMEOUT_SECS: u64 = 24 * 3600;
 
+/// Longest `gateway.linger_secs`.
+pub const MAX_LINGER_SECS: u64 = 60;
+
 /// Most threads a worker pool may be configured with.
 pub const MAX_POOL_THREADS: usize = 1024;
 
@@ -99,12 +102,40 @@ pub struct GatewayConfig {
     pub max_in_flight_per_connection: usize,
     /// Requests in flight across all connections; beyond it, reading pauses everywhere.
     pub max_in_flight_total: usize,
-    /// Open agent connections; beyond it, new ones are refused.
+    /// Open agent connections of every door together (framed and HTTP; the admin socket has
+    /// its own reserve). When full, a new connection takes the place of one that has not
+    /// sent a byte yet; else it is refused with an error it can read.
     pub max_connections: usize,
+    /// Framed connections of one peer (unix uid, vsock cid); default a quarter of
+    /// `max_connections`.
+    pub max_connections_per_peer: Option<usize>,
+    /// Seconds from accept to a framed connection's first byte; a silent one is closed.
+    pub accept_timeout_secs: u64,
+    /// Seconds a framed connection may sit with nothing in flight and nothing read or
+    /// written (a ping counts); then it is closed.
+    pub idle_timeout_secs: u64,
+    /// Seconds output may wait with none of it taken by the agent; then it is closed.
+    pub write_stall_secs: u64,
+    /// Seconds a connection is read and drained after an error answer or a refusal, before
+    /// it is closed, so the client reads what it was sent.
+    pub linger_secs: u64,
+    /// Connections lingering (or kept only to be refused) at once; beyond it they are
+    /// closed at once.
+    pub max_lingering: usize,
     /// Bytes queued for one agent connection before reading from it pauses.
     pub max_write_buffer_bytes: usize,
     /// Seconds to finish calls in flight after SIGTERM.
     pub drain_secs: u64,
+}
+
+impl GatewayConfig {
+    /// `max_connections_per_peer`, or its default: a quarter of `max_connections`, at
+    /// least 1.
+    pub fn connections_per_peer(&self) -> usize {
+        self.max_connections_per_peer
+            .unwrap_or(self.max_connections / 4)
+            .max(1)
+    }
 }
 
 impl Default for GatewayConfig {
@@ -116,6 +147,12 @@ impl Default for GatewayConfig {
             max_in_flight_per_connection: 64,
             max_in_flight_total: 4096,
             max_connections: 1024,
+            max_connections_per_peer: None,
+            accept_timeout_secs: 10,
+            idle_timeout_secs: 600,
+            write_stall_secs: 60,
+            linger_secs: 2,
+            max_lingering: 64,
             max_write_buffer_bytes: 8 * 1024 * 1024,
             drain_secs: 30,
         }
@@ -127,12 +164,18 @@ impl Default for GatewayConfig {
 pub struct AdminConfig {
     /// The admin socket (mode 0600): status, reload, approvals.
     pub socket: PathBuf,
+    /// Admin connections at once: a reserve of their own, never taken by agents.
+    pub max_connections: usize,
+    /// Seconds an admin connection may take to send a request line, or to take its answer.
+    pub timeout_secs: u64,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             socket: PathBuf::from(DEFAULT_STATE_DIR).join("admin.sock"),
+            max_connections: 8,
+            timeout_secs: 10,
         }
     }
 }
@@ -219,6 +262,20 @@ impl Config {
             ),
             ("gateway.max_in_flight_total", g.max_in_flight_total),
             ("gateway.max_connections", g.max_connections),
+            (
+                "gateway.max_connections_per_peer",
+                g.max_connections_per_peer.unwrap_or(1),
+            ),
+            (
+                "gateway.accept_timeout_secs",
+                g.accept_timeout_secs as usize,
+            ),
+            ("gateway.idle_timeout_secs", g.idle_timeout_secs as usize),
+            ("gateway.write_stall_secs", g.write_stall_secs as usize),
+            ("gateway.linger_secs", g.linger_secs as usize),
+            ("gateway.max_lingering", g.max_lingering),
+            ("admin.max_connections", self.admin.max_connections),
+            ("admin.timeout_secs", self.admin.timeout_secs as usize),
             ("gateway.max_write_buffer_bytes", g.max_write_buffer_bytes),
             ("builtin.threads", self.builtin.threads),
         ];
@@ -234,10 +291,32 @@ impl Config {
             ("gateway.request_timeout_secs", g.request_timeout_secs),
             ("gateway.tool_call_timeout_secs", g.tool_call_timeout_secs),
             ("gateway.drain_secs", g.drain_secs),
+            ("gateway.accept_timeout_secs", g.accept_timeout_secs),
+            ("gateway.idle_timeout_secs", g.idle_timeout_secs),
+            ("gateway.write_stall_secs", g.write_stall_secs),
+            ("admin.timeout_secs", self.admin.timeout_secs),
         ] {
             if value > MAX_TIMEOUT_SECS {
                 return Err(ConfigError(format!(
                     "{origin}: {key} must be at most {MAX_TIMEOUT_SECS}"
+                )));
+            }
+        }
+        // Lingering is a courtesy to a client being refused: seconds, not minutes.
+        if g.linger_secs > MAX_LINGER_SECS {
+            return Err(ConfigError(format!(
+                "{origin}: gateway.linger_secs must be at most {MAX_LINGER_SECS}"
+            )));
+        }
+        let max = crate::transport::http::config::MAX_CONNECTIONS;
+        for (key, value) in [
+            ("gateway.max_connections", g.max_connections),
+            ("gateway.max_lingering", g.max_lingering),
+            ("admin.max_connections", self.admin.max_connections),
+        ] {
+            if value > max {
+                return Err(ConfigError(format!(
+                    "{origin}: {key} must be at most {max}"
                 )));
             }
         }

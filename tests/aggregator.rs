@@ -54,6 +54,7 @@ struct Upstream {
 impl Upstream {
     /// The fixture upstream with these flags, on `port` (0: any).
     fn fixture(port: u16, flags: &[&str]) -> Upstream {
+        common::deps::ensure(&["python3"]);
         let mut child = Command::new("python3")
             .arg(manifest_dir().join("tests/fixtures/upstream.py"))
             .arg("--port")
@@ -78,6 +79,7 @@ impl Upstream {
 
     /// The official Python SDK's server on a free port.
     fn sdk(flags: &[&str]) -> Upstream {
+        common::deps::ensure(&["python"]);
         let python = manifest_dir().join("target/mcp-venv/bin/python");
         assert!(
             python.exists(),

@@ -942,29 +942,55 @@ fn other_refusals_411_417_431_505_and_503() {
     assert_eq!(http.call(&post).status, 200, "room again after DELETE");
     drop(http);
 
-    // 503 (or a closed connection) beyond max_connections.
-    // The connections above close on our side first; the door may not have seen them
-    // all go yet, so take the four slots as they free up.
+    // 503 with Retry-After beyond max_connections, while /health is still answered.
+    // Connections with an accepted head whose body is still arriving hold their seats
+    // (connections that said nothing, whose head is still trickling in, or that sit idle
+    // between requests would make room); one principal may hold a quarter of the door, so
+    // four principals take its four seats as the connections above free theirs.
+    let busy_probe = gw.post(&rpc(9, "tools/list", json!({}))).bearer(&token);
     let mut held = Vec::new();
-    eventually("four connections held", || {
-        let mut h = gw.http();
-        h.send(&Req::new("GET", "/health", port));
-        if h.response().is_some_and(|r| r.status == 200) {
-            held.push(h);
-        }
-        held.len() == 4
-    });
-    let mut extra = gw.http();
-    extra.send(&Req::new("GET", "/health", port));
-    // None: closed at once, which is fine too.
-    if let Some(r) = extra.response() {
-        assert_eq!(r.status, 503, "{}", r.text());
+    for who in ["p1", "p2", "p3", "p4"] {
+        let t = gw.client_token(who);
+        eventually("a body-in-progress connection held", || {
+            let mut h = gw.http();
+            let head = gw
+                .post(&json!({}))
+                .bearer(&t)
+                .set("Content-Length", "100")
+                .body(Vec::new())
+                .bytes();
+            let head = String::from_utf8(head)
+                .unwrap()
+                .replace("Content-Length: 0\r\n", "");
+            h.send_raw(head.as_bytes());
+            h.stream
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            // Refused: a 503 comes back at once; held: nothing comes.
+            let refused = h.response().is_some();
+            h.stream.set_read_timeout(Some(PATIENCE)).unwrap();
+            if !refused {
+                held.push(h);
+            }
+            !refused
+        });
     }
+    let mut extra = gw.http();
+    let r = extra.call(&busy_probe);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.header("Retry-After").is_some(), "{:?}", r.headers);
+    assert!(extra.closed_by_peer(), "a refused connection closes");
+    let mut extra = gw.http();
+    assert_eq!(
+        extra.call(&Req::new("GET", "/health", port)).status,
+        200,
+        "/health is answered on a full door"
+    );
     drop(held);
-    eventually("a connection slot to free up", || {
+    eventually("a connection seat to free up", || {
         let mut h = gw.http();
-        h.send(&Req::new("GET", "/health", port));
-        h.response().is_some_and(|r| r.status == 200)
+        h.send(&busy_probe);
+        h.response().is_some_and(|r| r.status == 400)
     });
 }
 
@@ -974,15 +1000,24 @@ fn other_refusals_411_417_431_505_and_503() {
 fn http_limits_follow_a_reload() {
     let gw = HttpGateway::start("", "[http]\nmax_connections = 1\n");
     let port = gw.port;
+    let token = gw.client_token("alice");
     let health = || Req::new("GET", "/health", port);
+    // A connection whose accepted head waits for its body holds the one seat.
     let mut first = gw.http();
-    assert_eq!(first.call(&health()).status, 200);
+    let head = gw
+        .post(&json!({}))
+        .bearer(&token)
+        .set("Content-Length", "100")
+        .body(Vec::new())
+        .bytes();
+    let head = String::from_utf8(head)
+        .unwrap()
+        .replace("Content-Length: 0\r\n", "");
+    first.send_raw(head.as_bytes());
+    std::thread::sleep(Duration::from_millis(100));
     let mut second = gw.http();
-    second.send(&health());
-    assert!(
-        second.response().is_none_or(|r| r.status == 503),
-        "max_connections = 1 holds"
-    );
+    let r = second.call(&gw.post(&initialize(1)).bearer(&token));
+    assert_eq!(r.status, 503, "max_connections = 1 holds: {}", r.text());
 
     let config = std::fs::read_to_string(&gw.config_path).unwrap();
     std::fs::write(

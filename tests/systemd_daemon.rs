@@ -129,6 +129,7 @@ fn ready_status_watchdog_reload_and_stop_over_notify_socket() {
 
 #[test]
 fn socket_activation_through_systemd_socket_activate() {
+    common::deps::ensure(&["systemd"]);
     if Command::new("systemd-socket-activate")
         .arg("--help")
         .output()

@@ -2,6 +2,9 @@
 //! exposure, the units agreeing with the example configs and with the daemon's door names,
 //! and the install script's dry run.
 
+#[path = "common/deps.rs"]
+mod deps;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -52,6 +55,7 @@ fn seconds(value: &str) -> u64 {
 }
 
 fn run_script(script: &str, args: &[&str]) -> (bool, String) {
+    deps::ensure(&["systemd"]);
     let out = Command::new(repo().join("systemd").join(script))
         .args(args)
         .env("TOOLWALL_BIN", env!("CARGO_BIN_EXE_toolwall"))

@@ -15,7 +15,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Scenarios that must pass; the baseline may list only their untestable checks.
@@ -58,28 +57,7 @@ fn pins() -> BTreeMap<String, String> {
 
 /// Install (or confirm) the pinned tools, once per test process.
 fn ensure_installed() {
-    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
-    let result = DONE.get_or_init(|| {
-        let out = Command::new(repo().join("scripts/install-test-deps.sh"))
-            .args(["node", "python"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("run scripts/install-test-deps.sh: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "scripts/install-test-deps.sh node python failed ({}); it needs the npm \
-                 registry and PyPI:\n{}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    common::deps::ensure(&["node", "python"]);
 }
 
 /// A command with Node 22 first on PATH and a private HOME (the Inspector keeps a catalog

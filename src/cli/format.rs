@@ -27,6 +27,13 @@ pub fn format_status(s: &serde_json::Value) -> String {
         s["sandbox_mode"].as_str().unwrap_or(""),
         s["last_reload"].as_str().unwrap_or("never")
     );
+    if let Some(seats) = s["seats"].as_object() {
+        let _ = writeln!(
+            out,
+            "seats: {}",
+            crate::gateway::door_limits::seats_line(seats)
+        );
+    }
     let c = &s["counters"];
     let _ = writeln!(
         out,

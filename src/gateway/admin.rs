@@ -132,6 +132,7 @@ fn status(gw: &Gateway, now: Instant) -> Value {
         "ready": gw.is_ready(),
         "uptime_s": now.saturating_duration_since(gw.started).as_secs(),
         "connections": gw.live_connections(),
+        "seats": gw.door_seats(),
         "in_flight": core.in_flight_total(),
         "counters": core.counters,
         "tools": core.catalog().len(Kind::Tools),

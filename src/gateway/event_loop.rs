@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::gateway::admin;
 use crate::gateway::core::{Action, ConnRef, Core, Expect, Peer};
+use crate::gateway::door_limits::{ConnGuard, Door, DoorLimits, Seat};
 use crate::gateway::http_door::{HttpConn, HttpDoor, Step};
 use crate::gateway::listeners::{self, Listener};
 use crate::gateway::stdio::StdioSide;
@@ -29,6 +30,8 @@ use crate::transport::lines::{Line, LineInbound};
 use crate::transport::write_interest::WriteInterest;
 use crate::workers::settings::WorkerSettings;
 use crate::workers::supervisor::{Supervisor, WorkerEvent, WorkerSpec};
+
+mod doors;
 
 const SIGNALS: Token = Token(0);
 const WAKE: Token = Token(1);
@@ -84,6 +87,8 @@ struct Conn {
     paused: bool,
     /// Registered writable only while output waits.
     write_interest: WriteInterest,
+    /// Its seat in the doors' budgets and the facts its deadlines are measured from.
+    guard: ConnGuard,
 }
 
 impl Conn {
@@ -153,9 +158,8 @@ pub struct Gateway {
     listeners: Vec<Listener>,
     admin: Option<mio::net::UnixListener>,
     signals: SignalFd,
-    /// When the oldest incomplete frame times out: one deadline for all connections,
-    /// found again by a scan when it passes (bounded memory whatever the call rate).
-    frame_deadline: Option<Instant>,
+    /// Budgets, deadlines and tallies of the doors (`event_loop/doors.rs`).
+    doors: doors::DoorState,
     /// Connections given output by this pass of `end_turn`: each is written once, after
     /// every action of the pass, not once per answer.
     to_flush: Vec<usize>,
@@ -175,10 +179,6 @@ pub struct Gateway {
     watchdog: Option<systemd::WatchdogTimer>,
     /// The Streamable HTTP door, when `[listen] http` is set.
     http: Option<HttpDoor>,
-    /// Next check of HTTP connections' request and keep-alive timers.
-    http_check_at: Option<Instant>,
-    /// Open HTTP connections (bounded by `http.max_connections`).
-    http_conns: usize,
     /// The last STATUS= line sent, and when: sent again when it changes, at most once a second.
     status_sent: (String, Instant),
 }
@@ -255,6 +255,7 @@ impl Gateway {
         let mut listeners_out = Vec::new();
         let mut http_door = None;
         if mode == Mode::Serve {
+            doors::ensure_descriptors(&config);
             http_door = HttpDoor::open(&config).map_err(|e| format!("http door: {e}"))?;
             let tls = http_door.as_ref().is_some_and(HttpDoor::is_tls);
             listeners_out = open_listeners(&config, from_systemd.inherited, tls)?;
@@ -339,6 +340,7 @@ impl Gateway {
             core.set_workspaces(directory, ws_workers);
         }
 
+        let door_limits = DoorLimits::from_config(&config);
         let mut gw = Gateway {
             poll,
             config,
@@ -351,7 +353,7 @@ impl Gateway {
             listeners: listeners_out,
             admin,
             signals,
-            frame_deadline: None,
+            doors: doors::DoorState::new(door_limits),
             to_flush: Vec::new(),
             stdio: None,
             stdio_slot: None,
@@ -369,8 +371,6 @@ impl Gateway {
                 .map(|p| systemd::WatchdogTimer::new(p, Instant::now())),
             status_sent: (String::new(), Instant::now()),
             http: http_door,
-            http_check_at: None,
-            http_conns: 0,
         };
         if let Some(period) = gw.watchdog.as_ref().map(systemd::WatchdogTimer::period) {
             crate::info!(
@@ -407,7 +407,8 @@ impl Gateway {
             principal: format!("uid:{uid}"),
             process: listeners::process_name(ppid).unwrap_or_else(|| "unknown".into()),
         };
-        let slot = self.insert_conn(ConnIo::Stdio, Wire::Lines(LineInbound::new()), peer);
+        let guard = ConnGuard::new(Door::Stdio, None, Instant::now());
+        let slot = self.insert_conn(ConnIo::Stdio, Wire::Lines(LineInbound::new()), peer, guard);
         // The agent started us as its own uid: an admin socket it can reach would let it
         // approve its own asks, so asks go to the operator only when it cannot.
         let admin = self
@@ -450,7 +451,7 @@ impl Gateway {
         self.live_conns
     }
 
-    fn insert_conn(&mut self, io: ConnIo, wire: Wire, peer: Peer) -> usize {
+    fn insert_conn(&mut self, io: ConnIo, wire: Wire, peer: Peer, guard: ConnGuard) -> usize {
         self.generation += 1;
         let conn = Conn {
             generation: self.generation,
@@ -464,6 +465,7 @@ impl Gateway {
             partial_since: None,
             paused: false,
             write_interest: WriteInterest::default(),
+            guard,
         };
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -478,12 +480,16 @@ impl Gateway {
         self.live_conns += 1;
         if let Some(c) = self.conns[slot].as_ref()
             && !matches!(c.wire, Wire::Admin(_))
+            && c.guard.seat.as_ref().is_none_or(Seat::is_agent)
         {
             let r = ConnRef {
                 slot,
                 generation: c.generation,
             };
             let peer = c.peer.clone();
+            if let Some(Some(c)) = self.conns.get_mut(slot) {
+                c.guard.announced = true;
+            }
             self.core.on_connect(r, &peer);
         }
         slot
@@ -541,8 +547,7 @@ impl Gateway {
                 .on_timers(self.poll.registry(), now, &mut worker_events);
             self.apply_worker_events(&mut worker_events, now);
             self.core.on_timers(now);
-            self.check_frame_timers(now);
-            self.check_http_timers(now);
+            self.sweep_doors(now);
             self.end_turn(now, &mut worker_events);
             self.maybe_announce_ready();
             self.tell_systemd();
@@ -681,13 +686,17 @@ impl Gateway {
         let Some(Some(c)) = self.conns.get_mut(slot) else {
             return;
         };
+        let mut written = 0;
         while c.out_pos < c.out.len() {
             match c.io.write(&c.out[c.out_pos..]) {
                 Ok(0) => {
                     c.broken = true;
                     break;
                 }
-                Ok(n) => c.out_pos += n,
+                Ok(n) => {
+                    c.out_pos += n;
+                    written += n;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
@@ -707,6 +716,9 @@ impl Gateway {
             c.out_pos = 0;
         }
         let pending = c.out_pos < c.out.len();
+        if written > 0 || pending || c.guard.write_blocked_since.is_some() {
+            c.guard.on_write(written, pending, Instant::now());
+        }
         let token = Token(CONN_BASE + slot);
         let registry = self.poll.registry();
         if c.write_interest
@@ -745,18 +757,27 @@ impl Gateway {
                 loop {
                     match door.process(h, &mut c.out, &mut self.core, conn, now) {
                         Step::NeedBytes => {}
+                        // A call is with the core: still read (pipelined bytes, bounded),
+                        // to see the client close, which cancels a modern-era call.
+                        Step::Waiting if h.is_waiting() => {}
+                        Step::Waiting => break None,
                         other => break Some(other),
                     }
-                    if c.read_closed || c.broken || h.closing || !door.wants_bytes(h) {
+                    let room = door.read_room(h).min(16 * 1024);
+                    if c.read_closed || c.broken || h.closing || room == 0 {
                         break None;
                     }
                     let mut buf = [0u8; 16 * 1024];
-                    match c.io.read(&mut buf) {
+                    match c.io.read(&mut buf[..room]) {
                         Ok(0) => {
                             c.read_closed = true;
+                            if h.is_waiting() && h.pending_is_modern() {
+                                c.broken = true;
+                            }
                             break None;
                         }
                         Ok(n) => {
+                            c.guard.on_read(n, now);
                             if let Err(e) = door.on_bytes(h, &buf[..n], &mut c.out, now) {
                                 crate::debug!("http connection of {}: {e}", c.peer.principal);
                                 h.closing = true;
@@ -791,12 +812,24 @@ impl Gateway {
                         door.write_metrics(h, &text, keep_alive, &mut c.out);
                     }
                 }
+                Some(Step::Seat { principal }) => {
+                    let seated = self.seat_http(slot, &principal, now);
+                    if let (Some(door), Some(Some(c))) =
+                        (self.http.as_mut(), self.conns.get_mut(slot))
+                        && let Wire::Http(h) = &mut c.wire
+                    {
+                        door.seated(h, seated, &mut c.out, now);
+                    }
+                }
+                Some(Step::CancelElsewhere {
+                    target,
+                    principal,
+                    payload,
+                }) => self.cancel_elsewhere(target, principal, &payload, now),
                 _ => break,
             }
         }
         self.flush_conn(slot);
-        self.http_check_at
-            .get_or_insert(now + Duration::from_secs(1));
     }
 
     /// What `/health` says.
@@ -846,49 +879,9 @@ impl Gateway {
             .as_ref()
             .map(HttpDoor::responses)
             .unwrap_or_default();
+        m.connections_closed = self.doors.tally.closed.clone();
+        m.connections_refused = self.doors.tally.refused.clone();
         m
-    }
-
-    /// Slow HTTP clients (408) and idle keep-alive connections (closed), once a second.
-    fn check_http_timers(&mut self, now: Instant) {
-        if self.http_check_at.is_none_or(|t| t > now) {
-            return;
-        }
-        self.http_check_at = None;
-        let Some(door) = self.http.as_mut() else {
-            return;
-        };
-        door.sweep(now);
-        let request_timeout = Duration::from_secs(self.config.http.request_timeout_secs);
-        let idle_timeout = Duration::from_secs(self.config.http.keepalive_idle_secs);
-        let mut any = false;
-        for c in self.conns.iter_mut().flatten() {
-            let Wire::Http(h) = &mut c.wire else { continue };
-            any = true;
-            if h.is_waiting() || h.closing {
-                continue;
-            }
-            if h.mid_request() {
-                if h.request_started
-                    .is_some_and(|t| t + request_timeout <= now)
-                {
-                    door.time_out(h, &mut c.out);
-                }
-            } else if h.idle_since + idle_timeout <= now && c.queued() == 0 {
-                c.broken = true;
-            }
-        }
-        if any {
-            self.http_check_at = Some(now + Duration::from_secs(1));
-        }
-        for slot in 0..self.conns.len() {
-            if self.conns[slot]
-                .as_ref()
-                .is_some_and(|c| matches!(c.wire, Wire::Http(_)) && c.queued() > 0)
-            {
-                self.flush_conn(slot);
-            }
-        }
     }
 
     /// Read and hand messages to the core while the bounds allow.
@@ -902,6 +895,13 @@ impl Gateway {
             generation: c.generation,
         };
         let is_stdio = matches!(c.io, ConnIo::Stdio);
+        // Lingering, or kept only to be refused: nothing it sends is served.
+        if c.guard.lingering_since.is_some()
+            || (c.guard.close_when_drained && !matches!(c.wire, Wire::Http(_)))
+        {
+            self.discard_input(slot);
+            return;
+        }
         if matches!(c.wire, Wire::Admin(_)) {
             self.service_admin(slot);
             return;
@@ -1026,13 +1026,10 @@ impl Gateway {
                 }
                 Ok(n) => {
                     inb.filled(n);
+                    c.guard.on_read(n, now);
                     if inb.has_partial() {
                         if c.partial_since.is_none() {
                             c.partial_since = Some(now);
-                            let deadline = now + Duration::from_secs(limits.frame_timeout_secs);
-                            if self.frame_deadline.is_none_or(|d| deadline < d) {
-                                self.frame_deadline = Some(deadline);
-                            }
                         }
                     } else {
                         c.partial_since = None;
@@ -1070,63 +1067,8 @@ impl Gateway {
         }
     }
 
-    fn check_frame_timers(&mut self, now: Instant) {
-        if self.frame_deadline.is_none_or(|d| d > now) {
-            return;
-        }
-        let timeout = Duration::from_secs(self.config.gateway.frame_timeout_secs);
-        let mut next: Option<Instant> = None;
-        for c in self.conns.iter_mut().flatten() {
-            let Some(since) = c.partial_since else {
-                continue;
-            };
-            if since + timeout <= now && !c.paused {
-                crate::warn!(
-                    "closing {} connection of {}: a frame did not arrive whole within {} s (gateway.frame_timeout_secs)",
-                    c.peer.transport.as_str(),
-                    c.peer.principal,
-                    timeout.as_secs()
-                );
-                c.broken = true;
-            } else {
-                // Paused connections hold whole frames; look again a timeout later.
-                let due = if since + timeout <= now {
-                    now + timeout
-                } else {
-                    since + timeout
-                };
-                next = Some(next.map_or(due, |n| n.min(due)));
-            }
-        }
-        self.frame_deadline = next;
-    }
-
-    fn close_finished(&mut self) {
-        for slot in 0..self.conns.len() {
-            let done = match &self.conns[slot] {
-                Some(c) => {
-                    let conn = ConnRef {
-                        slot,
-                        generation: c.generation,
-                    };
-                    let idle = self.core.in_flight(conn) == 0;
-                    let drained = if matches!(c.io, ConnIo::Stdio) {
-                        self.stdio.as_ref().is_some_and(|s| s.pending() == 0)
-                    } else {
-                        c.queued() == 0
-                    };
-                    let closing = matches!(&c.wire, Wire::Http(h) if h.closing);
-                    c.broken || (c.read_closed && idle && drained) || (closing && drained)
-                }
-                None => false,
-            };
-            if done && Some(slot) != self.stdio_slot {
-                self.close_conn(slot);
-            }
-        }
-    }
-
     fn close_conn(&mut self, slot: usize) {
+        self.on_conn_closing(slot, Instant::now());
         let Some(mut c) = self.conns[slot].take() else {
             return;
         };
@@ -1145,10 +1087,7 @@ impl Gateway {
             }
             ConnIo::Stdio => {}
         }
-        if matches!(c.wire, Wire::Http(_)) {
-            self.http_conns -= 1;
-        }
-        if !matches!(c.wire, Wire::Admin(_)) {
+        if c.guard.announced {
             self.core.on_disconnect(
                 ConnRef {
                     slot,
@@ -1160,202 +1099,6 @@ impl Gateway {
         }
         self.free.push(slot);
         self.live_conns -= 1;
-    }
-
-    fn accept(&mut self, index: usize) {
-        loop {
-            let accepted = match self.listeners.get_mut(index) {
-                Some(Listener::Unix { socket, .. }) => match socket.accept() {
-                    Ok((stream, _)) => Some(self.unix_conn(stream)),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-                    Err(e) => {
-                        crate::warn!("accept on unix listener: {e}");
-                        None
-                    }
-                },
-                Some(Listener::Http { socket, .. }) => match socket.accept() {
-                    Ok((mut stream, addr)) => {
-                        let limit = self.config.http.max_connections;
-                        if self.http_conns >= limit {
-                            crate::warn!(
-                                "refusing an HTTP connection from {addr}: {} open (http.max_connections)",
-                                self.http_conns
-                            );
-                            let busy = crate::transport::http::endpoint::overloaded_response();
-                            let _ = stream.write(&busy.bytes);
-                            if let Some(door) = self.http.as_mut() {
-                                door.count_response(busy.status);
-                            }
-                            continue;
-                        }
-                        let _ = stream.set_nodelay(true);
-                        Some(Ok((
-                            ConnIo::Tcp(stream),
-                            Peer {
-                                transport: Transport::Http,
-                                principal: format!("tcp:{addr}"),
-                                process: "http".into(),
-                            },
-                        )))
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-                    Err(e) => {
-                        crate::warn!("accept on http listener: {e}");
-                        None
-                    }
-                },
-                Some(Listener::Vsock { socket, .. }) => match socket.accept() {
-                    Ok((stream, addr)) => Some(self.vsock_conn(stream, addr.cid())),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-                    Err(e) => {
-                        crate::warn!("accept on vsock listener: {e}");
-                        None
-                    }
-                },
-                None => None,
-            };
-            let Some(accepted) = accepted else { return };
-            let Ok((io, peer)) = accepted else { continue };
-            if self.live_conns >= self.config.gateway.max_connections {
-                crate::warn!(
-                    "refusing a {} connection from {}: {} connections open (gateway.max_connections)",
-                    peer.transport.as_str(),
-                    peer.principal,
-                    self.live_conns
-                );
-                continue;
-            }
-            let wire = match &io {
-                ConnIo::Tcp(_) => match self.http.as_ref().map(HttpDoor::new_conn) {
-                    Some(Ok(h)) => Wire::Http(Box::new(h)),
-                    Some(Err(e)) => {
-                        crate::warn!("http connection: {e}");
-                        continue;
-                    }
-                    None => continue,
-                },
-                _ => Wire::Framed(FramedInbound::new()),
-            };
-            if matches!(wire, Wire::Http(_)) {
-                self.http_conns += 1;
-            }
-            let slot = self.insert_conn(io, wire, peer);
-            let token = Token(CONN_BASE + slot);
-            let registered = match &mut self.conns[slot].as_mut().map(|c| &mut c.io) {
-                Some(ConnIo::Unix(s)) => {
-                    self.poll
-                        .registry()
-                        .register(s, token, WriteInterest::INITIAL)
-                }
-                Some(ConnIo::Tcp(s)) => {
-                    self.poll
-                        .registry()
-                        .register(s, token, WriteInterest::INITIAL)
-                }
-                Some(ConnIo::Vsock(s)) => self.poll.registry().register(
-                    &mut SourceFd(&s.as_raw_fd()),
-                    token,
-                    WriteInterest::INITIAL,
-                ),
-                _ => Ok(()),
-            };
-            if let Err(e) = registered {
-                crate::warn!("register connection: {e}");
-                self.close_conn(slot);
-            }
-        }
-    }
-
-    fn unix_conn(&self, stream: UnixStream) -> io::Result<(ConnIo, Peer)> {
-        let (principal, process) = match listeners::unix_peer(&stream) {
-            Some((uid, pid)) => (
-                format!("uid:{uid}"),
-                listeners::process_name(pid).unwrap_or_else(|| "unknown".into()),
-            ),
-            None => ("unknown".into(), "unknown".into()),
-        };
-        Ok((
-            ConnIo::Unix(stream),
-            Peer {
-                transport: Transport::Unix,
-                principal,
-                process,
-            },
-        ))
-    }
-
-    fn vsock_conn(&self, stream: vsock::VsockStream, cid: u32) -> io::Result<(ConnIo, Peer)> {
-        stream.set_nonblocking(true)?;
-        Ok((
-            ConnIo::Vsock(stream),
-            Peer {
-                transport: Transport::Vsock,
-                principal: format!("cid:{cid}"),
-                process: "unknown".into(),
-            },
-        ))
-    }
-
-    fn accept_admin(&mut self) {
-        loop {
-            let Some(l) = self.admin.as_mut() else { return };
-            match l.accept() {
-                Ok((mut stream, _)) => {
-                    let principal = listeners::unix_peer(&stream)
-                        .map(|(uid, _)| format!("uid:{uid}"))
-                        .unwrap_or_else(|| "unknown".into());
-                    if self.live_conns >= self.config.gateway.max_connections {
-                        continue;
-                    }
-                    let slot = self
-                        .conns
-                        .iter()
-                        .position(Option::is_none)
-                        .unwrap_or(self.conns.len());
-                    let token = Token(CONN_BASE + slot);
-                    if self
-                        .poll
-                        .registry()
-                        .register(&mut stream, token, WriteInterest::INITIAL)
-                        .is_err()
-                    {
-                        continue;
-                    }
-                    let peer = Peer {
-                        transport: Transport::Unix,
-                        principal,
-                        process: "admin".into(),
-                    };
-                    // insert_conn takes free slots first; keep the token's slot.
-                    self.free.retain(|s| *s != slot);
-                    self.generation += 1;
-                    let conn = Conn {
-                        generation: self.generation,
-                        io: ConnIo::Unix(stream),
-                        wire: Wire::Admin(LineInbound::new()),
-                        peer,
-                        out: Vec::new(),
-                        out_pos: 0,
-                        read_closed: false,
-                        broken: false,
-                        partial_since: None,
-                        paused: false,
-                        write_interest: WriteInterest::default(),
-                    };
-                    if slot == self.conns.len() {
-                        self.conns.push(Some(conn));
-                    } else {
-                        self.conns[slot] = Some(conn);
-                    }
-                    self.live_conns += 1;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) => {
-                    crate::warn!("accept on admin socket: {e}");
-                    return;
-                }
-            }
-        }
     }
 
     fn service_admin(&mut self, slot: usize) {
@@ -1372,6 +1115,7 @@ impl Gateway {
                         break;
                     }
                     Ok(n) => {
+                        c.guard.on_read(n, Instant::now());
                         if let Wire::Admin(inb) = &mut c.wire {
                             inb.push(&buf[..n]);
                         }
@@ -1489,6 +1233,10 @@ impl Gateway {
                         }
                     }
                 }
+                // Budgets and deadlines of every door follow; seats already given stay.
+                self.doors
+                    .budgets
+                    .set_limits(DoorLimits::from_config(&config));
                 crate::info!("{summary}");
                 self.core.event(
                     "reload",
@@ -1635,11 +1383,10 @@ impl Gateway {
         let candidates = [
             self.core.next_deadline(),
             self.supervisor.next_deadline(),
-            self.frame_deadline,
+            self.doors.check_at,
             self.stop_deadline,
             (!self.serving).then_some(self.started + START_GRACE),
             self.watchdog.as_ref().map(systemd::WatchdogTimer::deadline),
-            self.http_check_at,
         ];
         candidates.into_iter().flatten().min().map(|t| {
             t.saturating_duration_since(now)

@@ -2,7 +2,15 @@
 //! by the sans-IO [`RequestReader`], judged by the sans-IO [`Endpoint`], with TLS driven by
 //! hand. One request per connection is with the core at a time, so pipelined answers go
 //! out in order; the next request is parsed when the answer is written.
+//!
+//! A head is judged before its body is read: a refused one (bad token, wrong route, a
+//! principal over its share) never gets `100 Continue` and never has its body buffered, so
+//! an unauthenticated connection holds at most one head (`http.max_head_bytes`). Legacy
+//! calls are indexed by session and request id, so `notifications/cancelled` from any
+//! connection of the session finds the one holding the call; a modern-era call is cancelled
+//! when its connection closes.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,13 +18,14 @@ use rustls::ServerConfig;
 
 use crate::config::Config;
 use crate::gateway::core::{ConnRef, Core, Expect, Peer};
+use crate::gateway::door_limits::Stage;
 use crate::policy::Transport;
 use crate::tokens::TokenStore;
 use crate::transport::http::endpoint::{self, HealthReport};
 use crate::transport::http::response::CONTINUE_100;
 use crate::transport::http::{
-    Call, Decision, DoorSettings, Endpoint, HttpResponse, Progress, RequestLimits, RequestReader,
-    TlsSession, load_server_config,
+    Call, Decision, DoorSettings, Endpoint, Era, HeadDecision, HttpResponse, Progress, Request,
+    RequestLimits, RequestReader, TlsSession, load_server_config,
 };
 
 /// How often idle sessions are swept.
@@ -31,6 +40,11 @@ pub struct HttpDoor {
     next_session_sweep: Instant,
     /// Responses written, by status (for `/metrics`); bounded by the statuses that exist.
     responses: std::collections::BTreeMap<u16, u64>,
+    /// Legacy calls with the core, by (session, raw request id): where a cancel for them
+    /// goes. At most one entry per connection (each holds one call at a time).
+    waiting: HashMap<(String, String), ConnRef>,
+    /// `Retry-After` of a 503 for a full door or principal.
+    retry_after_secs: u64,
 }
 
 /// One HTTP connection's state.
@@ -47,10 +61,24 @@ pub struct HttpConn {
     seq: u32,
     /// When the request now arriving started (slow-client timer).
     pub request_started: Option<Instant>,
+    /// When the body of the accepted head started to be awaited.
+    body_started: Option<Instant>,
     /// When the connection last finished a request (keep-alive idle timer).
     pub idle_since: Instant,
     /// Close once the output is written.
     pub closing: bool,
+    /// Whether any byte arrived.
+    seen_bytes: bool,
+    /// Whether a head was judged here (until then the auth deadline applies).
+    judged: bool,
+    /// The principal this connection's seat counts for, once a head named one.
+    principal: Option<String>,
+    /// A head authenticated a principal that is not yet this connection's: the loop finds
+    /// it a seat, then calls [`HttpDoor::seated`].
+    binding: Option<String>,
+    /// Admitted only to answer it: the door was full (this names the key). `/health` is
+    /// still answered; every other request gets 503 with `Retry-After`.
+    refusing: Option<&'static str>,
 }
 
 /// What the loop does after [`HttpDoor::process`].
@@ -63,6 +91,16 @@ pub enum Step {
     Health { keep_alive: bool },
     /// Write the metrics page.
     Metrics { keep_alive: bool },
+    /// A head authenticated `principal`, not yet this connection's: find the connection a
+    /// seat for it, then call [`HttpDoor::seated`].
+    Seat { principal: String },
+    /// A legacy `notifications/cancelled` for a call that `target` (another connection of
+    /// the same session) holds: hand `payload` to the core as if `target` had sent it.
+    CancelElsewhere {
+        target: ConnRef,
+        principal: String,
+        payload: Vec<u8>,
+    },
 }
 
 impl HttpDoor {
@@ -89,6 +127,8 @@ impl HttpDoor {
             max_plain: config.http.max_head_bytes + config.http.max_body_bytes,
             next_session_sweep: Instant::now() + SESSION_SWEEP,
             responses: std::collections::BTreeMap::new(),
+            waiting: HashMap::new(),
+            retry_after_secs: config.http.retry_after_secs,
         }))
     }
 
@@ -110,6 +150,7 @@ impl HttpDoor {
             .reconfigure(settings(config, listen, tls.is_some()))?;
         self.tls = tls;
         self.limits = RequestLimits::from(&config.http);
+        self.retry_after_secs = config.http.retry_after_secs;
         Ok(())
     }
 
@@ -130,9 +171,23 @@ impl HttpDoor {
             pending: None,
             seq: 0,
             request_started: None,
+            body_started: None,
             idle_since: Instant::now(),
             closing: false,
+            seen_bytes: false,
+            judged: false,
+            principal: None,
+            binding: None,
+            refusing: None,
         })
+    }
+
+    /// A connection admitted only to be answered: the door is full (`key`). It is told so
+    /// with 503 and `Retry-After` (its body never read), unless it asks for `/health`.
+    pub fn refusing_conn(&self, key: &'static str) -> Result<HttpConn, String> {
+        let mut h = self.new_conn()?;
+        h.refusing = Some(key);
+        Ok(h)
     }
 
     /// Bytes from the socket. TLS handshake output goes to `out`.
@@ -143,6 +198,10 @@ impl HttpDoor {
         out: &mut Vec<u8>,
         now: Instant,
     ) -> Result<(), String> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        h.seen_bytes = true;
         if h.request_started.is_none() {
             h.request_started = Some(now);
         }
@@ -161,14 +220,25 @@ impl HttpDoor {
         Ok(())
     }
 
-    /// Whether the connection can take more bytes now (TLS holds back while plaintext
-    /// waits; a cleartext buffer is bounded by the request limits).
-    pub fn wants_bytes(&self, h: &HttpConn) -> bool {
-        h.cipher_in.is_empty() && buffered(h) <= self.max_plain
+    /// How many bytes the connection may read now. Until a head is judged, no more than
+    /// one head (so an unauthenticated client holds at most `max_head_bytes`); while an
+    /// accepted head's body arrives, that body and one pipelined head; TLS holds back while
+    /// ciphertext waits for plaintext to be consumed.
+    pub fn read_room(&self, h: &HttpConn) -> usize {
+        if !h.cipher_in.is_empty() {
+            return 0;
+        }
+        let head = self.limits.max_head_bytes + 1;
+        let cap = match h.reader.current() {
+            Some(request) if h.reader.in_body() => request.consumed + head,
+            _ => head,
+        };
+        cap.saturating_sub(buffered(h))
     }
 
     /// Parse and act on buffered requests until one goes to the core, more bytes are
-    /// needed, or the connection must close.
+    /// needed, the loop must act (health, metrics, a seat, a cancel for another
+    /// connection), or the connection must close.
     pub fn process(
         &mut self,
         h: &mut HttpConn,
@@ -178,7 +248,7 @@ impl HttpDoor {
         now: Instant,
     ) -> Step {
         loop {
-            if h.pending.is_some() || h.closing {
+            if h.pending.is_some() || h.closing || h.binding.is_some() {
                 return Step::Waiting;
             }
             // Ciphertext held back may go in now that plaintext was consumed.
@@ -200,70 +270,205 @@ impl HttpDoor {
                 Some(tls) => tls.plaintext(),
                 None => &h.plain,
             };
-            let request = match h.reader.poll(plain) {
-                Ok(Progress::NeedMore { send_continue }) => {
-                    if send_continue {
-                        write(h, out, CONTINUE_100);
-                    }
-                    return Step::NeedBytes;
-                }
-                Ok(Progress::Ready(request)) => request,
+            let progress = match h.reader.poll(plain) {
+                Ok(p) => p,
                 Err(e) => {
                     let response = endpoint::parse_error_response(&e);
                     self.respond(h, out, response);
                     return Step::Waiting;
                 }
             };
-            let now_ms = crate::ledger::now_ms();
-            let decision = self
-                .endpoint
-                .decide(&request, plain, &self.tokens, now, now_ms);
-            let step = match decision {
-                Decision::Respond(response) => {
-                    consume(h, request.consumed);
-                    self.respond(h, out, response);
-                    continue;
+            match progress {
+                Progress::NeedMore => return Step::NeedBytes,
+                Progress::Head(request) => {
+                    if let Some(step) = self.judge_head(h, out, request, now) {
+                        return step;
+                    }
                 }
-                Decision::Call { call, message } => {
-                    h.seq = h.seq.wrapping_add(1).max(1);
-                    let peer = Peer {
-                        transport: Transport::Http,
-                        principal: call.principal.clone(),
-                        process: "http".into(),
-                    };
-                    let payload = plain[message].to_vec();
-                    consume(h, request.consumed);
-                    h.pending = Some(call);
-                    core.on_message(conn, &peer, "http", Expect::Request, h.seq, &payload, now);
-                    Step::Waiting
+                Progress::Ready(request) => {
+                    if let Some(step) = self.judge_body(h, out, core, conn, &request, now) {
+                        return step;
+                    }
                 }
-                Decision::Notify {
-                    principal,
-                    message,
-                    ack,
+            }
+        }
+    }
+
+    /// A head has arrived: judge it before any of its body is read. `Some` is a step for
+    /// the loop; `None` means go on processing.
+    fn judge_head(
+        &mut self,
+        h: &mut HttpConn,
+        out: &mut Vec<u8>,
+        mut request: Request,
+        now: Instant,
+    ) -> Option<Step> {
+        h.judged = true;
+        // A refusal before the body arrived closes the connection: the body is not read,
+        // so the stream cannot carry another request (the unread rest lingers away). A
+        // connection admitted only to be answered closes after its one answer.
+        let whole = buffered(h) >= request.consumed;
+        if !whole || h.refusing.is_some() {
+            request.keep_alive = false;
+        }
+        let decision =
+            self.endpoint
+                .decide_head(&request, &self.tokens, now, crate::ledger::now_ms());
+        match decision {
+            HeadDecision::Respond(response) => {
+                finish_head(h, &request, whole);
+                self.respond(h, out, response);
+                None
+            }
+            HeadDecision::Health { keep_alive } => {
+                finish_head(h, &request, whole);
+                Some(Step::Health { keep_alive })
+            }
+            HeadDecision::Metrics { keep_alive } => {
+                finish_head(h, &request, whole);
+                if let Some(key) = h.refusing {
+                    self.refuse_busy(h, out, key);
+                    return None;
+                }
+                Some(Step::Metrics { keep_alive })
+            }
+            HeadDecision::ReadBody { principal } => {
+                if let Some(key) = h.refusing {
+                    finish_head(h, &request, whole);
+                    self.refuse_busy(h, out, key);
+                    return None;
+                }
+                if h.principal.as_deref() != Some(principal.as_str()) {
+                    h.binding = Some(principal.clone());
+                    return Some(Step::Seat { principal });
+                }
+                self.start_body(h, out, now);
+                None
+            }
+        }
+    }
+
+    /// The loop found (or not) a seat for the principal a head named.
+    pub fn seated(&mut self, h: &mut HttpConn, seated: bool, out: &mut Vec<u8>, now: Instant) {
+        let Some(principal) = h.binding.take() else {
+            return;
+        };
+        if seated {
+            h.principal = Some(principal);
+            self.start_body(h, out, now);
+        } else {
+            let whole = h
+                .reader
+                .current()
+                .is_some_and(|r| buffered(h) >= r.consumed);
+            if let Some(r) = h.reader.current().cloned() {
+                finish_head(h, &r, whole);
+            }
+            self.refuse_busy(h, out, "http.max_connections_per_principal");
+        }
+    }
+
+    /// An accepted head: wait for its body, and say `100 Continue` if the client waits for it.
+    fn start_body(&mut self, h: &mut HttpConn, out: &mut Vec<u8>, now: Instant) {
+        h.reader.proceed();
+        h.body_started = Some(now);
+        let expects = h
+            .reader
+            .current()
+            .is_some_and(|r| r.expects_continue && buffered(h) < r.consumed);
+        if expects {
+            write(h, out, CONTINUE_100);
+        }
+    }
+
+    /// 503 with `Retry-After`; the connection closes after it.
+    fn refuse_busy(&mut self, h: &mut HttpConn, out: &mut Vec<u8>, key: &str) {
+        let response = endpoint::busy_response(key, self.retry_after_secs);
+        self.respond(h, out, response);
+    }
+
+    /// A whole request whose head was accepted: judge its body, then hand it to the core.
+    fn judge_body(
+        &mut self,
+        h: &mut HttpConn,
+        out: &mut Vec<u8>,
+        core: &mut Core,
+        conn: ConnRef,
+        request: &Request,
+        now: Instant,
+    ) -> Option<Step> {
+        h.body_started = None;
+        let principal = h.principal.clone().unwrap_or_default();
+        let plain: &[u8] = match &h.tls {
+            Some(tls) => tls.plaintext(),
+            None => &h.plain,
+        };
+        match self.endpoint.decide_body(request, plain, principal, now) {
+            Decision::Respond(response) => {
+                consume(h, request.consumed);
+                self.respond(h, out, response);
+                None
+            }
+            Decision::Call { call, message } => {
+                h.seq = h.seq.wrapping_add(1).max(1);
+                let peer = Peer {
+                    transport: Transport::Http,
+                    principal: call.principal.clone(),
+                    process: "http".into(),
+                };
+                let payload = plain[message].to_vec();
+                consume(h, request.consumed);
+                if let Era::Legacy {
+                    session: Some(session),
                     ..
-                } => {
-                    let peer = Peer {
-                        transport: Transport::Http,
+                } = &call.era
+                {
+                    self.waiting
+                        .insert((session.clone(), call.id.clone()), conn);
+                }
+                h.pending = Some(call);
+                core.on_message(conn, &peer, "http", Expect::Request, h.seq, &payload, now);
+                Some(Step::Waiting)
+            }
+            Decision::Notify {
+                principal,
+                era,
+                message,
+                ack,
+            } => {
+                let payload = plain[message].to_vec();
+                consume(h, request.consumed);
+                self.respond(h, out, ack);
+                if let Era::Legacy {
+                    session: Some(session),
+                    ..
+                } = &era
+                    && let Some(target_id) = cancelled_request_id(&payload)
+                    && let Some(&target) = self.waiting.get(&(session.clone(), target_id))
+                    && target != conn
+                {
+                    return Some(Step::CancelElsewhere {
+                        target,
                         principal,
-                        process: "http".into(),
-                    };
-                    let payload = plain[message].to_vec();
-                    consume(h, request.consumed);
-                    core.on_message(conn, &peer, "http", Expect::Notification, 0, &payload, now);
-                    self.respond(h, out, ack);
-                    continue;
+                        payload,
+                    });
                 }
-                Decision::Health { keep_alive } => {
-                    consume(h, request.consumed);
-                    Step::Health { keep_alive }
-                }
-                Decision::Metrics { keep_alive } => {
-                    consume(h, request.consumed);
-                    Step::Metrics { keep_alive }
-                }
-            };
-            return step;
+                let peer = Peer {
+                    transport: Transport::Http,
+                    principal,
+                    process: "http".into(),
+                };
+                core.on_message(conn, &peer, "http", Expect::Notification, 0, &payload, now);
+                None
+            }
+            Decision::Health { keep_alive } => {
+                consume(h, request.consumed);
+                Some(Step::Health { keep_alive })
+            }
+            Decision::Metrics { keep_alive } => {
+                consume(h, request.consumed);
+                Some(Step::Metrics { keep_alive })
+            }
         }
     }
 
@@ -272,8 +477,47 @@ impl HttpDoor {
         let Some(call) = h.pending.take() else {
             return;
         };
+        self.forget_waiting(&call);
         let response = self.endpoint.answer(&call, answer, now);
         self.respond(h, out, response);
+    }
+
+    /// The call this connection held was cancelled from another connection of its session:
+    /// no answer is owed (the MCP rule), so the connection closes without one.
+    pub fn abandon(&mut self, h: &mut HttpConn) {
+        if let Some(call) = h.pending.take() {
+            self.forget_waiting(&call);
+        }
+        h.closing = true;
+    }
+
+    /// The connection is closing. A modern-era call still with the core is cancelled by
+    /// that (the 2026-07-28 transport): the returned `notifications/cancelled` is for the
+    /// core, as from this connection. A legacy call runs on (its session may still ask).
+    pub fn on_close(&mut self, h: &mut HttpConn) -> Option<(String, Vec<u8>)> {
+        let call = h.pending.take()?;
+        self.forget_waiting(&call);
+        if !call.era.is_modern() {
+            return None;
+        }
+        let id: Box<serde_json::value::RawValue> =
+            serde_json::value::RawValue::from_string(call.id.clone()).ok()?;
+        let note = serde_json::json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "the client closed the connection"},
+        });
+        Some((call.principal, note.to_string().into_bytes()))
+    }
+
+    fn forget_waiting(&mut self, call: &Call) {
+        if let Era::Legacy {
+            session: Some(session),
+            ..
+        } = &call.era
+        {
+            self.waiting.remove(&(session.clone(), call.id.clone()));
+        }
     }
 
     pub fn write_health(
@@ -298,7 +542,7 @@ impl HttpDoor {
         self.respond(h, out, response);
     }
 
-    /// A slow client: 408 and close.
+    /// A slow client: 408 and close (a refusing connection just closes).
     pub fn time_out(&mut self, h: &mut HttpConn, out: &mut Vec<u8>) {
         self.respond(h, out, endpoint::timeout_response());
     }
@@ -306,12 +550,9 @@ impl HttpDoor {
     fn respond(&mut self, h: &mut HttpConn, out: &mut Vec<u8>, response: HttpResponse) {
         self.count_response(response.status);
         write(h, out, &response.bytes);
-        h.request_started = if buffered(h) > 0 {
-            Some(Instant::now())
-        } else {
-            None
-        };
-        h.idle_since = Instant::now();
+        let now = Instant::now();
+        h.request_started = if buffered(h) > 0 { Some(now) } else { None };
+        h.idle_since = now;
         if response.close {
             h.closing = true;
             if let Some(tls) = &mut h.tls {
@@ -356,6 +597,84 @@ impl HttpConn {
     pub fn mid_request(&self) -> bool {
         self.pending.is_none() && self.reader.mid_request(buffered(self))
     }
+
+    /// The call with the core is of the modern era (closing the connection cancels it).
+    pub fn pending_is_modern(&self) -> bool {
+        self.pending.as_ref().is_some_and(|c| c.era.is_modern())
+    }
+
+    /// Whether a head was judged on this connection.
+    pub fn judged(&self) -> bool {
+        self.judged
+    }
+
+    /// The principal this connection's seat counts for.
+    pub fn principal(&self) -> Option<&str> {
+        self.principal.as_deref()
+    }
+
+    /// Admitted only to be answered (the door was full).
+    pub fn is_refusing(&self) -> bool {
+        self.refusing.is_some()
+    }
+
+    /// What the connection is doing, for its deadlines.
+    pub fn stage(&self) -> Stage {
+        if self.pending.is_some() || self.binding.is_some() {
+            Stage::Busy
+        } else if self.closing {
+            Stage::Closing
+        } else if self.reader.in_body() {
+            Stage::Body {
+                since: self.body_started.unwrap_or(self.idle_since),
+            }
+        } else if self.reader.mid_request(buffered(self)) || !self.cipher_in.is_empty() {
+            Stage::Head {
+                since: self.request_started.unwrap_or(self.idle_since),
+            }
+        } else if !self.seen_bytes {
+            Stage::Opening
+        } else if self.tls.as_ref().is_some_and(TlsSession::is_handshaking) {
+            Stage::Head {
+                since: self.request_started.unwrap_or(self.idle_since),
+            }
+        } else {
+            Stage::Idle {
+                since: self.idle_since,
+            }
+        }
+    }
+}
+
+/// A refused or answered head: drop it (and its body when all of it is here); otherwise the
+/// connection closes after the answer and the rest lingers away.
+fn finish_head(h: &mut HttpConn, request: &Request, whole: bool) {
+    if whole {
+        consume(h, request.consumed);
+    }
+    h.reader.reset();
+}
+
+/// The `requestId` (raw JSON) of a `notifications/cancelled`, if that is what `payload` is.
+fn cancelled_request_id(payload: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Note<'a> {
+        #[serde(borrow)]
+        method: std::borrow::Cow<'a, str>,
+        #[serde(borrow)]
+        params: Option<&'a serde_json::value::RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow, rename = "requestId")]
+        request_id: &'a serde_json::value::RawValue,
+    }
+    let note: Note = serde_json::from_slice(payload).ok()?;
+    if note.method != "notifications/cancelled" {
+        return None;
+    }
+    let params: Params = serde_json::from_str(note.params?.get()).ok()?;
+    Some(params.request_id.get().to_owned())
 }
 
 fn buffered(h: &HttpConn) -> usize {

@@ -149,3 +149,34 @@ pub fn bind_tcp(addr: std::net::SocketAddr) -> io::Result<mio::net::TcpListener>
     mio::net::TcpListener::bind(addr)
         .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))
 }
+
+/// Descriptors the gateway keeps besides its doors' connections: listeners, the ledger and
+/// its WAL, worker sockets and pipes, the signal and poll descriptors, with room to spare.
+pub const DESCRIPTORS_BESIDES_CONNECTIONS: u64 = 256;
+
+/// Raise the soft limit on open descriptors towards `wanted` (never above the hard limit),
+/// so every seat the doors' budgets grant can be accepted. Returns the soft limit now in
+/// force; below `wanted`, accepts fail once it is reached (and are retried), so the caller
+/// says which keys to lower.
+pub fn raise_descriptor_limit(wanted: u64) -> io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `limit`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if limit.rlim_cur >= wanted {
+        return Ok(limit.rlim_cur);
+    }
+    let raised = libc::rlimit {
+        rlim_cur: wanted.min(limit.rlim_max),
+        rlim_max: limit.rlim_max,
+    };
+    // SAFETY: setrlimit reads one rlimit; lowering nothing but the soft limit's gap.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(raised.rlim_cur)
+}

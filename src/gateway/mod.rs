@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod core;
+pub mod door_limits;
 pub mod event_loop;
 pub mod http_door;
 pub mod listeners;

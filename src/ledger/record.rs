@@ -11,6 +11,9 @@ pub mod decision {
     pub const ERROR: &str = "error";
     /// Held by an `ask` rule, waiting for a human.
     pub const PENDING: &str = "pending";
+    /// The client cancelled it (`notifications/cancelled`, or a modern-era HTTP client
+    /// closed its connection); the tool was told, and no answer was sent.
+    pub const CANCELLED: &str = "cancelled";
 }
 
 /// A `tools/call` (or another audited request) as dispatched: becomes a `tool_calls` row.

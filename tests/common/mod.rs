@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod deps;
+pub mod flood;
 pub mod http;
 
 use serde_json::{Value, json};

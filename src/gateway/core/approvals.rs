@@ -251,7 +251,7 @@ impl<R: Recorder> Core<R> {
                 code: ToolErrorCode::AskDenied,
                 message: "cancelled: the agent disconnected while the call was held for approval",
                 rule: None,
-                decision: decision::ERROR,
+                decision: decision::CANCELLED,
             };
             self.refuse(x, call.started, &refusal);
         }

@@ -636,6 +636,7 @@ impl<R: Recorder> Core<R> {
         let outcome = match decision {
             decision::ALLOWED => "ok",
             decision::DENIED => "refused",
+            decision::CANCELLED => "cancelled",
             _ => "error",
         };
         self.observed.request(x.routed.method(), outcome);

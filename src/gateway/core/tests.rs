@@ -739,7 +739,7 @@ tool = "local__echo"
             .is_err()
     );
     assert!(to_worker(&h.turn()).is_none());
-    assert_eq!(h.last_row().decision, "error");
+    assert_eq!(h.last_row().decision, "cancelled");
     assert_eq!(h.core.records().events("ask_dropped"), 1);
 
     // The approval's commit fails: the call is not made.

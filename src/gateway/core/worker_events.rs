@@ -190,7 +190,7 @@ impl<R: Recorder> Core<R> {
             code: ToolErrorCode::Internal,
             message: &message,
             rule: None,
-            decision: decision::ERROR,
+            decision: decision::CANCELLED,
         };
         self.refuse(x, call.started, &refusal);
     }

@@ -92,6 +92,7 @@ mod tests {
             body: 0..0,
             consumed: 0,
             keep_alive: true,
+            expects_continue: false,
         }
     }
 

@@ -1,12 +1,14 @@
 //! The decision for one HTTP request, before any JSON-RPC processing, sans-IO.
 //!
-//! In order: route (`/mcp`, `/health`, `/metrics`, else 404); `Host` against the listen
+//! In order, on the head alone ([`Endpoint::decide_head`], before a byte of the body is
+//! read): route (`/mcp`, `/health`, `/metrics`, else 404); `Host` against the listen
 //! address, `public_url` and `[http] allowed_hosts` (DNS-rebinding defence); `Origin`
 //! against `public_url`; the bearer token (nothing of a refused request is read further);
-//! the method; `Accept` and `Content-Type`; the body as one JSON-RPC message; then the era's
-//! own rules (sessions in the legacy era, mirrored headers and `_meta` in the modern one).
+//! the method; `Accept` and `Content-Type`. Then, once the body of an accepted head is in
+//! ([`Endpoint::decide_body`]): the body as one JSON-RPC message; then the era's own rules
+//! (sessions in the legacy era, mirrored headers and `_meta` in the modern one).
 //!
-//! The outcome is a [`Decision`] the loop acts on: write a response now, hand a request to
+//! The outcome is a [`HeadDecision`], then a [`Decision`] the loop acts on: write a response now, hand a request to
 //! the core (and later turn the core's answer into a response with [`Endpoint::answer`]),
 //! hand a notification to the core and acknowledge it, or serve health or metrics with data
 //! the loop holds.
@@ -111,6 +113,19 @@ pub enum Decision {
     Health { keep_alive: bool },
     /// Answer with [`Endpoint::metrics`].
     Metrics { keep_alive: bool },
+}
+
+/// What the loop does with a request whose head alone was judged.
+#[derive(Debug)]
+pub enum HeadDecision {
+    /// Write this response now; the body is never read.
+    Respond(HttpResponse),
+    /// Answer with [`Endpoint::health`].
+    Health { keep_alive: bool },
+    /// Answer with [`Endpoint::metrics`].
+    Metrics { keep_alive: bool },
+    /// An MCP `POST` by `principal`: read the body, then [`Endpoint::decide_body`].
+    ReadBody { principal: String },
 }
 
 /// What `/health` reports; the loop fills it.
@@ -383,7 +398,8 @@ impl Endpoint {
         self.sessions.sweep(now)
     }
 
-    /// Decide what to do with `request`, whose bytes are in `buf`.
+    /// Decide what to do with `request`, whose bytes (head and body) are all in `buf`:
+    /// [`Endpoint::decide_head`], then [`Endpoint::decide_body`] when the head is accepted.
     pub fn decide(
         &mut self,
         request: &Request,
@@ -392,36 +408,54 @@ impl Endpoint {
         now: Instant,
         now_ms: i64,
     ) -> Decision {
+        match self.decide_head(request, tokens, now, now_ms) {
+            HeadDecision::Respond(r) => Decision::Respond(r),
+            HeadDecision::Health { keep_alive } => Decision::Health { keep_alive },
+            HeadDecision::Metrics { keep_alive } => Decision::Metrics { keep_alive },
+            HeadDecision::ReadBody { principal } => self.decide_body(request, buf, principal, now),
+        }
+    }
+
+    /// Judge a request by its head alone, before any of its body is read: route, `Host`,
+    /// `Origin`, the token, the method, `Accept` and `Content-Type`. Only a request that
+    /// passes all of them gets its body read (and `100 Continue`, when it asked).
+    pub fn decide_head(
+        &mut self,
+        request: &Request,
+        tokens: &dyn TokenVerifier,
+        now: Instant,
+        now_ms: i64,
+    ) -> HeadDecision {
         let keep = request.keep_alive;
         let path = request.path();
         if ![MCP_PATH, HEALTH_PATH, METRICS_PATH].contains(&path) {
-            return Decision::Respond(refuse(404, keep, "not found; the MCP endpoint is /mcp"));
+            return HeadDecision::Respond(refuse(404, keep, "not found; the MCP endpoint is /mcp"));
         }
         if let Err(response) = self.check_host(request) {
-            return Decision::Respond(response);
+            return HeadDecision::Respond(response);
         }
         if let Err(response) = self.check_origin(request) {
-            return Decision::Respond(response);
+            return HeadDecision::Respond(response);
         }
         match path {
             HEALTH_PATH => {
                 if request.method != "GET" {
-                    return Decision::Respond(method_not_allowed("GET", keep));
+                    return HeadDecision::Respond(method_not_allowed("GET", keep));
                 }
-                Decision::Health { keep_alive: keep }
+                HeadDecision::Health { keep_alive: keep }
             }
             METRICS_PATH => {
                 if !self.settings.metrics_public
                     && let Err(failure) = authenticate(request, tokens, TokenKind::Admin, now_ms)
                 {
-                    return Decision::Respond(unauthorized(&failure, keep));
+                    return HeadDecision::Respond(unauthorized(&failure, keep));
                 }
                 if request.method != "GET" {
-                    return Decision::Respond(method_not_allowed("GET", keep));
+                    return HeadDecision::Respond(method_not_allowed("GET", keep));
                 }
-                Decision::Metrics { keep_alive: keep }
+                HeadDecision::Metrics { keep_alive: keep }
             }
-            _ => self.decide_mcp(request, buf, tokens, now, now_ms),
+            _ => self.decide_mcp_head(request, tokens, now, now_ms),
         }
     }
 
@@ -473,41 +507,54 @@ impl Endpoint {
         }
     }
 
-    fn decide_mcp(
+    fn decide_mcp_head(
         &mut self,
         request: &Request,
-        buf: &[u8],
         tokens: &dyn TokenVerifier,
         now: Instant,
         now_ms: i64,
-    ) -> Decision {
+    ) -> HeadDecision {
         let keep = request.keep_alive;
         let principal = match self.settings.auth {
             HttpAuth::None => ANONYMOUS_PRINCIPAL.to_owned(),
             HttpAuth::Tokens => match authenticate(request, tokens, TokenKind::Client, now_ms) {
                 Ok(p) => p,
-                Err(failure) => return Decision::Respond(unauthorized(&failure, keep)),
+                Err(failure) => return HeadDecision::Respond(unauthorized(&failure, keep)),
             },
         };
         match request.method.as_str() {
-            "POST" => self.post(request, buf, principal, now),
-            "DELETE" => Decision::Respond(self.delete(request, &principal, now)),
-            _ => Decision::Respond(method_not_allowed("POST, DELETE", keep)),
+            "POST" => {
+                if !accepts_json_and_sse(request) {
+                    return HeadDecision::Respond(refuse(
+                        406,
+                        keep,
+                        "Accept must list both application/json and text/event-stream",
+                    ));
+                }
+                if !content_type_is_json(request) {
+                    return HeadDecision::Respond(refuse(
+                        415,
+                        keep,
+                        "Content-Type must be application/json",
+                    ));
+                }
+                HeadDecision::ReadBody { principal }
+            }
+            "DELETE" => HeadDecision::Respond(self.delete(request, &principal, now)),
+            _ => HeadDecision::Respond(method_not_allowed("POST, DELETE", keep)),
         }
     }
 
-    fn post(&mut self, request: &Request, buf: &[u8], principal: String, now: Instant) -> Decision {
+    /// Judge a `POST /mcp` whose head [`Endpoint::decide_head`] accepted for `principal`,
+    /// now that its body is in `buf`: one JSON-RPC message, then the era's rules.
+    pub fn decide_body(
+        &mut self,
+        request: &Request,
+        buf: &[u8],
+        principal: String,
+        now: Instant,
+    ) -> Decision {
         let keep = request.keep_alive;
-        if !accepts_json_and_sse(request) {
-            return Decision::Respond(refuse(
-                406,
-                keep,
-                "Accept must list both application/json and text/event-stream",
-            ));
-        }
-        if !content_type_is_json(request) {
-            return Decision::Respond(refuse(415, keep, "Content-Type must be application/json"));
-        }
         let Some(body) = buf.get(request.body.clone()) else {
             return Decision::Respond(refuse(500, false, "request body out of range"));
         };
@@ -858,9 +905,21 @@ pub fn timeout_response() -> HttpResponse {
     refuse(408, false, "the request took too long to arrive")
 }
 
-/// The response for a connection beyond `http.max_connections`; it closes after it.
-pub fn overloaded_response() -> HttpResponse {
-    refuse(503, false, "too many connections; try again later")
+/// The response for a connection beyond a limit (`key` names it); it closes after it and
+/// asks the client to come back in `retry_after_secs`.
+pub fn busy_response(key: &str, retry_after_secs: u64) -> HttpResponse {
+    ResponseBuilder::new(503)
+        .header("Retry-After", retry_after_secs.to_string())
+        .keep_alive(false)
+        .body(
+            JSON,
+            &error_body(
+                None,
+                jsonrpc::INVALID_REQUEST,
+                &format!("too many connections ({key}); try again in {retry_after_secs} s"),
+                None,
+            ),
+        )
 }
 
 #[cfg(test)]

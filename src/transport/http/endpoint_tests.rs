@@ -51,7 +51,7 @@ fn fixture() -> Fixture {
 /// Read one request from raw bytes with the real reader.
 fn read(raw: &[u8]) -> Request {
     match RequestReader::new(RequestLimits::default())
-        .poll(raw)
+        .poll_whole(raw)
         .unwrap()
     {
         Progress::Ready(r) => r,
@@ -854,7 +854,12 @@ fn fixed_responses_close() {
     assert!(r.close);
     assert_eq!(parse(&r.bytes).status, 413);
     assert!(timeout_response().close);
-    assert_eq!(parse(&overloaded_response().bytes).status, 503);
+    let busy = busy_response("http.max_connections", 7);
+    assert!(busy.close);
+    let p = parse(&busy.bytes);
+    assert_eq!(p.status, 503);
+    assert_eq!(p.header("retry-after"), Some("7"));
+    assert!(String::from_utf8_lossy(&p.body).contains("http.max_connections"));
 }
 
 #[test]
@@ -920,7 +925,7 @@ mod fuzz {
             head.push_str("\r\n");
             let mut raw = head.into_bytes();
             raw.extend_from_slice(&body);
-            let Ok(Progress::Ready(request)) = RequestReader::new(RequestLimits::default()).poll(&raw) else {
+            let Ok(Progress::Ready(request)) = RequestReader::new(RequestLimits::default()).poll_whole(&raw) else {
                 return Ok(());
             };
             match f.endpoint.decide(&request, &raw, &f.store, f.now, NOW_MS) {

@@ -74,6 +74,10 @@ pub struct Metrics {
     pub ledger_commit_failures: u64,
     /// Live legacy-era HTTP sessions.
     pub http_sessions: u64,
+    /// Connections closed at a stage deadline, by (door, reason).
+    pub connections_closed: BTreeMap<(&'static str, &'static str), u64>,
+    /// Connections refused at a limit, or displaced to make room, by (door, reason).
+    pub connections_refused: BTreeMap<(&'static str, &'static str), u64>,
 }
 
 impl Default for Metrics {
@@ -89,6 +93,8 @@ impl Default for Metrics {
             ledger_commit_latency: Histogram::new(LEDGER_COMMIT_BUCKETS),
             ledger_commit_failures: 0,
             http_sessions: 0,
+            connections_closed: BTreeMap::new(),
+            connections_refused: BTreeMap::new(),
         }
     }
 }
@@ -239,6 +245,28 @@ pub fn render(m: &Metrics) -> String {
             "toolwall_connections{{transport=\"{}\"}} {n}",
             escape(transport)
         );
+    }
+    for (name, help, counts) in [
+        (
+            "toolwall_connections_closed_total",
+            "Connections closed because a stage deadline passed, by door and reason.",
+            &m.connections_closed,
+        ),
+        (
+            "toolwall_connections_refused_total",
+            "Connections refused at a limit, or closed to make room, by door and reason.",
+            &m.connections_refused,
+        ),
+    ] {
+        header(&mut out, name, "counter", help);
+        for ((door, reason), n) in counts {
+            let _ = writeln!(
+                out,
+                "{name}{{door=\"{}\",reason=\"{}\"}} {n}",
+                escape(door),
+                escape(reason)
+            );
+        }
     }
     header(
         &mut out,

@@ -17,7 +17,7 @@ pub mod tls;
 
 pub use auth::HttpAuth;
 pub use config::HttpConfig;
-pub use endpoint::{Call, Decision, DoorSettings, Endpoint, Era, HealthReport};
+pub use endpoint::{Call, Decision, DoorSettings, Endpoint, Era, HeadDecision, HealthReport};
 pub use request::{ParseError, Progress, Request, RequestLimits, RequestReader};
 pub use response::HttpResponse;
 pub use tls::{TlsSession, load_server_config};

@@ -1,11 +1,14 @@
 //! HTTP/1.1 requests read incrementally from a connection's byte buffer, sans-IO.
 //!
-//! The loop appends what it reads to a buffer and calls [`RequestReader::poll`]; a ready
-//! [`Request`] says where its body lies in that buffer and how many bytes it used, so the
-//! loop can answer it, drain those bytes and poll again for a pipelined next request. Heads
-//! are parsed by `httparse` once their blank line has arrived (found by scanning only new
-//! bytes, so a client trickling bytes costs linear time). Bodies are framed by
-//! `Content-Length` only.
+//! The loop appends what it reads to a buffer and calls [`RequestReader::poll`]. A head is
+//! handed out on its own first ([`Progress::Head`]), before a byte of its body is wanted, so
+//! the door can judge it (route, token, limits) and refuse it without reading the body or
+//! sending `100 Continue`; only after [`RequestReader::proceed`] does the reader wait for the
+//! body. A ready [`Request`] says where its body lies in the buffer and how many bytes it
+//! used, so the loop can answer it, drain those bytes and poll again for a pipelined next
+//! request. Heads are parsed by `httparse` once their blank line has arrived (found by
+//! scanning only new bytes, so a client trickling bytes costs linear time). Bodies are
+//! framed by `Content-Length` only.
 //!
 //! Every [`ParseError`] means the framing of the connection can no longer be trusted: the
 //! loop sends [`ParseError::status`] and closes.
@@ -60,6 +63,9 @@ pub struct Request {
     pub consumed: usize,
     /// Whether the connection may carry another request after the answer to this one.
     pub keep_alive: bool,
+    /// The client sent `Expect: 100-continue` (HTTP/1.1) and waits for `100 Continue`
+    /// before its body.
+    pub expects_continue: bool,
 }
 
 impl Request {
@@ -99,20 +105,31 @@ fn fail<T>(status: u16, reason: &'static str) -> Result<T, ParseError> {
 /// What [`RequestReader::poll`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Progress {
-    /// Not a whole request yet. `send_continue`: the client sent `Expect: 100-continue`
-    /// and waits for `HTTP/1.1 100 Continue` before its body (true once per request).
-    NeedMore {
-        send_continue: bool,
-    },
+    /// Not a whole head, or (after [`RequestReader::proceed`]) not a whole body yet.
+    NeedMore,
+    /// A head has arrived (its body may or may not have): judge it, then either call
+    /// [`RequestReader::proceed`] to wait for the body, or refuse it. Until one of them,
+    /// `poll` hands out the same head again.
+    Head(Request),
+    /// The whole request, body included.
     Ready(Request),
+}
+
+#[derive(Debug)]
+enum Reading {
+    /// Looking for the end of the next head.
+    Head,
+    /// A head handed out and not yet judged.
+    Judging(Request),
+    /// A judged head whose body is still arriving.
+    Body(Request),
 }
 
 /// Reads requests one after another from one connection's buffer.
 #[derive(Debug)]
 pub struct RequestReader {
     limits: RequestLimits,
-    /// A parsed head whose body has not fully arrived.
-    pending: Option<Request>,
+    reading: Reading,
     /// Bytes already searched for the end of the head.
     scanned: usize,
 }
@@ -121,39 +138,68 @@ impl RequestReader {
     pub fn new(limits: RequestLimits) -> RequestReader {
         RequestReader {
             limits,
-            pending: None,
+            reading: Reading::Head,
             scanned: 0,
         }
     }
 
-    /// Whether a request has started but not finished (for the slow-client timer): the
+    /// Whether a request has started but not finished (for the slow-client timers): the
     /// buffer is non-empty or a head awaits its body.
     pub fn mid_request(&self, buffered: usize) -> bool {
-        self.pending.is_some() || buffered > 0
+        !matches!(self.reading, Reading::Head) || buffered > 0
+    }
+
+    /// The head being judged or whose body is arriving, if any.
+    pub fn current(&self) -> Option<&Request> {
+        match &self.reading {
+            Reading::Head => None,
+            Reading::Judging(r) | Reading::Body(r) => Some(r),
+        }
+    }
+
+    /// Whether a judged head waits for its body.
+    pub fn in_body(&self) -> bool {
+        matches!(self.reading, Reading::Body(_))
+    }
+
+    /// The head handed out by [`Progress::Head`] was accepted: wait for its body.
+    pub fn proceed(&mut self) {
+        if let Reading::Judging(r) = std::mem::replace(&mut self.reading, Reading::Head) {
+            self.reading = Reading::Body(r);
+        }
+    }
+
+    /// Forget the request being read (it was refused, or answered and drained): the next
+    /// poll looks for a new head at the start of the buffer.
+    pub fn reset(&mut self) {
+        self.reading = Reading::Head;
+        self.scanned = 0;
     }
 
     /// Look at the buffer, whose start is the start of the next request.
     pub fn poll(&mut self, buf: &[u8]) -> Result<Progress, ParseError> {
-        if let Some(pending) = self.pending.take() {
-            if buf.len() < pending.consumed {
-                self.pending = Some(pending);
-                return Ok(Progress::NeedMore {
-                    send_continue: false,
-                });
+        match &self.reading {
+            Reading::Judging(r) => return Ok(Progress::Head(r.clone())),
+            Reading::Body(r) => {
+                if buf.len() < r.consumed {
+                    return Ok(Progress::NeedMore);
+                }
+                let Reading::Body(r) = std::mem::replace(&mut self.reading, Reading::Head) else {
+                    unreachable!("matched above")
+                };
+                self.scanned = 0;
+                return Ok(Progress::Ready(r));
             }
-            self.scanned = 0;
-            return Ok(Progress::Ready(pending));
+            Reading::Head => {}
         }
         if !head_may_be_complete(buf, self.scanned) {
             self.scanned = buf.len();
             if buf.len() > self.limits.max_head_bytes {
                 return fail(431, "request head too large");
             }
-            return Ok(Progress::NeedMore {
-                send_continue: false,
-            });
+            return Ok(Progress::NeedMore);
         }
-        let (request, expects_continue) = match parse_head(buf, &self.limits)? {
+        let request = match parse_head(buf, &self.limits)? {
             Some(parsed) => parsed,
             None => {
                 // A blank line before the request line, which httparse skips.
@@ -161,18 +207,23 @@ impl RequestReader {
                 if buf.len() > self.limits.max_head_bytes {
                     return fail(431, "request head too large");
                 }
-                return Ok(Progress::NeedMore {
-                    send_continue: false,
-                });
+                return Ok(Progress::NeedMore);
             }
         };
-        if buf.len() >= request.consumed {
-            self.scanned = 0;
-            return Ok(Progress::Ready(request));
+        self.scanned = 0;
+        self.reading = Reading::Judging(request.clone());
+        Ok(Progress::Head(request))
+    }
+
+    /// Poll, proceeding past every head at once (no judging): for callers that only parse.
+    pub fn poll_whole(&mut self, buf: &[u8]) -> Result<Progress, ParseError> {
+        match self.poll(buf)? {
+            Progress::Head(_) => {
+                self.proceed();
+                self.poll(buf)
+            }
+            other => Ok(other),
         }
-        let send_continue = expects_continue && !request.body.is_empty();
-        self.pending = Some(request);
-        Ok(Progress::NeedMore { send_continue })
     }
 }
 
@@ -185,7 +236,7 @@ fn head_may_be_complete(buf: &[u8], from: usize) -> bool {
 }
 
 /// Parse a head once its end may be in the buffer. `Ok(None)`: httparse needs more.
-fn parse_head(buf: &[u8], limits: &RequestLimits) -> Result<Option<(Request, bool)>, ParseError> {
+fn parse_head(buf: &[u8], limits: &RequestLimits) -> Result<Option<Request>, ParseError> {
     let mut slots = vec![httparse::EMPTY_HEADER; limits.max_headers];
     let mut parsed = httparse::Request::new(&mut slots);
     let head_len = match parsed.parse(buf) {
@@ -303,18 +354,16 @@ fn parse_head(buf: &[u8], limits: &RequestLimits) -> Result<Option<(Request, boo
         connection_has(b"keep-alive") && !connection_has(b"close")
     };
 
-    Ok(Some((
-        Request {
-            method: method.to_owned(),
-            target: target.to_owned(),
-            minor_version,
-            headers,
-            body: head_len..head_len + body_len,
-            consumed: head_len + body_len,
-            keep_alive,
-        },
+    Ok(Some(Request {
+        method: method.to_owned(),
+        target: target.to_owned(),
+        minor_version,
+        headers,
+        body: head_len..head_len + body_len,
+        consumed: head_len + body_len,
+        keep_alive,
         expects_continue,
-    )))
+    }))
 }
 
 /// Without leading and trailing spaces and tabs (RFC 9110 optional whitespace).
@@ -338,14 +387,14 @@ mod tests {
     }
 
     fn ready(buf: &[u8]) -> Request {
-        match reader().poll(buf).unwrap() {
+        match reader().poll_whole(buf).unwrap() {
             Progress::Ready(r) => r,
             other => panic!("{other:?}"),
         }
     }
 
     fn error(buf: &[u8]) -> u16 {
-        reader().poll(buf).unwrap_err().status
+        reader().poll_whole(buf).unwrap_err().status
     }
 
     const POST: &[u8] = b"POST /mcp?x=1 HTTP/1.1\r\nHost: 127.0.0.1:9210\r\nContent-Type: application/json\r\nX-Pad:   padded value  \r\nContent-Length: 7\r\n\r\n{\"a\":1}";
@@ -369,14 +418,12 @@ mod tests {
         let mut rd = reader();
         for end in 0..POST.len() {
             assert_eq!(
-                rd.poll(&POST[..end]).unwrap(),
-                Progress::NeedMore {
-                    send_continue: false
-                },
+                rd.poll_whole(&POST[..end]).unwrap(),
+                Progress::NeedMore,
                 "at {end}"
             );
         }
-        assert_eq!(rd.poll(POST).unwrap(), Progress::Ready(ready(POST)));
+        assert_eq!(rd.poll_whole(POST).unwrap(), Progress::Ready(ready(POST)));
     }
 
     #[test]
@@ -387,18 +434,18 @@ mod tests {
         buf.extend_from_slice(get);
         buf.extend_from_slice(&POST[..10]);
         let mut rd = reader();
-        let Progress::Ready(first) = rd.poll(&buf).unwrap() else {
+        let Progress::Ready(first) = rd.poll_whole(&buf).unwrap() else {
             panic!()
         };
         assert_eq!(first.consumed, POST.len());
         buf.drain(..first.consumed);
-        let Progress::Ready(second) = rd.poll(&buf).unwrap() else {
+        let Progress::Ready(second) = rd.poll_whole(&buf).unwrap() else {
             panic!()
         };
         assert_eq!(second.path(), "/health");
         assert!(second.body.is_empty());
         buf.drain(..second.consumed);
-        assert!(matches!(rd.poll(&buf).unwrap(), Progress::NeedMore { .. }));
+        assert!(matches!(rd.poll_whole(&buf).unwrap(), Progress::NeedMore));
         assert!(rd.mid_request(buf.len()));
     }
 
@@ -474,13 +521,13 @@ mod tests {
         };
         let mut rd = RequestReader::new(limits);
         assert!(matches!(
-            rd.poll(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nabcd")
+            rd.poll_whole(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nabcd")
                 .unwrap(),
             Progress::Ready(_)
         ));
         let mut rd = RequestReader::new(limits);
         assert_eq!(
-            rd.poll(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\n")
+            rd.poll_whole(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\n")
                 .unwrap_err()
                 .status,
             413
@@ -496,52 +543,56 @@ mod tests {
         };
         let mut rd = RequestReader::new(limits);
         let long = format!("GET /{} HTTP/1.1\r\n", "a".repeat(100));
-        assert_eq!(rd.poll(long.as_bytes()).unwrap_err().status, 431);
+        assert_eq!(rd.poll_whole(long.as_bytes()).unwrap_err().status, 431);
         let mut rd = RequestReader::new(limits);
         let many = b"GET / HTTP/1.1\r\nHost: h\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n";
-        assert_eq!(rd.poll(many).unwrap_err().status, 431);
+        assert_eq!(rd.poll_whole(many).unwrap_err().status, 431);
         // Exactly at the limit is fine.
         let mut rd = RequestReader::new(limits);
         assert!(matches!(
-            rd.poll(b"GET / HTTP/1.1\r\nHost: h\r\na: 1\r\nb: 2\r\n\r\n")
+            rd.poll_whole(b"GET / HTTP/1.1\r\nHost: h\r\na: 1\r\nb: 2\r\n\r\n")
                 .unwrap(),
             Progress::Ready(_)
         ));
     }
 
     #[test]
-    fn expect_continue_once() {
+    fn expect_continue_is_a_fact_of_the_head() {
         let head =
             b"POST /mcp HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
         let mut rd = reader();
-        assert_eq!(
-            rd.poll(head).unwrap(),
-            Progress::NeedMore {
-                send_continue: true
-            }
-        );
+        let Progress::Head(r) = rd.poll(head).unwrap() else {
+            panic!("the head comes first")
+        };
+        assert!(r.expects_continue);
+        // Until judged, the same head again; no body is waited for.
+        assert_eq!(rd.poll(head).unwrap(), Progress::Head(r.clone()));
+        rd.proceed();
         let mut more = head.to_vec();
         more.push(b'{');
-        assert_eq!(
-            rd.poll(&more).unwrap(),
-            Progress::NeedMore {
-                send_continue: false
-            }
-        );
+        assert_eq!(rd.poll(&more).unwrap(), Progress::NeedMore);
         more.push(b'}');
         assert!(matches!(rd.poll(&more).unwrap(), Progress::Ready(_)));
-        // With the body already there, no 100 is needed.
-        let mut rd = reader();
-        let mut whole = head.to_vec();
-        whole.extend_from_slice(b"{}");
-        assert!(matches!(rd.poll(&whole).unwrap(), Progress::Ready(_)));
         // HTTP/1.0 ignores Expect.
-        assert!(matches!(
-            reader()
-                .poll(b"POST / HTTP/1.0\r\nExpect: whatever\r\n\r\n")
-                .unwrap(),
-            Progress::Ready(_)
-        ));
+        let Progress::Ready(r) = reader()
+            .poll_whole(b"POST / HTTP/1.0\r\nExpect: whatever\r\n\r\n")
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert!(!r.expects_continue);
+    }
+
+    #[test]
+    fn a_head_is_handed_out_before_its_body_and_can_be_refused() {
+        let mut rd = reader();
+        let head = b"POST /mcp HTTP/1.1\r\nHost: h\r\nContent-Length: 1000000\r\n\r\n";
+        assert!(matches!(rd.poll(head).unwrap(), Progress::Head(_)));
+        assert!(rd.mid_request(head.len()));
+        // Refused: the reader looks for a new head at the start of the buffer.
+        rd.reset();
+        assert!(!rd.mid_request(0));
+        assert_eq!(rd.poll(b"GET /hea").unwrap(), Progress::NeedMore);
     }
 
     #[test]
@@ -551,12 +602,7 @@ mod tests {
         let r = ready(b"GET /health HTTP/1.1\nHost: h\n\n");
         assert_eq!(r.path(), "/health");
         let mut rd = reader();
-        assert_eq!(
-            rd.poll(b"\r\n\r\n").unwrap(),
-            Progress::NeedMore {
-                send_continue: false
-            }
-        );
+        assert_eq!(rd.poll_whole(b"\r\n\r\n").unwrap(), Progress::NeedMore);
     }
 
     #[test]
@@ -570,10 +616,10 @@ mod tests {
         #[test]
         fn no_panic_on_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
             let mut rd = reader();
-            let _ = rd.poll(&bytes);
+            let _ = rd.poll_whole(&bytes);
             let mut rd = reader();
             for end in 0..bytes.len().min(64) {
-                if rd.poll(&bytes[..end]).is_err() { break; }
+                if rd.poll_whole(&bytes[..end]).is_err() { break; }
             }
         }
 
@@ -587,16 +633,16 @@ mod tests {
             let at = at.min(bytes.len());
             bytes.insert(at, insert);
             bytes.truncate(cut.max(1).min(bytes.len()));
-            let _ = reader().poll(&bytes);
+            let _ = reader().poll_whole(&bytes);
         }
 
         #[test]
         fn any_split_reads_the_same(split in 0usize..POST.len()) {
             let mut rd = reader();
-            let first = rd.poll(&POST[..split]).unwrap();
-            let waiting = matches!(first, Progress::NeedMore { .. });
+            let first = rd.poll_whole(&POST[..split]).unwrap();
+            let waiting = matches!(first, Progress::NeedMore);
             prop_assert!(waiting);
-            prop_assert_eq!(rd.poll(POST).unwrap(), Progress::Ready(ready(POST)));
+            prop_assert_eq!(rd.poll_whole(POST).unwrap(), Progress::Ready(ready(POST)));
         }
     }
 }

@@ -289,7 +289,7 @@ mod tests {
         client.writer().write_all(request).unwrap();
         pump(&mut client, &mut server);
         let mut reader = RequestReader::new(RequestLimits::default());
-        let Progress::Ready(parsed) = reader.poll(server.plaintext()).unwrap() else {
+        let Progress::Ready(parsed) = reader.poll_whole(server.plaintext()).unwrap() else {
             panic!("no request")
         };
         assert_eq!(parsed.path(), "/mcp");

@@ -1,0 +1,28 @@
+//! The JSON-RPC envelope every agent message goes through first. Invariants: no panic; a
+//! parsed request's id and params are valid JSON; an error answer built for any fault (with
+//! the id the fault could read) is itself one valid JSON-RPC error object.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use toolwall::mcp::jsonrpc::{self, Message};
+
+fuzz_target!(|data: &[u8]| {
+    match jsonrpc::parse(data) {
+        Ok(Message::Request { id, method, params }) => {
+            assert!(serde_json::from_str::<serde_json::Value>(id.get()).is_ok());
+            if let Some(p) = params {
+                assert!(serde_json::from_str::<serde_json::Value>(p.get()).is_ok());
+            }
+            let answer = jsonrpc::error_response(Some(id.get()), -32601, &method, None);
+            let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+            assert_eq!(v["jsonrpc"], "2.0");
+        }
+        Ok(_) => {}
+        Err(fault) => {
+            let answer =
+                jsonrpc::error_response(fault.id.map(|i| i.get()), fault.code, fault.message, None);
+            let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+            assert_eq!(v["error"]["code"], fault.code);
+        }
+    }
+});

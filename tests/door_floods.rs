@@ -1,0 +1,668 @@
+//! Doors that stay open: silent, slow, half-sent and unauthenticated floods against the real
+//! binary, on the HTTP door and the framed unix socket. Each test checks that a normal client
+//! is still served, that the hostile connections end within their deadlines, and that the
+//! operator's way in (admin socket, `/health`) answers; it prints what the flood cost (the
+//! gateway's resident memory) and how long the normal client waited (reported, never
+//! asserted: the machine is shared).
+
+mod common;
+
+use common::flood::{self, Ended, ReadWrite, Trickle, rss, until_served, wait_all_end};
+use common::http::{HttpGateway, Req, echo_in_session, initialize, open_session, result_text};
+use common::{FramedClient, PATIENCE};
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+/// A normal HTTP client: a legacy session and one echo. None when the door refused it
+/// (503, or closed before answering); a wrong answer fails the test.
+fn http_client_served(port: u16, token: &str) -> Option<()> {
+    let stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut http = common::http::Http::over(stream);
+    http.stream
+        .write_all(&Req::post_mcp(port, &initialize(1)).bearer(token).bytes())
+        .ok()?;
+    let init = http.response()?;
+    if init.status == 503 {
+        return None;
+    }
+    assert_eq!(init.status, 200, "initialize: {}", init.text());
+    let session = init.header("Mcp-Session-Id").expect("session").to_owned();
+    let r = http.call(&echo_in_session(port, 2, &session, "still served").bearer(token));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(result_text(&r.json()), "still served");
+    Some(())
+}
+
+/// A normal framed agent: one echo. None when refused (an error frame, a close, a reset).
+fn framed_client_served(path: &std::path::Path) -> Option<()> {
+    let mut c = FramedClient::connect(path);
+    let msg = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": "local__echo", "arguments": {"text": "agent served"}}});
+    let mut frame = Vec::new();
+    toolwall_relay::frame::encode(&mut frame, 1, 0, "agent", msg.to_string().as_bytes()).unwrap();
+    c.stream.write_all(&frame).ok()?;
+    loop {
+        let reply = c.recv()?;
+        if reply.stream == 1 {
+            assert_eq!(
+                reply.body["result"]["content"][0]["text"], "agent served",
+                "{}",
+                reply.body
+            );
+            return Some(());
+        }
+        // A refusal names the limit; the connection then closes.
+        if reply.body["error"].is_object() {
+            return None;
+        }
+    }
+}
+
+fn health(port: u16) -> Option<u16> {
+    let stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut http = common::http::Http::over(stream);
+    http.stream
+        .write_all(&Req::new("GET", "/health", port).bytes())
+        .ok()?;
+    http.response().map(|r| r.status)
+}
+
+fn boxed<S: ReadWrite + 'static>(v: Vec<S>) -> Vec<Box<dyn ReadWrite>> {
+    v.into_iter()
+        .map(|s| Box::new(s) as Box<dyn ReadWrite>)
+        .collect()
+}
+
+/// `/metrics` with an admin token.
+fn metrics(gw: &HttpGateway, admin_token: &str) -> String {
+    let mut http = gw.http();
+    let r = http.call(&Req::new("GET", "/metrics", gw.port).bearer(admin_token));
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.text()
+}
+
+fn metric(text: &str, prefix: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn silent_http_connections_never_hold_the_door() {
+    let gw = HttpGateway::start("", "[http]\nmax_connections = 8\n");
+    let token = gw.client_token("alice");
+    let admin = gw.token("ops", "admin", "never");
+    let before = rss(gw.pid());
+    // More silent connections than the door has slots.
+    let silent = flood::silent_tcp(gw.port, 40);
+    std::thread::sleep(Duration::from_millis(300));
+    let ((), served_in) = until_served("a normal HTTP client under a silent flood", || {
+        http_client_served(gw.port, &token)
+    });
+    assert_eq!(health(gw.port), Some(200));
+    let during = rss(gw.pid());
+    flood::report(
+        "http silent x40 (max_connections 8)",
+        before,
+        during,
+        Some(served_in),
+    );
+    // Every silent connection ends: beyond the limit with a 503, else closed at the accept
+    // deadline (http.accept_timeout_secs).
+    let ends = wait_all_end(silent);
+    let open = ends.iter().filter(|e| **e == Ended::Open).count();
+    assert_eq!(open, 0, "silent connections still open after {PATIENCE:?}");
+    for e in &ends {
+        assert!(
+            e.status().is_none_or(|s| s == 503),
+            "a silent connection got {:?}",
+            String::from_utf8_lossy(e.said())
+        );
+    }
+    let m = metrics(&gw, &admin);
+    assert!(
+        metric(
+            &m,
+            "toolwall_connections_closed_total{door=\"http\",reason=\"accept_timeout\"}"
+        ) + metric(&m, "toolwall_connections_refused_total{door=\"http\"")
+            >= 32,
+        "closes and refusals are counted:\n{m}"
+    );
+}
+
+#[test]
+fn slow_heads_are_cut_off_and_never_hold_the_door() {
+    let gw = HttpGateway::start("", "[http]\nmax_connections = 8\n");
+    let token = gw.client_token("alice");
+    let before = rss(gw.pid());
+    let slow = boxed(flood::silent_tcp(gw.port, 8));
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nX-Slow: ",
+        gw.port
+    );
+    let trickle = Trickle::start(
+        slow,
+        head.into_bytes(),
+        b"abcdefgh".to_vec(),
+        Duration::from_millis(200),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let ((), served_in) = until_served("a normal HTTP client under a slow-head flood", || {
+        http_client_served(gw.port, &token)
+    });
+    let during = rss(gw.pid());
+    flood::report(
+        "http slow-head x8 (max_connections 8)",
+        before,
+        during,
+        Some(served_in),
+    );
+    let ends = wait_all_end(trickle.stop());
+    for e in &ends {
+        assert_ne!(*e, Ended::Open, "a slow head was never cut off");
+        assert!(
+            e.status().is_none_or(|s| s == 408 || s == 503),
+            "{:?}",
+            String::from_utf8_lossy(e.said())
+        );
+    }
+}
+
+#[test]
+fn slow_bodies_of_one_principal_leave_room_for_others() {
+    // One principal may hold a quarter of the door's connections by default.
+    let gw = HttpGateway::start(
+        "",
+        "[http]\nmax_connections = 8\nrequest_timeout_secs = 3\n",
+    );
+    let flooder = gw.client_token("flooder");
+    let alice = gw.client_token("alice");
+    let before = rss(gw.pid());
+    let head = Req::post_mcp(gw.port, &json!({}))
+        .bearer(&flooder)
+        .set("Content-Length", "4000")
+        .body(Vec::new());
+    let mut head_bytes = head.bytes();
+    // Req::bytes adds its own Content-Length for POST: drop the one for the empty body.
+    let text = String::from_utf8(head_bytes.clone()).unwrap();
+    head_bytes = text.replace("Content-Length: 0\r\n", "").into_bytes();
+    let slow = boxed(flood::silent_tcp(gw.port, 8));
+    let trickle = Trickle::start(
+        slow,
+        head_bytes,
+        b"{\"a\":1}   ".to_vec(),
+        Duration::from_millis(200),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let ((), served_in) = until_served("another principal under a slow-body flood", || {
+        http_client_served(gw.port, &alice)
+    });
+    let during = rss(gw.pid());
+    flood::report(
+        "http slow-body x8, one principal (max_connections 8)",
+        before,
+        during,
+        Some(served_in),
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let ends = wait_all_end(trickle.stop());
+    let mut busy = 0;
+    for e in &ends {
+        assert_ne!(*e, Ended::Open, "a slow body was never cut off");
+        match e.status() {
+            Some(503) => {
+                busy += 1;
+                let said = String::from_utf8_lossy(e.said()).to_lowercase();
+                assert!(said.contains("retry-after:"), "{said}");
+            }
+            Some(408) | None => {}
+            other => panic!("a slow body got {other:?}"),
+        }
+    }
+    assert!(
+        busy >= 6,
+        "the principal's connections beyond its share get 503: {busy}"
+    );
+}
+
+#[test]
+fn bad_tokens_get_401_before_any_body_or_100_continue() {
+    let gw = HttpGateway::start("", "");
+    let token = gw.client_token("alice");
+    let before = rss(gw.pid());
+    let head = Req::post_mcp(gw.port, &json!({}))
+        .bearer("twt_not-a-real-token-at-all-but-long-enough-123456")
+        .header("Expect", "100-continue")
+        .body(Vec::new())
+        .bytes();
+    let head = String::from_utf8(head)
+        .unwrap()
+        .replace("Content-Length: 0\r\n", "Content-Length: 1048576\r\n");
+    let mut conns = flood::silent_tcp(gw.port, 200);
+    for c in conns.iter_mut() {
+        c.write_all(head.as_bytes()).unwrap();
+    }
+    // Each gets 401 at once, never 100 Continue; then the attacker sends its body anyway.
+    for c in conns.iter_mut() {
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match c.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let said = String::from_utf8_lossy(&got);
+        assert!(said.starts_with("HTTP/1.1 401 "), "{said}");
+        let _ = c.write_all(&vec![b' '; 64 * 1024]);
+    }
+    let during = rss(gw.pid());
+    let ((), served_in) = until_served("a normal HTTP client under a bad-token flood", || {
+        http_client_served(gw.port, &token)
+    });
+    flood::report(
+        "http bad-token x200 with 1 MiB bodies",
+        before,
+        during,
+        Some(served_in),
+    );
+    assert!(
+        during.now_kib < before.now_kib + 64 * 1024,
+        "200 unauthenticated connections cost {} KiB",
+        during.now_kib - before.now_kib
+    );
+    assert_eq!(
+        gw.tool_calls().len(),
+        1,
+        "nothing of a refused request is processed"
+    );
+}
+
+#[test]
+fn a_thousand_quiet_connections_per_door_cost_under_64_mib() {
+    let gw = HttpGateway::start(
+        "",
+        "[http]\nmax_connections = 1000\n\n[gateway]\nmax_connections = 2100\nmax_connections_per_peer = 1000\n",
+    );
+    let token = gw.client_token("alice");
+    let base = rss(gw.pid());
+    // HTTP: half silent, half a slow head of 8 KiB (under the head limit) still arriving.
+    let mut http = flood::silent_tcp(gw.port, 1000);
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nX-Pad: {}",
+        gw.port,
+        "p".repeat(8 * 1024)
+    );
+    for c in http.iter_mut().skip(500) {
+        c.write_all(head.as_bytes()).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let with_http = rss(gw.pid());
+    let ((), served_http) = until_served("a normal HTTP client beside 1000 quiet ones", || {
+        http_client_served(gw.port, &token)
+    });
+    flood::report(
+        "http 500 silent + 500 slow 8 KiB heads",
+        base,
+        with_http,
+        Some(served_http),
+    );
+    // Framed: half silent, half a frame whose header promises 1 MiB and 4 KiB of it.
+    let mut framed = flood::silent_unix(&gw.sock, 1000);
+    let mut partial = Vec::new();
+    toolwall_relay::frame::encode(&mut partial, 1, 0, "x", &vec![b' '; 1024 * 1024]).unwrap();
+    partial.truncate(4096);
+    for c in framed.iter_mut().skip(500) {
+        c.write_all(&partial).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let with_framed = rss(gw.pid());
+    let ((), served_framed) = until_served("a normal agent beside 1000 quiet ones", || {
+        framed_client_served(&gw.sock)
+    });
+    flood::report(
+        "framed 500 silent + 500 half frames",
+        with_http,
+        with_framed,
+        Some(served_framed),
+    );
+    let http_cost = with_http.now_kib.saturating_sub(base.now_kib);
+    let framed_cost = with_framed.now_kib.saturating_sub(with_http.now_kib);
+    eprintln!(
+        "MEMORY 1000 quiet HTTP connections: {http_cost} KiB; 1000 quiet framed connections: {framed_cost} KiB"
+    );
+    assert!(
+        http_cost < 64 * 1024,
+        "1000 HTTP connections cost {http_cost} KiB"
+    );
+    assert!(
+        framed_cost < 64 * 1024,
+        "1000 framed connections cost {framed_cost} KiB"
+    );
+    drop(http);
+    drop(framed);
+}
+
+#[test]
+fn silent_framed_flood_leaves_the_operator_and_agents_a_way_in() {
+    let gw = HttpGateway::start("", "[gateway]\nmax_connections = 64\n");
+    let before = rss(gw.pid());
+    let silent = flood::silent_unix(&gw.sock, 80);
+    std::thread::sleep(Duration::from_millis(300));
+    // The operator's commands answer.
+    for args in [&["status"][..], &["approvals"][..], &["reload"][..]] {
+        let out = gw.cli(args);
+        assert!(
+            out.status.success(),
+            "toolwall {args:?} under a framed flood: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(health(gw.port), Some(200), "/health under a framed flood");
+    let ((), served_in) = until_served("an agent under a silent framed flood", || {
+        framed_client_served(&gw.sock)
+    });
+    let during = rss(gw.pid());
+    flood::report(
+        "framed silent x80 (max_connections 64)",
+        before,
+        during,
+        Some(served_in),
+    );
+    let ends = wait_all_end(silent);
+    assert!(
+        ends.iter().all(|e| *e != Ended::Open),
+        "silent framed connections are closed (gateway.accept_timeout_secs)"
+    );
+}
+
+#[test]
+fn half_frame_flood_is_cut_off() {
+    let gw = HttpGateway::start(
+        "",
+        "[gateway]\nmax_connections = 64\nframe_timeout_secs = 3\n",
+    );
+    let before = rss(gw.pid());
+    let mut half = flood::silent_unix(&gw.sock, 80);
+    let mut bytes = Vec::new();
+    toolwall_relay::frame::encode(&mut bytes, 1, 0, "x", b"{\"jsonrpc\":\"2.0\"}").unwrap();
+    for c in half.iter_mut() {
+        let _ = c.write_all(&bytes[..10]);
+    }
+    // The operator's way in is open while the flood holds the agent seats.
+    let out = gw.cli(&["approvals"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        health(gw.port),
+        Some(200),
+        "/health under a half-frame flood"
+    );
+    let ((), served_in) = until_served("an agent under a half-frame flood", || {
+        framed_client_served(&gw.sock)
+    });
+    let during = rss(gw.pid());
+    flood::report(
+        "framed half-frame x80 (max_connections 64)",
+        before,
+        during,
+        Some(served_in),
+    );
+    let ends = wait_all_end(half);
+    assert!(
+        ends.iter().all(|e| *e != Ended::Open),
+        "half frames are cut off"
+    );
+}
+
+const ASK_ECHO: &str = r#"
+[[policy.rules]]
+id = "ask-echo"
+action = "ask"
+tool = "local__echo"
+reason = "a human looks at every echo"
+"#;
+
+fn pending_approvals(gw: &HttpGateway) -> Vec<Value> {
+    let out = gw.cli(&["approvals", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("approvals --json");
+    v["pending"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn operator_approves_and_health_answers_while_every_agent_slot_is_taken() {
+    let gw = HttpGateway::start(
+        "",
+        &format!("[gateway]\nmax_connections = 6\nmax_connections_per_peer = 6\n{ASK_ECHO}"),
+    );
+    // Six agents, each with a call held for approval: every agent slot is busy.
+    let mut agents: Vec<(FramedClient, u32)> = (0..6)
+        .map(|i| {
+            let mut c = gw.connect();
+            let sid = c.request(
+                json!(i),
+                "tools/call",
+                Some(json!({"name": "local__echo", "arguments": {"text": format!("held {i}")}})),
+            );
+            (c, sid)
+        })
+        .collect();
+    let (pending, _) = until_served("six held calls", || {
+        let p = pending_approvals(&gw);
+        (p.len() == 6).then_some(p)
+    });
+    // A seventh agent gets a clear refusal, not a reset.
+    let mut extra = gw.connect();
+    extra.request(
+        json!(99),
+        "tools/call",
+        Some(json!({"name": "local__echo", "arguments": {"text": "x"}})),
+    );
+    let refusal = extra.recv().expect("a refusal frame before the close");
+    assert_eq!(refusal.body["error"]["code"], -32000, "{}", refusal.body);
+    assert!(
+        refusal.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("gateway.max_connections"),
+        "{}",
+        refusal.body
+    );
+    assert!(extra.closed_by_peer());
+    // The operator: status, reload, approvals and approve; and /health.
+    for args in [&["status"][..], &["reload"][..]] {
+        let out = gw.cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        health(gw.port),
+        Some(200),
+        "/health while every agent slot is taken"
+    );
+    let id = pending[0]["id"].to_string();
+    let out = gw.cli(&["approve", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = pending[0]["arguments"].as_str().unwrap().to_owned();
+    let answered = agents.iter_mut().any(|(c, sid)| {
+        c.stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let got = c.recv();
+        c.stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        got.is_some_and(|r| {
+            r.stream == *sid
+                && text.contains(
+                    r.body["result"]["content"][0]["text"]
+                        .as_str()
+                        .unwrap_or("?"),
+                )
+        })
+    });
+    assert!(answered, "the approved call's agent got its answer");
+}
+
+#[test]
+fn beyond_a_limit_clients_get_a_clear_refusal_not_a_reset() {
+    let gw = HttpGateway::start(
+        "",
+        &format!(
+            "[http]\nmax_connections = 2\n\n[gateway]\nmax_connections = 5\nmax_connections_per_peer = 2\n{ASK_ECHO}"
+        ),
+    );
+    let token = gw.client_token("alice");
+    let bob = gw.client_token("bob");
+    // Two HTTP connections busy with held calls (modern era: no session needed).
+    let mut busy = Vec::new();
+    for (i, t) in [&token, &bob].into_iter().enumerate() {
+        let mut h = gw.http();
+        let call = common::http::modern(
+            gw.port,
+            i as u64 + 1,
+            "tools/call",
+            json!({"name": "local__echo", "arguments": {"text": "held"}}),
+            Some("local__echo"),
+        )
+        .bearer(t);
+        h.send(&call);
+        busy.push(h);
+    }
+    until_served("two held HTTP calls", || {
+        (pending_approvals(&gw).len() == 2).then_some(())
+    });
+    let mut third = gw.http();
+    third.send(&gw.post(&initialize(1)).bearer(&token));
+    let r = third.response().expect("a 503, not a reset");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.header("Retry-After").is_some(), "{:?}", r.headers);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("http.max_connections")
+    );
+    // Two framed agents busy; a third of the same uid gets an error frame, then EOF.
+    let mut agents = Vec::new();
+    for i in 0..2 {
+        let mut c = gw.connect();
+        c.request(
+            json!(i),
+            "tools/call",
+            Some(json!({"name": "local__echo", "arguments": {"text": "held"}})),
+        );
+        agents.push(c);
+    }
+    until_served("four held calls", || {
+        (pending_approvals(&gw).len() == 4).then_some(())
+    });
+    let mut c = FramedClient::connect(&gw.sock);
+    let refusal = c.recv().expect("an error frame");
+    assert_eq!(refusal.body["error"]["code"], -32000, "{}", refusal.body);
+    assert!(
+        refusal.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_connections_per_peer"),
+        "{}",
+        refusal.body
+    );
+    assert!(c.closed_by_peer());
+}
+
+/// A client that sends a 2 MiB body without waiting for `100 Continue` always reads its
+/// 413: the door answers, half-closes and reads the rest away before it closes.
+#[test]
+fn a_two_mib_body_is_always_seen_refused() {
+    let gw = HttpGateway::start("", "");
+    let token = gw.client_token("alice");
+    let script = r#"
+import http.client, sys
+port, token, rounds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+body = b"x" * (2 * 1024 * 1024)
+seen = []
+for i in range(rounds):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+               "Authorization": "Bearer " + token}
+    if i % 2:
+        headers["Expect"] = "100-continue"
+    try:
+        c.request("POST", "/mcp", body=body, headers=headers)
+        r = c.getresponse()
+        r.read()
+        seen.append(str(r.status))
+    except Exception as e:
+        seen.append(type(e).__name__)
+    finally:
+        c.close()
+print(" ".join(seen))
+"#;
+    common::deps::ensure(&["python3"]);
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(gw.port.to_string())
+        .arg(&token)
+        .arg("30")
+        .output()
+        .expect("python3 runs (scripts/install-test-deps.sh debian)");
+    let seen = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<&str> = seen.split_whitespace().collect();
+    assert_eq!(answers.len(), 30, "{seen}");
+    assert!(
+        answers.iter().all(|a| *a == "413"),
+        "every 2 MiB POST sees 413: {seen}"
+    );
+}
+
+#[test]
+fn deadlines_are_armed_from_the_first_accept() {
+    // No connection was ever serviced: the first one is silent.
+    let gw = HttpGateway::start("", "");
+    let mut s = TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    assert_ne!(
+        flood::wait_end(&mut s),
+        Ended::Open,
+        "a lone silent connection is closed"
+    );
+    let mut u = UnixStream::connect(&gw.sock).unwrap();
+    u.set_read_timeout(Some(PATIENCE)).unwrap();
+    assert_ne!(
+        flood::wait_end(&mut u),
+        Ended::Open,
+        "a lone silent framed connection is closed"
+    );
+    // A normal session is unaffected.
+    let token = gw.client_token("alice");
+    let mut http = gw.http();
+    let session = open_session(&mut http, gw.port, Some(&token));
+    let r = http.call(&echo_in_session(gw.port, 2, &session, "fine").bearer(&token));
+    assert_eq!(result_text(&r.json()), "fine");
+}
