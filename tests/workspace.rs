@@ -911,3 +911,40 @@ fn a_task_survives_its_agents_disconnect() {
             .any(|e| e["detail"].as_str().unwrap_or("").contains("task_finished"))
     );
 }
+
+#[test]
+fn a_healthy_workspace_worker_is_confined_in_status_health_and_a_live_reattestation() {
+    // Fork and exec are the workspace's job: the one verdict must not count them as gaps.
+    let (gw, _root) = gateway_with_workspaces("");
+    let mut agent = gw.connect();
+    let ran = agent.tool(
+        "ws__shell_run",
+        json!({"worker": "mine", "command": "true"}),
+    );
+    assert_eq!(ran["result"]["isError"], Value::Null, "{ran}");
+    let status = gw.admin(json!({"op": "status"}));
+    let workers = status["workers"].as_array().expect("workers");
+    assert!(workers.iter().any(|w| w["role"] == "workspace"), "{status}");
+    for w in workers {
+        assert_eq!(w["confined"], true, "{w}");
+        assert_eq!(w["gaps"], json!([]), "{w}");
+    }
+    let asked = gw.admin(json!({"op": "attest"}));
+    assert_eq!(asked["asked"], workers.len(), "{asked}");
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    loop {
+        let events = gw.events("worker_reattested");
+        if events.len() == workers.len() {
+            for e in events {
+                let detail: Value = serde_json::from_str(e["detail"].as_str().unwrap()).unwrap();
+                assert_eq!(detail["confined"], true, "{detail:#}");
+            }
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every worker re-attested"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

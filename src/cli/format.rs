@@ -55,6 +55,19 @@ pub fn format_status(s: &serde_json::Value) -> String {
             conf["seccomp"],
             conf["no_new_privs"]
         );
+        match w["gaps"].as_array() {
+            Some(gaps) if gaps.is_empty() => {
+                let _ = writeln!(out, "    confined: yes");
+            }
+            Some(gaps) => {
+                for gap in gaps {
+                    let _ = writeln!(out, "    NOT CONFINED: {}", gap.as_str().unwrap_or(""));
+                }
+            }
+            None => {
+                let _ = writeln!(out, "    confined: not attested yet");
+            }
+        }
         for p in conf["probes"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 out,

@@ -113,7 +113,11 @@ fn status(gw: &Gateway, now: Instant) -> Value {
         .workers
         .iter()
         .map(|w| {
+            // The one verdict: the same gaps the supervisor refuses a worker for.
+            let gaps = w.report.as_ref().map(|r| r.gaps());
             json!({
+                "confined": gaps.as_ref().is_some_and(Vec::is_empty),
+                "gaps": gaps,
                 "name": w.spec.name,
                 "role": w.spec.role.to_string(),
                 "server": w.spec.server,

@@ -1412,9 +1412,11 @@ impl Gateway {
                         "worker {name} (pid {}) attested and ready",
                         w.and_then(|w| w.pid).unwrap_or(0)
                     );
+                    let gaps = report.as_ref().map(|r| r.gaps());
                     self.core.event(
                         "worker_ready",
-                        serde_json::json!({"worker": name, "confinement": report, "warnings": warnings}),
+                        serde_json::json!({"worker": name, "confinement": report, "warnings": warnings,
+                                           "confined": gaps.as_ref().is_some_and(Vec::is_empty), "gaps": gaps}),
                     );
                     self.core.on_worker_ready(id, now);
                 }
