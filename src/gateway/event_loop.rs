@@ -80,6 +80,8 @@ struct Conn {
     out: Vec<u8>,
     out_pos: usize,
     read_closed: bool,
+    /// The core was told the agent stopped sending (its held asks end then).
+    eof_reported: bool,
     /// Set when the stream became unframeable or a write failed: close now.
     broken: bool,
     partial_since: Option<Instant>,
@@ -461,6 +463,7 @@ impl Gateway {
             out: Vec::new(),
             out_pos: 0,
             read_closed: false,
+            eof_reported: false,
             broken: false,
             partial_since: None,
             paused: false,
@@ -553,6 +556,7 @@ impl Gateway {
             self.tell_systemd();
             self.resume_paused(now);
             self.end_turn(now, &mut worker_events);
+            self.report_eofs(now);
             self.close_finished();
             if let Some(exit) = self.check_exit(now) {
                 return Ok(exit);
@@ -582,6 +586,22 @@ impl Gateway {
             self.supervisor
                 .flush_all(self.poll.registry(), now, worker_events);
             self.apply_worker_events(worker_events, now);
+        }
+    }
+
+    /// An agent that closed its sending side (EOF) can no longer act on a held call: the
+    /// core ends its asks (calls already at a worker still finish and are answered).
+    fn report_eofs(&mut self, now: Instant) {
+        for (slot, c) in self.conns.iter_mut().enumerate() {
+            let Some(c) = c.as_mut() else { continue };
+            if c.read_closed && !c.eof_reported && !matches!(c.wire, Wire::Admin(_)) {
+                c.eof_reported = true;
+                let conn = ConnRef {
+                    slot,
+                    generation: c.generation,
+                };
+                self.core.on_agent_eof(conn, now);
+            }
         }
     }
 

@@ -31,15 +31,23 @@ pub fn prepare(path: &Path) -> Result<(), LedgerError> {
                 )
             })?;
     }
-    OpenOptions::new()
+    // Never open an existing database file outside SQLite: closing that descriptor would
+    // drop the POSIX locks of every SQLite connection of this process to it.
+    match OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .truncate(false)
+        .create_new(true)
         .mode(FILE_MODE)
         .open(path)
-        .map(drop)
-        .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, format!("cannot create: {e}")))
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(LedgerError::new(
+            LedgerErrorKind::Open,
+            path,
+            format!("cannot create: {e}"),
+        )),
+    }
 }
 
 /// The lock file next to the database.

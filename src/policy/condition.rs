@@ -6,7 +6,8 @@
 //!   `matches` and `glob` test a string as it is, and any other value (number, boolean,
 //!   object, array) by its compact JSON text.
 //! - Without a path: the condition holds if it holds for any scalar (string, number,
-//!   boolean) anywhere in the value, at any depth; object keys are not tested. For a result
+//!   boolean) anywhere in the value, at any depth; `contains`, `matches` and `glob` also
+//!   test every object key (a key can carry text as well as a value can). For a result
 //!   it also holds if it holds for the result's text content: the `text` of every
 //!   `content[]` and `contents[]` item (and of an embedded `resource`), joined with nothing
 //!   and joined with `\n`, so a pattern split across blocks, mid-word or at a line break,
@@ -116,7 +117,11 @@ impl Condition {
     pub fn holds_in(&self, root: &Value) -> bool {
         match &self.path {
             Some(path) => path.resolve(root).is_some_and(|v| self.test.holds(v)),
-            None => any_scalar(root, |v| self.test.holds(v)),
+            None => {
+                any_scalar(root, |v| self.test.holds(v))
+                    || (!matches!(self.test, Test::Equals(_))
+                        && any_key(root, |k| self.test.holds_str(k)))
+            }
         }
     }
 
@@ -197,6 +202,26 @@ pub fn any_scalar(root: &Value, mut test: impl FnMut(&Value) -> bool) -> bool {
     }
 }
 
+/// True if `test` holds for some object key anywhere in `root` (explicit stack, as above).
+pub fn any_key(root: &Value, mut test: impl FnMut(&str) -> bool) -> bool {
+    let mut pending: Vec<&Value> = vec![root];
+    while let Some(here) = pending.pop() {
+        match here {
+            Value::Object(map) => {
+                for (key, value) in map {
+                    if test(key) {
+                        return true;
+                    }
+                    pending.push(value);
+                }
+            }
+            Value::Array(items) => pending.extend(items.iter()),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// A result as response rules see it; the joined text content is built at most once, and
 /// only when some rule needs it.
 pub struct ResultView<'a> {
@@ -228,13 +253,26 @@ impl<'a> ResultView<'a> {
     }
 }
 
-/// The `text` strings of the `content[]` (tool results) and `contents[]` (resources) items,
-/// and of resources embedded in them.
+/// The text blocks of an answer, in order: the `content[]` items of a tool result, the
+/// `contents[]` of a resource read, the `messages[].content` of a prompt (one block or a
+/// list), each block's `text` and the `text` of a resource embedded in it.
 pub fn text_blocks(result: &Value) -> impl Iterator<Item = &str> {
-    ["content", "contents"]
+    let listed = ["content", "contents"]
         .into_iter()
         .filter_map(move |key| result.get(key).and_then(Value::as_array))
+        .flatten();
+    let messages = result
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
         .flatten()
+        .filter_map(|m| m.get("content"))
+        .flat_map(|c| match c {
+            Value::Array(blocks) => blocks.iter().collect::<Vec<_>>(),
+            block => vec![block],
+        });
+    listed
+        .chain(messages)
         .flat_map(|item| {
             [
                 item.get("text"),
@@ -281,8 +319,22 @@ mod tests {
         assert!(cond("equals = 42").holds_in(&args));
         assert!(
             !cond("equals = \"b\"").holds_in(&args),
-            "keys are not tested"
+            "equals does not compare keys"
         );
+        let keyed = json!({"structuredContent": {"-----BEGIN RSA PRIVATE KEY-----": 1}});
+        assert!(
+            cond("matches = \"BEGIN [A-Z ]*PRIVATE KEY\"").holds_in(&keyed),
+            "text tests see keys too"
+        );
+    }
+
+    #[test]
+    fn prompt_messages_are_joined_too() {
+        let result = json!({"messages": [
+            {"role": "user", "content": {"type": "text", "text": "-----BEGIN RSA PRIV"}},
+            {"role": "user", "content": [{"type": "text", "text": "ATE KEY-----"}]}]});
+        let view = ResultView::new(&result);
+        assert!(cond("matches = \"BEGIN RSA PRIVATE KEY\"").holds_in_result(&view));
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //!   (so a redaction reaches both forms of a tool's output).
 //!
 //! Object keys are never rewritten. Rules judge the message as it arrived; rewrites come
-//! after the decision, in rule-id order, each seeing the previous one's output.
+//! after the decision, in rule-id order, each seeing the previous one's output; the gateway
+//! then judges the rewritten message again (a rewrite must not assemble what a block rule
+//! refuses).
 
 use serde_json::Value;
 

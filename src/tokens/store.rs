@@ -322,7 +322,10 @@ impl TokenVerifier for TokenStore {
 }
 
 /// Create the directory (0700) and the file (0600) when missing; existing ones keep their
-/// modes, as the ledger does.
+/// modes, as the ledger does. An existing file is never opened here: closing any descriptor
+/// of the database file drops every POSIX lock this process's SQLite connections hold on it
+/// (the gateway opens the token store after its ledger), and another process could then
+/// delete the live WAL.
 fn prepare(path: &Path) -> std::io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         DirBuilder::new()
@@ -330,14 +333,17 @@ fn prepare(path: &Path) -> std::io::Result<()> {
             .mode(DIR_MODE)
             .create(parent)?;
     }
-    OpenOptions::new()
+    match OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .truncate(false)
+        .create_new(true)
         .mode(FILE_MODE)
         .open(path)
-        .map(drop)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

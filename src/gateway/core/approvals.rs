@@ -102,6 +102,21 @@ impl<R: Recorder> Core<R> {
         // the call is sent; the outcome follows at completion.
         x.request_decision.verdict = Verdict::Allow;
         x.rewritten = self.rewrite_arguments(&mut x);
+        if x.rewritten && !self.rewritten_still_allowed(&mut x) {
+            let d = x.request_decision.clone();
+            let message = format!(
+                "approved, but the rewritten arguments are blocked by policy: {}",
+                d.reason.as_deref().unwrap_or("-")
+            );
+            let refusal = Refusal {
+                code: ToolErrorCode::PolicyBlocked,
+                message: &message,
+                rule: d.rule.as_deref(),
+                decision: decision::DENIED,
+            };
+            self.refuse(x, call.started, &refusal);
+            return Ok(());
+        }
         self.records.stage_call_end(
             x.ledger_id,
             &CallEnd {
@@ -188,6 +203,17 @@ impl<R: Recorder> Core<R> {
                 Verdict::Allow => {
                     self.stage_decision_change(&x);
                     x.rewritten = self.rewrite_arguments(&mut x);
+                    if x.rewritten && !self.rewritten_still_allowed(&mut x) {
+                        let rule = x.request_decision.rule.clone();
+                        let refusal = Refusal {
+                            code: ToolErrorCode::PolicyBlocked,
+                            message: "the rewritten arguments are blocked by policy",
+                            rule: rule.as_deref(),
+                            decision: decision::DENIED,
+                        };
+                        self.refuse(x, started, &refusal);
+                        continue;
+                    }
                     self.forward(x, started);
                 }
                 Verdict::Ask => {
@@ -231,11 +257,11 @@ impl<R: Recorder> Core<R> {
         );
     }
 
-    /// Held calls whose agent has gone end now, as cancelled: nobody can act on them.
-    pub(super) fn drop_orphaned_asks(&mut self) {
+    /// Held calls of `conn` (None: of agents already gone) end now, as cancelled: nobody
+    /// can act on them.
+    pub(super) fn drop_held_asks(&mut self, conn: Option<super::ConnRef>) {
         for key in self.calls.keys_where(|c| {
-            c.stage == Stage::AwaitingApproval
-                && c.exchange().is_some_and(|x| x.from.conn.is_none())
+            c.stage == Stage::AwaitingApproval && c.exchange().is_some_and(|x| x.from.conn == conn)
         }) {
             let Some(call) = self.calls.take(key) else {
                 continue;
@@ -249,7 +275,7 @@ impl<R: Recorder> Core<R> {
             );
             let refusal = Refusal {
                 code: ToolErrorCode::AskDenied,
-                message: "cancelled: the agent disconnected while the call was held for approval",
+                message: "cancelled: the agent closed its connection while the call was held for approval",
                 rule: None,
                 decision: decision::CANCELLED,
             };

@@ -299,11 +299,19 @@ impl<R: Recorder> Core<R> {
         self.now = now;
         self.sessions.remove(&conn);
         self.calls.detach(conn);
-        self.drop_orphaned_asks();
+        self.drop_held_asks(None);
         self.event(
             "disconnect",
             serde_json::json!({"transport": peer.transport.as_str(), "principal": peer.principal, "process": peer.process}),
         );
+    }
+
+    /// The agent closed its sending side: calls held for approval on this connection end
+    /// now (an approval could only send them to a server for an agent that has gone);
+    /// calls at a worker finish and are answered as usual.
+    pub fn on_agent_eof(&mut self, conn: ConnRef, now: Instant) {
+        self.now = now;
+        self.drop_held_asks(Some(conn));
     }
 
     /// Stop taking new work: every request from now on is refused as "stopping".

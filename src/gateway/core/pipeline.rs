@@ -113,13 +113,14 @@ impl<R: Recorder> Core<R> {
         };
         let params_text = params.map(RawValue::get).unwrap_or("{}");
         // What arrived, for the ledger: the arguments (or the whole params) as sent.
+        // When `arguments` cannot be picked out alone (a duplicate key), the row keeps the
+        // whole params as they arrived.
         let raw: &str = match routed {
             Routed::ReadResource => params_text,
-            _ => serde_json::from_str::<RawArguments>(params_text)
-                .ok()
-                .and_then(|p| p.arguments)
-                .map(RawValue::get)
-                .unwrap_or(""),
+            _ => match serde_json::from_str::<RawArguments>(params_text) {
+                Ok(p) => p.arguments.map(RawValue::get).unwrap_or(""),
+                Err(_) => params_text,
+            },
         };
         let parsed = serde_json::from_str::<Value>(params_text);
         let target_name = parsed
@@ -194,10 +195,14 @@ impl<R: Recorder> Core<R> {
                     && let Some(args) = x.arguments_mut()
                 {
                     // `{"input": {...}}` from clients built that way means the inner
-                    // object: policy and the tool see it unwrapped (the row keeps what
-                    // arrived).
-                    let inner = crate::workspace::args::unwrap_input(args);
-                    if !std::ptr::eq(inner, &*args) {
+                    // object: policy and the tool see it unwrapped, however deep the
+                    // wrapping (the row keeps what arrived). Unwrapping to the end here
+                    // means nothing downstream unwraps what policy did not see.
+                    loop {
+                        let inner = crate::workspace::args::unwrap_input(args);
+                        if std::ptr::eq(inner, &*args) {
+                            break;
+                        }
                         *args = inner.clone();
                     }
                 }
@@ -267,6 +272,10 @@ impl<R: Recorder> Core<R> {
             Verdict::Ask => self.hold(x),
             Verdict::Allow => {
                 x.rewritten = self.rewrite_arguments(&mut x);
+                if x.rewritten && !self.rewritten_still_allowed(&mut x) {
+                    self.refuse_by_policy(x, self.now, Phase::Request);
+                    return;
+                }
                 self.forward(x, self.now);
             }
         }
@@ -299,6 +308,19 @@ impl<R: Recorder> Core<R> {
         let decision = x.request_decision.clone();
         x.arguments_mut()
             .is_some_and(|args| !policy.rewrite_arguments(&decision, args).is_empty())
+    }
+
+    /// Rewritten arguments are what the server would get, so they are judged too: a
+    /// rewrite must not produce what a block rule refuses. On a refusal the deciding
+    /// decision becomes the second one (its rules are recorded as `request_rewritten`).
+    pub(super) fn rewritten_still_allowed(&mut self, x: &mut Exchange) -> bool {
+        let second = self.judge_request(x);
+        self.stage_rules(x.ledger_id, "request_rewritten", &second);
+        if second.verdict == Verdict::Allow {
+            return true;
+        }
+        x.request_decision = second;
+        false
     }
 
     fn start_row(&mut self, x: &Exchange, bytes_received: usize, raw: &str, decision: &str) {
@@ -545,6 +567,17 @@ impl<R: Recorder> Core<R> {
                 .is_empty()
             {
                 original = Some(before);
+                // The rewritten answer is what the agent would get: judged again, so a
+                // rewrite cannot assemble what a block rule refuses.
+                let second = policy.decide(Phase::Response, &subject, Some(&answer.value));
+                self.stage_rules(x.ledger_id, "response_rewritten", &second);
+                if second.verdict != Verdict::Allow {
+                    self.observed
+                        .decision(second.rule.as_deref(), Verdict::Block);
+                    x.response_decision = Some(second);
+                    self.refuse_by_policy_with(x, started, Phase::Response, original.as_deref());
+                    return;
+                }
             }
         }
         let error = answer.error_text();
@@ -646,7 +679,10 @@ impl<R: Recorder> Core<R> {
                 .observe(self.now.saturating_duration_since(started));
         }
         // The rule that decided the end: the response phase's when it refused the answer.
-        let decided_by = x.response_decision.as_ref();
+        let decided_by = x
+            .response_decision
+            .as_ref()
+            .or_else(|| (decision == decision::DENIED).then_some(&x.request_decision));
         let approved = x.approved.as_ref().map(|(w, t)| (w.as_str(), *t));
         self.records.stage_call_end(
             x.ledger_id,

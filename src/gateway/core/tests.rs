@@ -920,3 +920,152 @@ fn policy_decisions_count_decisions_not_failures() {
             .contains_key(&("default".to_owned(), "allow"))
     );
 }
+
+#[test]
+fn a_rewrite_cannot_assemble_what_a_block_rule_refuses() {
+    // Response: stripping a zero-width space would complete a private key header.
+    let mut h = Harness::new(
+        r#"
+[[policy.rules]]
+id = "strip-zw"
+action = "rewrite"
+phase = "response"
+replace = { matches = "\u200b", with = "" }
+"#,
+    );
+    h.send("tools/call", json!({"name": "local__leak"}));
+    let (rpc_id, ..) = to_worker(&h.turn()).expect("sent");
+    let text = PEM.replace("PRIVATE KEY-----\nMIIB", "PRIVATE \u{200b}KEY-----\nMIIB");
+    h.worker_ok(
+        rpc_id,
+        &json!({"content": [{"type": "text", "text": text}]}).to_string(),
+    );
+    let (bytes, _) = reply(&h.turn()).expect("answered");
+    assert!(!String::from_utf8_lossy(&bytes).contains("MIIB"));
+    let row = h.last_row();
+    assert_eq!(
+        (row.decision.as_str(), row.rule.as_deref()),
+        ("denied", Some("builtin-private-key-in-result"))
+    );
+    assert_eq!(
+        h.core.records().rules_of(1, "response_rewritten"),
+        vec![
+            "builtin-private-key-in-result".to_owned(),
+            "strip-zw".to_owned()
+        ]
+    );
+    // Request: a rewrite that produces blocked arguments is refused before the worker.
+    let mut h = Harness::new(
+        r#"
+[[policy.rules]]
+id = "expand"
+action = "rewrite"
+tool = "local__echo"
+replace = { path = "text", matches = "SAFE", with = "evil" }
+
+[[policy.rules]]
+id = "no-evil"
+action = "block"
+arg = { contains = "evil" }
+"#,
+    );
+    h.send(
+        "tools/call",
+        json!({"name": "local__echo", "arguments": {"text": "SAFE"}}),
+    );
+    let actions = h.turn();
+    assert!(to_worker(&actions).is_none(), "never sent");
+    assert_eq!(h.last_row().rule.as_deref(), Some("no-evil"));
+}
+
+#[test]
+fn every_input_wrapper_is_unwrapped_before_policy() {
+    let mut h = Harness::new(
+        r#"
+[[policy.rules]]
+id = "no-evil"
+action = "block"
+tool = "local__echo"
+arg = { path = "text", contains = "evil" }
+"#,
+    );
+    for args in [
+        json!({"text": "evil"}),
+        json!({"input": {"text": "evil"}}),
+        json!({"input": {"input": {"input": {"text": "evil"}}}}),
+    ] {
+        h.send(
+            "tools/call",
+            json!({"name": "local__echo", "arguments": args}),
+        );
+        let actions = h.turn();
+        assert!(to_worker(&actions).is_none(), "{args} reached the worker");
+        assert_eq!(h.last_row().rule.as_deref(), Some("no-evil"), "{args}");
+    }
+    // What passes reaches the worker exactly as judged.
+    h.send(
+        "tools/call",
+        json!({"name": "local__echo", "arguments": {"input": {"input": {"text": "fine"}}}}),
+    );
+    let (_, _, _, args) = to_worker(&h.turn()).expect("sent");
+    assert_eq!(args, r#"{"text":"fine"}"#);
+}
+
+#[test]
+fn a_split_across_prompt_messages_is_found() {
+    let mut h = Harness::new("");
+    h.send("prompts/get", json!({"name": "local__greet"}));
+    let (rpc_id, ..) = to_worker(&h.turn()).expect("sent");
+    h.worker_ok(
+        rpc_id,
+        &json!({"messages": [
+            {"role": "user", "content": {"type": "text", "text": "-----BEGIN RSA PRIV"}},
+            {"role": "user", "content": {"type": "text", "text": "ATE KEY-----\nMIIB"}}]})
+        .to_string(),
+    );
+    let (bytes, _) = reply(&h.turn()).expect("answered");
+    assert!(!String::from_utf8_lossy(&bytes).contains("MIIB"));
+    assert_eq!(h.last_row().decision, "denied");
+}
+
+#[test]
+fn an_agent_that_stops_sending_cannot_have_its_held_call_approved() {
+    let mut h = Harness::new(
+        r#"
+[[policy.rules]]
+id = "ask-echo"
+action = "ask"
+tool = "local__echo"
+"#,
+    );
+    h.send(
+        "tools/call",
+        json!({"name": "local__echo", "arguments": {"text": "a"}}),
+    );
+    h.turn();
+    let id = h.core.pending_approvals(h.now)[0].id;
+    let now = h.now;
+    h.core.on_agent_eof(AGENT, now);
+    let actions = h.turn();
+    assert!(
+        h.core
+            .decide_approval(id, true, "admin", None, now)
+            .is_err()
+    );
+    assert!(to_worker(&actions).is_none() && to_worker(&h.turn()).is_none());
+    assert_eq!(h.last_row().decision, "cancelled");
+}
+
+#[test]
+fn duplicate_arguments_keys_keep_what_arrived_on_the_row() {
+    let mut h = Harness::new("");
+    let raw = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"local__echo","arguments":{"text":"a"},"arguments":{"text":"b"}}}"#;
+    h.send_raw(raw);
+    let (rpc_id, _, _, args) = to_worker(&h.turn()).expect("sent");
+    assert_eq!(args, r#"{"text":"b"}"#, "judged and forwarded: the last");
+    h.worker_ok(rpc_id, r#"{"content":[]}"#);
+    h.turn();
+    let row = h.last_row();
+    assert!(row.arguments.contains(r#""text":"a""#) && row.arguments.contains(r#""text":"b""#));
+    assert_eq!(row.forwarded.as_deref(), Some(r#"{"text":"b"}"#));
+}
