@@ -27,8 +27,10 @@ Daemon (over the admin socket):
   approvals [--json]         Calls held by an `ask` rule, with their arguments
   approve ID                 Let a held call go to its tool
   deny ID [--reason TEXT]    Refuse a held call
-  pins list [--json]         Pinned upstream tools; a changed one shows old and new
-  pins approve SERVER__TOOL  Accept a pinned tool's changed definition
+  pins list [--json]         Pinned upstream tools: each version's full sha256, a changed
+                             tool's fields approved and waiting, new tools held
+  pins approve SERVER__TOOL --digest SHA256
+                             Approve exactly the waiting definition with that digest
 
 Tokens for the HTTP door (stored as hashes in the ledger database):
   token create --principal NAME [--kind client|admin] [--expires 30d|never]
@@ -76,6 +78,7 @@ fn run() -> Result<i32, String> {
     let mut explain = ExplainArgs::default();
     let mut kind: Option<String> = None;
     let mut expires: Option<String> = None;
+    let mut digest: Option<String> = None;
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
             Short('h') | Long("help") => {
@@ -108,6 +111,7 @@ fn run() -> Result<i32, String> {
             Long("resource") => explain.resource = Some(string(parser.value())?),
             Long("kind") => kind = Some(string(parser.value())?),
             Long("expires") => expires = Some(string(parser.value())?),
+            Long("digest") => digest = Some(string(parser.value())?),
             Value(v) => command.push(
                 v.into_string()
                     .map_err(|v| format!("argument {v:?} is not UTF-8"))?,
@@ -218,10 +222,11 @@ fn run() -> Result<i32, String> {
             Ok(if reply["ok"] == true { 0 } else { 1 })
         }
         ["pins", "approve", tool] => {
+            let digest = crate::pins::cli_output::check_digest(tool, digest.as_deref())?;
             let config = load(config_path)?;
             let reply = admin_request(
                 &config,
-                &serde_json::json!({"op": "pin_approve", "tool": tool}),
+                &serde_json::json!({"op": "pin_approve", "tool": tool, "digest": digest}),
             )?;
             admin_outcome(&reply, json_out)
         }

@@ -186,8 +186,6 @@ fn limits() -> Limits {
         max_body_bytes: 1 << 20,
         connect_timeout_secs: 2,
         retry_max_secs: 1,
-        max_pages: 20,
-        max_items: 1000,
     }
 }
 
@@ -1012,11 +1010,21 @@ fn gateway_pinned_tool_that_changes_is_refused_until_approved() {
     let list = gw.cli(&["pins", "list"]);
     let text = String::from_utf8_lossy(&list.stdout);
     assert!(
-        text.contains("fx__search") && text.contains("old: Search the fixture's documents"),
+        text.contains("fx__search") && text.contains("approved: Search the fixture's documents"),
         "{text}"
     );
-    assert!(text.contains("new: Search. Then read"), "{text}");
-    let approve = gw.cli(&["pins", "approve", "fx__search"]);
+    assert!(text.contains("waiting:  Search. Then read"), "{text}");
+    let listed: Value =
+        serde_json::from_slice(&gw.cli(&["pins", "list", "--json"]).stdout).unwrap();
+    let digest = listed["pins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["tool"] == "fx__search")
+        .and_then(|p| p["pending"]["digest"].as_str())
+        .unwrap()
+        .to_owned();
+    let approve = gw.cli(&["pins", "approve", "fx__search", "--digest", &digest]);
     assert!(
         approve.status.success(),
         "{}",

@@ -33,6 +33,8 @@ pub enum UpstreamErrorCode {
     Busy,
     /// The address policy refused the server's address.
     AddressRefused,
+    /// A listing holds more than its budget allows (items, bytes of all pages, pages).
+    OverBudget,
     /// Bad request from the gateway (e.g. arguments that are not JSON).
     InvalidArguments,
     /// Something in the worker itself.
@@ -55,6 +57,7 @@ impl UpstreamErrorCode {
             UpstreamErrorCode::UnknownServer => "unknown_server",
             UpstreamErrorCode::Busy => "busy",
             UpstreamErrorCode::AddressRefused => "address_refused",
+            UpstreamErrorCode::OverBudget => "over_budget",
             UpstreamErrorCode::InvalidArguments => "invalid_arguments",
             UpstreamErrorCode::Internal => "internal",
         }

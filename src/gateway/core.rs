@@ -6,6 +6,8 @@
 //! fails, the actions are turned into refusals: nothing reaches a tool or an agent that
 //! the ledger does not hold (fail closed).
 
+mod upstream_listings;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -293,51 +295,6 @@ impl Core {
         self.upstreams.as_ref().is_some_and(|u| u.is_worker(worker))
     }
 
-    /// List every upstream server again (reload, refresh).
-    pub fn refresh_upstreams(&mut self, now: Instant) {
-        let Some(u) = &self.upstreams else { return };
-        let (worker, servers) = (u.worker, u.servers());
-        if !self.workers[worker].ready {
-            return;
-        }
-        for server in servers {
-            self.list_server(
-                worker,
-                &server,
-                &[Kind::Tools, Kind::Resources, Kind::Prompts],
-                now,
-            );
-        }
-    }
-
-    fn list_server(&mut self, worker: WorkerId, server: &str, kinds: &[Kind], now: Instant) {
-        for kind in kinds {
-            let op = match kind {
-                Kind::Tools => Op::ListTools,
-                Kind::Resources => Op::ListResources,
-                Kind::Prompts => Op::ListPrompts,
-            };
-            self.gateway_request(worker, op, *kind, server, now);
-        }
-    }
-
-    /// `toolwall pins approve TOOL`: the tool's server is listed again, so it reappears.
-    pub fn approve_pin(&mut self, tool: &str, who: &str, now: Instant) -> Result<String, String> {
-        let Some(u) = self.upstreams.as_mut() else {
-            return Err("no upstream servers are configured".into());
-        };
-        let server = u.approve_pin(tool, who)?;
-        let worker = u.worker;
-        self.event("pin", json!({"what": "approved", "tool": tool, "by": who}));
-        crate::info!("pin: {tool} approved by {who}");
-        if self.workers[worker].ready {
-            self.list_server(worker, &server, &[Kind::Tools], now);
-        }
-        Ok(format!(
-            "{tool} approved; its server {server} is being listed again"
-        ))
-    }
-
     pub fn policy(&self) -> &Rc<Policy> {
         &self.policy
     }
@@ -366,10 +323,15 @@ impl Core {
 
     /// Listings the gateway asked of its workers and has not had answered.
     pub fn listings_pending(&self) -> usize {
+        let upstream = self
+            .upstreams
+            .as_ref()
+            .map_or(0, UpstreamsState::listings_pending);
         self.calls
             .values()
             .filter(|c| matches!(c.kind, CallKind::Listing { .. }))
             .count()
+            .max(upstream)
     }
 
     /// Requests not yet answered, everywhere.
@@ -550,23 +512,23 @@ impl Core {
                 let Some(call) = self.take_call(id) else {
                     return;
                 };
+                if let CallKind::Listing { kind, server } = &call.kind
+                    && self.is_aggregator(worker)
+                {
+                    self.upstream_listing_answered(worker, *kind, server, ok, error, facts);
+                    return;
+                }
                 self.complete(call, ok, error, facts);
             }
             rpc::Message::Event { kind, detail } => {
+                if self.is_aggregator(worker) {
+                    self.on_upstream_event(worker, &kind, &detail, now);
+                    return;
+                }
                 self.event(
                     "worker_event",
                     json!({"worker": self.workers[worker].name, "kind": kind, "detail": detail}),
                 );
-                let relist = self
-                    .upstreams
-                    .as_mut()
-                    .filter(|u| u.is_worker(worker))
-                    .and_then(|u| u.on_event(&kind, &detail));
-                if let Some(r) = relist
-                    && self.workers[worker].ready
-                {
-                    self.list_server(worker, &r.server, &r.kinds, now);
-                }
             }
             rpc::Message::Ready { .. } | rpc::Message::Request { .. } => {
                 // The supervisor handles ready; a worker never sends requests.
@@ -890,14 +852,7 @@ impl Core {
             "tools/list" => self.list(ctx, Kind::Tools, method, params),
             "resources/list" => self.list(ctx, Kind::Resources, method, params),
             "prompts/list" => self.list(ctx, Kind::Prompts, method, params),
-            "resources/templates/list" => {
-                self.reply(
-                    ctx.conn,
-                    ctx.stream,
-                    ctx.id,
-                    jsonrpc::result_response(ctx.id, "{\"resourceTemplates\":[]}"),
-                );
-            }
+            "resources/templates/list" => self.list(ctx, Kind::Templates, method, params),
             "tools/call" => self.tool_call(ctx, params, now),
             "resources/read" => self.routed(ctx, Kind::Resources, method, params, now),
             "prompts/get" => self.routed(ctx, Kind::Prompts, method, params, now),
@@ -1043,15 +998,22 @@ impl Core {
             return;
         };
         // Policy first: a refused URI or prompt is refused whether or not it exists.
-        let entry = self.catalog.get(kind, &key).cloned();
+        let (entry, unserved) = match kind {
+            Kind::Resources => match self.resource_entry(&key) {
+                Ok(e) => (e, None),
+                Err(why) => (None, Some(why)),
+            },
+            _ => (self.catalog.get(kind, &key).cloned(), None),
+        };
         let resource = (kind == Kind::Resources).then_some(key.as_str());
         let server = entry.as_ref().map(|e| e.server.clone());
         if !self.method_allowed(ctx, method, server.as_deref(), resource) {
             return;
         }
         let Some(entry) = entry else {
-            let (code, message) = match kind {
-                Kind::Resources => (-32002, format!("resource not found: {key}")),
+            let (code, message) = match (kind, unserved) {
+                (Kind::Resources, Some(why)) => (-32002, format!("resource not served: {why}")),
+                (Kind::Resources, None) => (-32002, format!("resource not found: {key}")),
                 _ => (jsonrpc::INVALID_PARAMS, format!("unknown prompt: {key}")),
             };
             self.reply_error(ctx.conn, ctx.stream, ctx.id, code, &message, None);
@@ -1584,8 +1546,13 @@ impl Core {
                     self.reply_error(conn, call.stream, &call.id, jcode, message, None);
                 }
             }
-            CallKind::Listing { server, .. } => {
-                crate::warn!("listing of server {server} failed: {message}");
+            CallKind::Listing { server, kind } => {
+                if self.is_aggregator(call.worker) {
+                    let (kind, server) = (*kind, server.clone());
+                    self.upstream_listing_failed(kind, &server, message);
+                } else {
+                    crate::warn!("listing of server {server} failed: {message}");
+                }
             }
             CallKind::Attest => {
                 let name = self.workers[call.worker].name.clone();
@@ -1610,20 +1577,6 @@ impl Core {
                 let items = ok
                     .as_deref()
                     .and_then(|t| serde_json::from_str::<Vec<Value>>(t).ok());
-                let items = match (items, self.upstreams.as_mut()) {
-                    (Some(items), Some(u)) if kind == Kind::Tools && u.is_worker(call.worker) => {
-                        let review = u.review_tools(&server, items);
-                        for note in &review.notes {
-                            if let Some(line) = note.log_line() {
-                                crate::warn!("{line}");
-                            }
-                            let (kind, detail) = note.event();
-                            self.ledger.stage_event(kind, &detail);
-                        }
-                        Some(review.visible)
-                    }
-                    (items, _) => items,
-                };
                 match items {
                     Some(items) => {
                         match self.catalog.set(kind, &server, call.worker, items) {
@@ -1852,7 +1805,7 @@ impl Core {
     fn broadcast_list_changed(&mut self, kind: Kind) {
         let method = match kind {
             Kind::Tools => "notifications/tools/list_changed",
-            Kind::Resources => "notifications/resources/list_changed",
+            Kind::Resources | Kind::Templates => "notifications/resources/list_changed",
             Kind::Prompts => "notifications/prompts/list_changed",
         };
         let bytes = jsonrpc::notification(method, &json!({}));
@@ -2003,7 +1956,7 @@ impl Core {
         let refresh = self
             .upstreams
             .as_ref()
-            .and_then(UpstreamsState::next_refresh);
+            .and_then(UpstreamsState::next_deadline);
         call.into_iter().chain(refresh).min()
     }
 
@@ -2011,6 +1964,7 @@ impl Core {
         if self.upstreams.as_mut().is_some_and(|u| u.refresh_due(now)) {
             self.refresh_upstreams(now);
         }
+        self.upstream_tick(now);
         while let Some((t, key)) = self.deadlines.first().copied() {
             if t > now {
                 break;
