@@ -118,6 +118,13 @@ fn gateway(servers: &str) -> TestGateway {
     TestGateway::start(servers)
 }
 
+/// Start the gateway again on the same files (its log starts over, so "ready" is this
+/// run's).
+fn respawn(gw: &mut TestGateway) {
+    gw.stderr.lock().unwrap().clear();
+    gw.spawn();
+}
+
 fn status(gw: &TestGateway) -> Value {
     gw.admin(json!({"op": "status"}))
 }
@@ -250,10 +257,13 @@ impl Probe {
 
     /// Stop; print and return (calls, p50, p99, max).
     fn finish(mut self, what: &str) -> (usize, Duration, Duration, Duration) {
+        // At least one full call after the event measured.
+        std::thread::sleep(Duration::from_millis(50));
         self.stop.store(true, Ordering::Relaxed);
         let mut times = self.thread.take().unwrap().join().expect(
             "the echo probe got every answer (a stall beyond the client's patience fails it)",
         );
+        assert!(!times.is_empty(), "the probe got no answer during {what}");
         times.sort();
         let at = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
         let r = (times.len(), at(0.5), at(0.99), *times.last().unwrap());
@@ -276,36 +286,44 @@ impl Drop for Probe {
 #[test]
 fn ten_thousand_new_tools_are_pinned_in_bounded_batches() {
     let up = Hostile::start();
-    up.set(json!({"tool_count": 9998, "page_size": 1000}));
+    up.set(json!({"page_size": 1000}));
     let gw = gateway(&format!(
         "[servers]\nrefresh_secs = 0\n\n[servers.fx]\nurl = \"{}\"\n",
         up.url()
     ));
+    wait_tool_count(&gw, "fx", 2);
+    // The attack: 9,998 tools appear at once. Each is new: pinned as held, one summary.
     let probe = Probe::start(&gw);
-    wait_tool_count(&gw, "fx", 10_000);
-    probe.finish("a first listing of 10,000 tools");
+    up.set(json!({"tool_count": 9998}));
+    up.notify("notifications/tools/list_changed", 1);
+    wait_until("9,998 new tools held", || {
+        server_status(&gw, "fx")["tools_hidden"].as_u64() == Some(9998)
+    });
+    probe.finish("a listing of 10,000 tools, 9,998 of them new");
     assert_eq!(
         sql_count(&gw, "SELECT count(*) FROM tool_pins WHERE server = 'fx'"),
         10_000
     );
-    // One summary per listing, not a row per tool.
+    // One summary per listing, not a row or a log line per tool.
     let pin_events = sql_count(&gw, "SELECT count(*) FROM events WHERE kind = 'pin'");
-    assert!(pin_events <= 5, "{pin_events} pin events for one listing");
+    assert!(pin_events <= 5, "{pin_events} pin events for two listings");
     assert!(log_lines(&gw, "pin:") <= 25, "{}", gw.log());
 
-    // The same 10,000 again: nothing new is written, nothing is hidden.
+    // The same 10,000 again: nothing new is written, nothing changes.
     let probe = Probe::start(&gw);
-    let before = up.count("tools/list");
+    let catalogs = sql_count(&gw, "SELECT count(*) FROM events WHERE kind = 'catalog'");
     up.notify("notifications/tools/list_changed", 1);
-    wait_until("a relisting", || up.count("tools/list") >= before + 10);
     wait_until("the relisting applied", || {
-        sql_count(&gw, "SELECT count(*) FROM events WHERE kind = 'catalog'") >= 2
+        sql_count(&gw, "SELECT count(*) FROM events WHERE kind = 'catalog'") > catalogs
     });
     probe.finish("a relisting of the same 10,000 tools");
-    wait_tool_count(&gw, "fx", 10_000);
     assert_eq!(
         sql_count(&gw, "SELECT count(*) FROM tool_pins WHERE server = 'fx'"),
         10_000
+    );
+    assert_eq!(
+        sql_count(&gw, "SELECT count(*) FROM events WHERE kind = 'pin'"),
+        pin_events
     );
 }
 
@@ -330,15 +348,25 @@ fn rotating_names_and_a_list_changed_flood_stay_bounded() {
     let elapsed = started.elapsed();
     let pages = up.count("tools/list") - lists_before;
     probe.finish("a rotating-names list_changed flood");
+    println!("{pages} pages listed in {elapsed:?}");
     // One listing (5 pages) in flight at a time, at most one per 200 ms.
     let listings = pages / 5;
     let bound = elapsed.as_millis() as u64 / 200 + 3;
     assert!(listings <= bound, "{listings} listings in {elapsed:?}");
     assert!(listings >= 2, "the flood did relist ({listings})");
-    // Rows: the pins of the first listing plus the new tools of the latest one (held);
-    // held tools that vanished are not kept.
+    // While the flood ran: the pins of the first listing, the held tools of the last
+    // listing and of the one being written.
     let rows = sql_count(&gw, "SELECT count(*) FROM tool_pins");
-    assert!(rows <= 2 * 2002 + 10, "{rows} pin rows");
+    assert!(rows <= 3 * 2002, "{rows} pin rows");
+    // Once a listing settled: the first listing's pins and the latest new tools (held);
+    // held tools that vanished are not kept.
+    let catalogs = sql_count(&gw, "SELECT count(*) FROM events WHERE kind = 'catalog'");
+    up.notify("notifications/tools/list_changed", 1);
+    wait_until("a quiet relisting", || {
+        sql_count(&gw, "SELECT count(*) FROM events WHERE kind = 'catalog'") > catalogs + 1
+    });
+    let rows = sql_count(&gw, "SELECT count(*) FROM tool_pins");
+    assert!(rows <= 2 * 2002, "{rows} pin rows");
     let events = sql_count(&gw, "SELECT count(*) FROM events");
     assert!(
         events as u64 <= 100 + 10 * listings,
@@ -381,13 +409,20 @@ fn a_listing_over_budget_degrades_the_server_and_keeps_its_last_good_catalog() {
     assert!(served(&mut c, "fx__search"));
     assert_eq!(server_status(&gw, "fx")["tools"], 2);
     let text = String::from_utf8_lossy(&gw.cli(&["status"]).stdout).to_string();
-    assert!(text.contains("degraded"), "{text}");
+    assert!(text.contains("DEGRADED"), "{text}");
     assert!(gw.log().contains("max_tools"), "{}", gw.log());
-    // Back under budget: no longer degraded.
+    // Back under budget: no longer degraded (the ten new tools are held for approval).
     up.set(json!({"tool_count": 10}));
     up.notify("notifications/tools/list_changed", 1);
-    wait_tool_count(&gw, "fx", 12);
-    assert!(server_status(&gw, "fx")["degraded"].is_null());
+    wait_until("fx no longer degraded", || {
+        server_status(&gw, "fx")["degraded"].is_null()
+    });
+    let s = server_status(&gw, "fx");
+    assert_eq!(
+        (s["tools"].as_u64(), s["tools_hidden"].as_u64()),
+        (Some(2), Some(10)),
+        "{s}"
+    );
 }
 
 #[test]
@@ -597,7 +632,7 @@ fn a_server_down_at_start_keeps_its_uris() {
     // Second run: good is down at start; evil now lists the URI.
     drop(good);
     evil.set(json!({"resources": ["report://q3", "evil://other"]}));
-    gw.spawn();
+    respawn(&mut gw);
     let mut c = gw.connect();
     wait_until("evil listed", || evil.count("resources/list") >= 2);
     std::thread::sleep(Duration::from_millis(300));
@@ -838,7 +873,7 @@ fn a_renamed_server_does_not_inherit_trust_of_what_was_pending() {
         .unwrap()
         .replace("[servers.fx]", "[servers.fx2]");
     std::fs::write(&gw.config_path, &renamed).unwrap();
-    gw.spawn();
+    respawn(&mut gw);
     wait_until("fx2 listed", || {
         pins_json(&gw).iter().any(|p| p["server"] == "fx2")
     });
@@ -853,7 +888,7 @@ fn a_renamed_server_does_not_inherit_trust_of_what_was_pending() {
     // still waits.
     let followed = renamed.replace("[servers.fx2]\n", "[servers.fx2]\nrenamed_from = \"fx\"\n");
     std::fs::write(&gw.config_path, followed).unwrap();
-    gw.spawn();
+    respawn(&mut gw);
     let mut c = gw.connect();
     wait_until("fx2__flood served", || served(&mut c, "fx2__flood"));
     assert!(!served(&mut c, "fx2__search"));

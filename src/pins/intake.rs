@@ -170,9 +170,10 @@ impl ReviewSummary {
                 ),
             ));
         }
-        for name in &self.new_held.names {
+        for entry in &self.new_held.names {
+            let (name, digest) = entry.split_once(" sha256:").unwrap_or((entry, ""));
             out.push((true, format!(
-                "pin: {name} is new; held until `toolwall pins approve` (see `toolwall pins list`)"
+                "pin: {name} is new; held until `toolwall pins approve {name} --digest {digest}` (see `toolwall pins list`)"
             )));
         }
         if self.new_held.count > self.new_held.names.len() {
@@ -184,10 +185,13 @@ impl ReviewSummary {
                 ),
             ));
         }
-        for name in &self.new_served.names {
+        for entry in &self.new_served.names {
+            let (name, digest) = entry.split_once(" sha256:").unwrap_or((entry, ""));
             out.push((
                 true,
-                format!("pin: {name} is new; served at once (new_tools = \"serve\")"),
+                format!(
+                    "pin: {name} is new; served at once (new_tools = \"serve\"), pinned as sha256:{digest}"
+                ),
             ));
         }
         if self.new_served.count > self.new_served.names.len() {
