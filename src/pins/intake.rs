@@ -408,7 +408,7 @@ pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewe
     if job.kind != Kind::Tools || job.rules.mode == PinMode::Off {
         let entries = items
             .into_iter()
-            .filter_map(|item| Entry::of(job.kind, &job.server, job.worker, item))
+            .filter_map(|raw| Entry::of(job.kind, &job.server, job.worker, listing::parse(raw)))
             .collect();
         return Ok(Reviewed {
             entries,
@@ -418,7 +418,11 @@ pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewe
     Ok(review_tools(store, job, items))
 }
 
-fn review_tools(store: Option<&mut PinStore>, job: &ListingJob, items: Vec<Value>) -> Reviewed {
+fn review_tools(
+    store: Option<&mut PinStore>,
+    job: &ListingJob,
+    items: Vec<&serde_json::value::RawValue>,
+) -> Reviewed {
     let rules = &job.rules;
     let server = job.server.as_str();
     let now = job.now_ms;
@@ -432,8 +436,14 @@ fn review_tools(store: Option<&mut PinStore>, job: &ListingJob, items: Vec<Value
     let Some(store) = store else {
         // Fail closed: nothing unpinned is served under enforce.
         summary.store_error = Some("the pin store is not open".into());
-        for item in items {
-            push_unreviewed(&mut out, job, item, enforce, "the pin store is not open");
+        for raw in items {
+            push_unreviewed(
+                &mut out,
+                job,
+                listing::parse(raw),
+                enforce,
+                "the pin store is not open",
+            );
         }
         summary.hidden = out.hidden.len();
         out.summary = Some(summary);
@@ -486,7 +496,7 @@ fn review_tools(store: Option<&mut PinStore>, job: &ListingJob, items: Vec<Value
     let mut listed: HashSet<String> = HashSet::with_capacity(items.len());
     let mut items = items.into_iter().peekable();
     while items.peek().is_some() {
-        let chunk: Vec<Value> = items.by_ref().take(CHUNK).collect();
+        let chunk: Vec<Value> = items.by_ref().take(CHUNK).map(listing::parse).collect();
         let prepared: Vec<(String, Value, super::digest::Pinned)> = chunk
             .into_iter()
             .filter_map(|item| {

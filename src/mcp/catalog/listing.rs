@@ -52,13 +52,15 @@ pub fn acceptable_key(kind: Kind, item: &Value) -> bool {
     }
 }
 
-/// Check a listing (a JSON array, as the worker sends it) and return its items.
-pub fn check(
+/// Check a listing (a JSON array, as the worker sends it) and return its items, still as
+/// the text they are in `text` (each is parsed into a tree only when it is used, so a
+/// listing costs its text, not a tree of all of it).
+pub fn check<'a>(
     server: &str,
     kind: Kind,
-    text: &str,
+    text: &'a str,
     budget: &ListingBudget,
-) -> Result<Vec<Value>, Refusal> {
+) -> Result<Vec<&'a RawValue>, Refusal> {
     // The array's own brackets and commas are not the items' bytes.
     if text.len()
         > budget
@@ -91,29 +93,52 @@ pub fn check(
         return Err(over_bytes(server, kind, bytes, budget));
     }
     let mut seen = HashSet::with_capacity(raw.len());
-    let mut items = Vec::with_capacity(raw.len());
-    for r in raw {
-        let item: Value = serde_json::from_str(r.get()).map_err(|e| {
-            Refusal::malformed(format!("server {server}: a listed item is not JSON: {e}"))
-        })?;
-        if !item.is_object() || !acceptable_key(kind, &item) {
+    for r in &raw {
+        let Some(key) = item_key(kind, r) else {
             return Err(Refusal::malformed(format!(
-                "server {server}: a {} item has no acceptable {}",
+                "server {server}: a {} item is not an object with an acceptable {}",
                 kind.word(),
                 kind.key_field()
             )));
-        }
-        let key = item[kind.key_field()].as_str().unwrap_or_default();
-        if !seen.insert(key.to_owned()) {
+        };
+        if !seen.insert(key) {
             return Err(Refusal::malformed(format!(
-                "server {server} lists the {} {} twice",
+                "server {server} lists the same {} twice",
                 kind.key_field(),
-                crate::aggregator::error::quote_upstream(key, 200)
             )));
         }
-        items.push(item);
     }
-    Ok(items)
+    Ok(raw)
+}
+
+#[derive(serde::Deserialize)]
+struct Keys {
+    #[serde(default)]
+    name: Option<Value>,
+    #[serde(default)]
+    uri: Option<Value>,
+    #[serde(default, rename = "uriTemplate")]
+    uri_template: Option<Value>,
+}
+
+/// The key of one listed item (parsing only its key fields), if acceptable.
+fn item_key(kind: Kind, raw: &RawValue) -> Option<String> {
+    if !raw.get().starts_with('{') {
+        return None;
+    }
+    let keys: Keys = serde_json::from_str(raw.get()).ok()?;
+    let key = match kind {
+        Kind::Tools | Kind::Prompts => keys.name,
+        Kind::Resources => keys.uri,
+        Kind::Templates => keys.uri_template,
+    }?;
+    let probe = serde_json::json!({ kind.key_field(): key });
+    acceptable_key(kind, &probe).then(|| key.as_str().unwrap_or_default().to_owned())
+}
+
+/// One checked item as a tree (it parsed once already: this cannot fail on the same text).
+pub fn parse(raw: &RawValue) -> Value {
+    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
 }
 
 fn over_bytes(server: &str, kind: Kind, bytes: usize, budget: &ListingBudget) -> Refusal {
@@ -140,6 +165,10 @@ mod tests {
     #[test]
     fn within_budget_passes_and_over_is_refused_naming_the_key() {
         let ok = json!([{"name": "a"}, {"name": "b.c/d-e_f"}]).to_string();
+        assert_eq!(
+            parse(check("s", Kind::Tools, &ok, &budget()).unwrap()[1])["name"],
+            "b.c/d-e_f"
+        );
         assert_eq!(check("s", Kind::Tools, &ok, &budget()).unwrap().len(), 2);
         let many = json!([{"name": "a"}, {"name": "b"}, {"name": "c"}, {"name": "d"}]).to_string();
         let e = check("s", Kind::Tools, &many, &budget()).unwrap_err();
