@@ -677,7 +677,96 @@ fn a_uri_listed_while_its_first_server_is_down_is_not_taken_from_it_when_it_retu
     assert_ne!(read_text(&r), Some("EVIL: forged report"), "{r}");
 }
 
+#[test]
+fn resource_templates_follow_the_same_rule() {
+    let a = Hostile::start();
+    a.set(json!({"templates": ["files://{+path}", "shared://{id}"], "read_text": "from a"}));
+    let b = Hostile::start();
+    b.set(json!({"templates": ["shared://{id}", "{+anything}"], "read_text": "from b"}));
+    let gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\n\n[servers.a]\nurl = \"{}\"\n\n[servers.b]\nurl = \"{}\"\n",
+        a.url(),
+        b.url()
+    ));
+    let mut c = gw.connect();
+    wait_until("both listed their templates", || {
+        a.count("resources/templates/list") >= 1 && b.count("resources/templates/list") >= 1
+    });
+    wait_until("the contested template is seen", || {
+        server_status(&gw, "a")["resource_conflicts"].as_u64() == Some(1)
+    });
+    let listed = c.call("resources/templates/list", json!({}));
+    let templates: Vec<&str> = listed["result"]["resourceTemplates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["uriTemplate"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        templates,
+        vec!["files://{+path}", "{+anything}"],
+        "{listed}"
+    );
+    // A read both a's and b's templates match: nobody serves it.
+    let r = read(&mut c, "files://etc/report");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("templates of servers"),
+        "{r}"
+    );
+    // The contested template serves nobody either (b's catch-all matches it too).
+    assert!(read(&mut c, "shared://7").get("error").is_some());
+    // Only b's template matches: b serves it.
+    assert_eq!(read_text(&read(&mut c, "other:thing")), Some("from b"));
+}
+
 // ---- 3. pins an operator can trust ------------------------------------------------------------
+
+/// `local__echo` latency while hostile listings are processed, against the same probe on a
+/// quiet gateway in the same run. Prints; asserts nothing about time.
+/// `cargo test --release --test hostile_upstream -- --ignored --nocapture measure`
+#[test]
+#[ignore = "measurement, run by hand"]
+fn measure_echo_latency_during_hostile_listings() {
+    let up = Hostile::start();
+    up.set(json!({"page_size": 1000}));
+    let gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 200\n\n[servers.fx]\nurl = \"{}\"\n",
+        up.url()
+    ));
+    wait_tool_count(&gw, "fx", 2);
+    let probe = Probe::start(&gw);
+    std::thread::sleep(Duration::from_secs(3));
+    probe.finish("nothing (baseline, 3 s)");
+    let probe = Probe::start(&gw);
+    up.set(json!({"tool_count": 9998}));
+    up.notify("notifications/tools/list_changed", 1);
+    wait_until("9,998 new tools held", || {
+        server_status(&gw, "fx")["tools_hidden"].as_u64() == Some(9998)
+    });
+    probe.finish("a listing of 10,000 tools, 9,998 of them new (held)");
+    let probe = Probe::start(&gw);
+    let catalogs = sql_count(&gw, "SELECT count(*) FROM events WHERE kind = 'catalog'");
+    up.notify("notifications/tools/list_changed", 1);
+    wait_until("relisted", || {
+        sql_count(&gw, "SELECT count(*) FROM events WHERE kind = 'catalog'") > catalogs
+    });
+    probe.finish("a relisting of the same 10,000 tools");
+    let probe = Probe::start(&gw);
+    up.set(json!({"tool_count": 2000, "rotate": true, "list_flood_count": 1000, "page_size": 500}));
+    up.notify("notifications/tools/list_changed", 1);
+    std::thread::sleep(Duration::from_secs(10));
+    up.set(json!({"rotate": false, "list_flood_count": 0}));
+    probe.finish("10 s of rotating names, 2,000 tools, 1,000 list_changed per page");
+    println!(
+        "peak RSS: gateway {} KiB, aggregator {} KiB; pin rows {}",
+        memory_kib(gw.pid(), "VmHWM"),
+        memory_kib(aggregator_pid(&gw), "VmHWM"),
+        sql_count(&gw, "SELECT count(*) FROM tool_pins")
+    );
+}
 
 fn notify_and_wait_listing(up: &Hostile, gw: &TestGateway) {
     let before = sql_count(gw, "SELECT count(*) FROM events WHERE kind = 'catalog'");
@@ -853,6 +942,37 @@ fn a_new_tool_of_a_pinned_server_is_held_until_approved() {
     assert!(served(&mut c, "open__newcomer"));
     assert!(gw.log().contains("open__newcomer"), "{}", gw.log());
     assert_eq!(pin(&gw, "open__newcomer")["state"], "pinned");
+}
+
+#[test]
+fn pins_of_tools_gone_for_the_retention_are_pruned_and_recorded() {
+    let up = Hostile::start();
+    let gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\npin_retention_secs = 1\nrelist_min_interval_ms = 10\n\n[servers.fx]\nurl = \"{}\"\n",
+        up.url()
+    ));
+    wait_tool_count(&gw, "fx", 2);
+    up.control(json!({"action": "drop_tool", "name": "flood"}));
+    notify_and_wait_listing(&up, &gw);
+    // Still remembered right after it left.
+    assert!(pin(&gw, "fx__flood").is_object());
+    std::thread::sleep(Duration::from_millis(1500));
+    notify_and_wait_listing(&up, &gw);
+    assert!(pin(&gw, "fx__flood").is_null(), "pruned");
+    assert!(pin(&gw, "fx__search").is_object());
+    let pruned = sql_count(
+        &gw,
+        "SELECT count(*) FROM events WHERE kind = 'pin' AND detail LIKE '%pruned%fx__flood%'",
+    );
+    assert_eq!(pruned, 1);
+    assert!(gw.log().contains("pruned (fx__flood)"), "{}", gw.log());
+    // It comes back: it is new now, so it is held.
+    up.set_tool(
+        "flood",
+        json!({"name": "flood", "description": "back", "inputSchema": {"type": "object"}}),
+    );
+    notify_and_wait_listing(&up, &gw);
+    assert_eq!(pin(&gw, "fx__flood")["state"], "new");
 }
 
 #[test]

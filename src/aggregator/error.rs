@@ -79,6 +79,8 @@ pub struct UpstreamError {
     pub message: String,
     /// The HTTP status behind it, when there was one.
     pub status: Option<u16>,
+    /// The JSON-RPC error code the server answered with, when it did.
+    pub rpc_code: Option<i64>,
 }
 
 impl UpstreamError {
@@ -87,7 +89,13 @@ impl UpstreamError {
             code,
             message: message.into(),
             status: None,
+            rpc_code: None,
         }
+    }
+
+    pub fn with_rpc_code(mut self, code: i64) -> UpstreamError {
+        self.rpc_code = Some(code);
+        self
     }
 
     pub fn with_status(mut self, status: u16) -> UpstreamError {

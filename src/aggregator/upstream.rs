@@ -555,7 +555,8 @@ impl Upstream {
                         f.code
                     ),
                 )
-                .with_status(reply.status))
+                .with_status(reply.status)
+                .with_rpc_code(f.code))
             }
             (_, Some(e)) => Err(e.with_status(reply.status)),
             (Some(Ok(result)), None) => {
@@ -642,11 +643,19 @@ impl Upstream {
         let mut cursor: Option<String> = None;
         loop {
             pages.may_fetch()?;
+            let cursor_was_none = cursor.is_none();
             let params = match cursor.take() {
                 Some(c) => Params::Value(json!({ "cursor": c })),
                 None => Params::None,
             };
-            let result = self.request(list_method(kind), params, &mut notices)?;
+            let result = match self.request(list_method(kind), params, &mut notices) {
+                Ok(r) => r,
+                // A server that does not serve a list (method not found) lists nothing.
+                Err(e) if e.rpc_code == Some(-32601) && cursor_was_none => {
+                    format!("{{\"{}\":[]}}", kind.list_key())
+                }
+                Err(e) => return Err(e),
+            };
             match pages.page(&result)? {
                 Some(next) => cursor = Some(next),
                 None => {

@@ -197,9 +197,20 @@ impl Claims {
             .map(|k| &**k)
     }
 
-    /// Every entry served, for template matching.
+    /// Every entry served.
     pub fn served(&self) -> impl Iterator<Item = &Entry> {
         self.served.values()
+    }
+
+    /// Every entry every server lists now, served or not (template matching must see the
+    /// contested ones too).
+    pub fn listed(&self) -> impl Iterator<Item = &Entry> {
+        self.by_key.values().flatten()
+    }
+
+    /// Whether `key` is served by `server`.
+    pub fn serves(&self, key: &str, server: &str) -> bool {
+        self.served.get(key).is_some_and(|e| e.server == server)
     }
 }
 

@@ -330,7 +330,7 @@ impl Catalog {
             Some(Ok(owner)) => Some(owner),
             None => None,
         };
-        templates::route(uri, self.templates.served(), owner.as_deref())
+        templates::route(uri, &self.templates, owner.as_deref())
     }
 }
 

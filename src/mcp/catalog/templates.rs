@@ -6,6 +6,7 @@
 //! [`MAX_PARTS`] × the URI's length squared.
 
 use super::Entry;
+use super::claims::Claims;
 
 /// Most literal and variable parts of a template that is matched at all.
 pub const MAX_PARTS: usize = 64;
@@ -104,40 +105,43 @@ pub fn matches(template: &str, uri: &str) -> bool {
     reach[bytes.len()]
 }
 
-/// The served template entry a read of `uri` goes to. With `owner` (the URI is owned),
-/// only that server's templates count. `Ok(None)`: no template matches.
+/// The template entry a read of `uri` goes to. Every template any server lists counts
+/// (a contested one too): when templates of two servers match, nobody serves the URI. With
+/// `owner` (the URI is owned), only that server's templates count. The template chosen
+/// must be one the server serves (not in conflict itself). `Ok(None)`: none matches.
 pub fn route<'a>(
     uri: &str,
-    served: impl Iterator<Item = &'a Entry>,
+    claims: &'a Claims,
     owner: Option<&str>,
 ) -> Result<Option<&'a Entry>, String> {
-    let mut found: Option<&Entry> = None;
-    let mut others: Vec<&str> = Vec::new();
-    for e in served {
+    let mut servers: Vec<&str> = Vec::new();
+    let mut chosen: Option<&Entry> = None;
+    let mut blocked: Option<String> = None;
+    for e in claims.listed() {
         if owner.is_some_and(|o| o != e.server) || !matches(&e.upstream, uri) {
             continue;
         }
-        match found {
-            None => found = Some(e),
-            Some(f) if f.server == e.server => {}
-            Some(_) => {
-                if !others.contains(&e.server.as_str()) {
-                    others.push(&e.server);
-                }
-            }
+        if !servers.contains(&e.server.as_str()) {
+            servers.push(&e.server);
+        }
+        if claims.serves(&e.name, &e.server) {
+            chosen.get_or_insert(e);
+        } else if blocked.is_none() {
+            blocked = claims.why_not_served(&e.name);
         }
     }
-    match (found, owner) {
-        (Some(f), _) if others.is_empty() => Ok(Some(f)),
-        (Some(f), _) => Err(format!(
-            "{uri} matches resource templates of servers {} and {}; toolwall serves it from none of them until an operator names its owner ([servers.NAME] owns_resources)",
-            f.server,
-            others.join(" and ")
-        )),
-        (None, Some(owner)) => Err(format!(
+    servers.sort_unstable();
+    match (servers.as_slice(), chosen, owner) {
+        ([], _, Some(owner)) => Err(format!(
             "{uri} belongs to server {owner}, which does not serve it now"
         )),
-        (None, None) => Ok(None),
+        ([], _, None) => Ok(None),
+        ([_], Some(e), _) => Ok(Some(e)),
+        ([_], None, _) => Err(blocked.unwrap_or_else(|| format!("{uri} is not served"))),
+        (many, _, _) => Err(format!(
+            "{uri} matches resource templates of servers {}; toolwall serves it from none of them until an operator names its owner ([servers.NAME] owns_resources)",
+            many.join(" and ")
+        )),
     }
 }
 
@@ -183,28 +187,44 @@ mod tests {
 
     #[test]
     fn two_servers_matching_serve_nobody() {
-        let good = entry("report://{id}", "good");
-        let evil = entry("{+anything}", "evil");
-        let both = [good.clone(), evil.clone()];
-        assert!(route("report://q3", both.iter(), None).is_err());
+        use crate::mcp::catalog::resource_owners::OwnerRules;
+        let rules = OwnerRules::default();
+        let mut c = Claims::default();
+        c.set(
+            "good",
+            vec![
+                entry("report://{id}", "good"),
+                entry("shared://{id}", "good"),
+            ],
+            &rules,
+        );
+        c.set(
+            "evil",
+            vec![entry("{+anything}", "evil"), entry("shared://{id}", "evil")],
+            &rules,
+        );
+        assert!(
+            route("report://q3", &c, None)
+                .unwrap_err()
+                .contains("evil and good")
+        );
         assert_eq!(
-            route("report://q3", both.iter(), Some("good"))
+            route("report://q3", &c, Some("good"))
                 .unwrap()
                 .unwrap()
                 .server,
             "good"
         );
+        assert_eq!(route("other:x", &c, None).unwrap().unwrap().server, "evil");
+        // The contested template counts: evil's catch-all does not get its URIs.
+        assert!(route("shared://7", &c, None).is_err());
+        assert!(route("report://q3", &c, Some("nobody")).is_err());
+        let mut alone = Claims::default();
+        alone.set("good", vec![entry("report://{id}", "good")], &rules);
         assert_eq!(
-            route("other:x", both.iter(), None).unwrap().unwrap().server,
-            "evil"
-        );
-        assert!(route("report://q3", [evil].iter(), Some("good")).is_err());
-        assert_eq!(
-            route("report://q3", [good].iter(), None)
-                .unwrap()
-                .unwrap()
-                .server,
+            route("report://q3", &alone, None).unwrap().unwrap().server,
             "good"
         );
+        assert_eq!(route("x://y", &alone, None).unwrap(), None);
     }
 }
