@@ -763,6 +763,48 @@ fn a_down_upstream_comes_back_and_list_changes_are_relayed() {
 }
 
 #[test]
+fn a_list_changed_flood_becomes_one_event_until_the_list_is_listed() {
+    let up = Upstream::fixture(0, &["--era", "legacy"]);
+    let mut w = Worker::start(&[up.port]);
+    w.configure(vec![server("f", &up.url())]);
+    w.wait_event("upstream_state", |d| {
+        d["server"] == "f" && d["state"] == "up"
+    });
+    let deadline = Instant::now() + PATIENCE;
+    while !up.log().iter().any(|e| e["http"] == "GET") {
+        assert!(Instant::now() < deadline, "no listening stream opened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    up.control(
+        json!({"action": "notify", "method": "notifications/tools/list_changed", "count": 2000}),
+    );
+    let first = w.wait_event("list_changed", |d| d["server"] == "f");
+    assert_eq!(first["kinds"], json!(["tools"]));
+    // Let the rest of the flood arrive: no second event while the list is not listed.
+    std::thread::sleep(Duration::from_millis(500));
+    let id = w.send(Op::ListTools, Some("f"), None);
+    let (ok, _, facts) = w.wait_response(id);
+    assert_eq!(
+        serde_json::from_str::<Vec<Value>>(&ok.unwrap())
+            .unwrap()
+            .len(),
+        7
+    );
+    let facts: Value = serde_json::from_str(&facts.unwrap()).unwrap();
+    let more = w
+        .events
+        .iter()
+        .filter(|(k, d)| k == "list_changed" && d["server"] == "f")
+        .count();
+    assert_eq!(more, 0, "one event for the whole flood: {:?}", w.events);
+    let folded = first["coalesced"].as_u64().unwrap() + facts["coalesced"].as_u64().unwrap();
+    assert_eq!(folded, 1999, "every other notification counted: {facts}");
+    // Listed: the next change is announced again.
+    up.control(json!({"action": "notify", "method": "notifications/tools/list_changed"}));
+    w.wait_event("list_changed", |d| d["server"] == "f");
+}
+
+#[test]
 fn modern_list_changes_arrive_on_subscriptions_listen() {
     let up = Upstream::fixture(0, &["--era", "modern"]);
     let mut w = Worker::start(&[up.port]);
