@@ -110,8 +110,10 @@ impl fmt::Display for UpstreamError {
     }
 }
 
-/// Upstream text quoted in an error: at most `max` characters, control characters and
-/// bidirectional overrides escaped, so it cannot drive a terminal or hide what follows.
+/// Upstream text quoted in an error or a log line: at most `max` characters, control
+/// characters and every invisible or direction-changing one (bidi overrides and marks,
+/// zero-width, tag characters, separators) escaped, so it cannot drive a terminal or hide
+/// what follows.
 pub fn quote_upstream(text: &str, max: usize) -> String {
     let mut out = String::new();
     for (n, c) in text.chars().enumerate() {
@@ -119,8 +121,9 @@ pub fn quote_upstream(text: &str, max: usize) -> String {
             out.push('…');
             break;
         }
-        let bidi = matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() || bidi {
+        // Controls, and every invisible or direction-changing character (tags, zero-width,
+        // bidi marks, separators): what is on screen must be what was sent.
+        if c.is_control() || crate::pins::visible::is_format(c) {
             out.extend(c.escape_unicode());
         } else {
             out.push(c);
@@ -137,6 +140,10 @@ mod tests {
     fn quoting_escapes_and_cuts() {
         assert_eq!(quote_upstream("a\x1b[31mb", 100), "a\\u{1b}[31mb");
         assert_eq!(quote_upstream("x\u{202E}y", 100), "x\\u{202e}y");
+        assert_eq!(
+            quote_upstream("a\u{E0041}\u{200B}b", 100),
+            "a\\u{e0041}\\u{200b}b"
+        );
         assert_eq!(quote_upstream("abcdef", 3), "abc…");
     }
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use mio::Waker;
 
 use super::config::ServersConfig;
+use super::error::quote_upstream;
 use super::relist::RelistSchedule;
 use super::setup::AggregatorSetup;
 use super::spec;
@@ -248,6 +249,8 @@ impl UpstreamsState {
     /// End of a listing; `Some(why)` when it was not applied.
     fn listing_over(&mut self, server: &str, kind: Kind, why: Option<String>) -> Applied {
         self.schedule.done(server, kind);
+        // The reason may quote the upstream (or come from a misbehaving worker).
+        let why = why.map(|w| quote_upstream(&w, 1000));
         let mut applied = Applied::default();
         let fresh = self.board.set_degraded(server, kind, why.clone());
         if fresh {

@@ -24,6 +24,7 @@ use super::review::{self, Note, Outcome, ReviewCtx, SAMPLE, Write};
 use super::store::{PinStore, ServerRecord};
 use super::{NewTools, PinMode};
 use crate::aggregator::budget::ListingBudget;
+use crate::aggregator::error::quote_upstream;
 use crate::mcp::catalog::listing::{self, Refusal};
 use crate::mcp::catalog::{Entry, Kind, NAMESPACE_SEP, WorkerId};
 
@@ -608,11 +609,21 @@ fn note(summary: &mut ReviewSummary, name: &str, note: Option<Note>) {
         } => {
             summary.changed_count += 1;
             if summary.changed.len() < SAMPLE {
+                // Field names are the upstream's: bounded and escaped before they reach a
+                // log line or a ledger row.
+                let mut shown: Vec<String> = fields
+                    .iter()
+                    .take(SAMPLE)
+                    .map(|f| quote_upstream(f, 100))
+                    .collect();
+                if fields.len() > SAMPLE {
+                    shown.push(format!("{} more fields", fields.len() - SAMPLE));
+                }
                 summary.changed.push(ChangeNote {
                     tool: name.to_owned(),
                     approved_digest: approved,
                     seen_digest: seen,
-                    fields,
+                    fields: shown,
                     hidden: enforced,
                 });
             }

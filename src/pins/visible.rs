@@ -70,8 +70,9 @@ fn shows_as_itself(c: char) -> bool {
     c.is_alphanumeric() && !is_format(c)
 }
 
-/// Unicode format-like characters `char` does not classify for us.
-fn is_format(c: char) -> bool {
+/// Unicode format-like characters `char` does not classify for us: zero-width and bidi
+/// marks, separators, variation selectors, tag characters, fillers.
+pub fn is_format(c: char) -> bool {
     matches!(u32::from(c),
         0x00AD | 0x034F | 0x061C | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180B..=0x180F
         | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x206F | 0x3164 | 0xFE00..=0xFE0F
