@@ -493,7 +493,14 @@ fn conflicting_uris_relisted_again_and_again_keep_memory_flat() {
     relist(60);
     std::thread::sleep(Duration::from_millis(500));
     let late = memory_kib(gw.pid(), "VmRSS");
-    println!("gateway RSS after 5 relistings {early} KiB, after 65 {late} KiB");
+    let worker_peak = memory_kib(aggregator_pid(&gw), "VmHWM");
+    println!(
+        "gateway RSS after 5 relistings {early} KiB, after 65 {late} KiB; aggregator peak {worker_peak} KiB"
+    );
+    assert!(
+        worker_peak < 200 * 1024,
+        "aggregator peak {worker_peak} KiB"
+    );
     assert!(
         late < early + 16 * 1024,
         "conflict bookkeeping grew: {early} -> {late} KiB"
@@ -942,6 +949,104 @@ fn a_new_tool_of_a_pinned_server_is_held_until_approved() {
     assert!(served(&mut c, "open__newcomer"));
     assert!(gw.log().contains("open__newcomer"), "{}", gw.log());
     assert_eq!(pin(&gw, "open__newcomer")["state"], "pinned");
+}
+
+#[test]
+fn pins_written_by_the_earlier_version_keep_working() {
+    // A ledger as the earlier version left it: four-field pins, no pin schema of its own.
+    let up = Hostile::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("state/ledger.db");
+    std::fs::create_dir_all(ledger.parent().unwrap()).unwrap();
+    drop(
+        toolwall::ledger::Ledger::open(&toolwall::ledger::LedgerConfig {
+            path: ledger.clone(),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let search = search_v("Search the documents");
+    let old = toolwall::pins::digest::pinned_v1(&search);
+    {
+        let conn = rusqlite::Connection::open(&ledger).unwrap();
+        conn.execute("DROP TABLE IF EXISTS pin_store_schema", [])
+            .unwrap();
+        conn.execute(
+            "INSERT INTO tool_pins (tool, server, digest, definition, first_seen_ms, approved_ms) VALUES ('fx__search', 'fx', ?1, ?2, 1, 1)",
+            [&old.digest, &old.canonical],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO tool_pins (tool, server, digest, definition, first_seen_ms, approved_ms) VALUES ('fx__flood', 'fx', 'an-older-definition', '{}', 1, 1)",
+            [],
+        )
+        .unwrap();
+    }
+    let config = base_config(
+        dir.path(),
+        &format!(
+            "[servers]\nrefresh_secs = 0\n\n[servers.fx]\nurl = \"{}\"\n",
+            up.url()
+        ),
+    );
+    let gw = TestGateway::start_with(dir, &config);
+    wait_until("listed", || {
+        sql_count(&gw, "SELECT count(*) FROM events WHERE kind = 'pin'") >= 1
+    });
+    let mut c = gw.connect();
+    // The same four fields: served, and the pin now covers the whole definition.
+    assert!(served(&mut c, "fx__search"));
+    let p = pin(&gw, "fx__search");
+    assert_eq!(p["approved"]["scheme"], 2, "{p}");
+    assert_eq!(
+        p["approved"]["digest"],
+        toolwall::pins::digest::pinned(&search).digest
+    );
+    // A definition that differs from the old pin is a change, as before.
+    assert!(!served(&mut c, "fx__flood"));
+    assert_eq!(pin(&gw, "fx__flood")["state"], "changed");
+    let upgraded = sql_count(
+        &gw,
+        "SELECT count(*) FROM events WHERE kind = 'pin' AND json_extract(detail, '$.upgraded') = 1",
+    );
+    assert_eq!(upgraded, 1);
+}
+
+/// The fixture also speaks MCP over stdio (for local servers): the same attacks, another
+/// transport.
+#[test]
+fn the_hostile_fixture_speaks_stdio_too() {
+    let mut child = Command::new("python3")
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile_upstream.py"))
+        .arg("--stdio")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}})).unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    )
+    .unwrap();
+    drop(stdin);
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let _ = child.wait();
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["result"]["protocolVersion"], "2025-11-25");
+    assert_eq!(lines[1]["result"]["tools"].as_array().unwrap().len(), 2);
 }
 
 #[test]
