@@ -209,11 +209,9 @@ impl UpstreamsState {
         error: Option<String>,
         facts: Option<&str>,
     ) -> Result<(), Applied> {
-        if let Some(n) = facts
-            .and_then(|f| serde_json::from_str::<Value>(f).ok())
-            .and_then(|f| f.get("coalesced").and_then(Value::as_u64))
-        {
-            self.board.add_coalesced(server, n);
+        if let Some(f) = facts.and_then(|f| serde_json::from_str::<Value>(f).ok()) {
+            let n = |k: &str| f.get(k).and_then(Value::as_u64).unwrap_or(0);
+            self.board.add_counts(server, n("coalesced"), n("dropped"));
         }
         let Some(text) = ok else {
             let why = error.unwrap_or_else(|| "no result".into());
@@ -369,13 +367,17 @@ impl UpstreamsState {
                 changed
             }
         };
-        applied.events.push((
-            "catalog",
-            json!({"server": server, "kind": kind.list_key(), "count": count,
-                   "hidden": self.hidden.get(server).map_or(0, HashMap::len)}),
-        ));
-        if changed && !applied.changed.contains(&kind) {
-            applied.changed.push(kind);
+        // Recorded when agents see something different: a server that lists the same
+        // again and again (however often it says it changed) writes no row for it.
+        if changed {
+            applied.events.push((
+                "catalog",
+                json!({"server": server, "kind": kind.list_key(), "count": count,
+                       "hidden": self.hidden.get(server).map_or(0, HashMap::len)}),
+            ));
+            if !applied.changed.contains(&kind) {
+                applied.changed.push(kind);
+            }
         }
     }
 

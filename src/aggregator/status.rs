@@ -28,6 +28,8 @@ pub struct UpstreamStatus {
     pub list_changed_coalesced: u64,
     /// Listings applied to the catalog.
     pub listings: u64,
+    /// Listed items the worker left out (no usable name or URI, or listed twice).
+    pub items_left_out: u64,
 }
 
 /// What the gateway should do after an event.
@@ -63,6 +65,7 @@ impl UpstreamBoard {
                         degraded: BTreeMap::new(),
                         list_changed_coalesced: 0,
                         listings: 0,
+                        items_left_out: 0,
                     },
                 )
             })
@@ -156,10 +159,12 @@ impl UpstreamBoard {
         }
     }
 
-    /// `list_changed` notifications the worker or the schedule folded, for `server`.
-    pub fn add_coalesced(&mut self, server: &str, n: u64) {
+    /// `list_changed` notifications the worker or the schedule folded, and listed items it
+    /// left out, for `server`.
+    pub fn add_counts(&mut self, server: &str, coalesced: u64, left_out: u64) {
         if let Some(e) = self.servers.get_mut(server) {
-            e.list_changed_coalesced = e.list_changed_coalesced.saturating_add(n);
+            e.list_changed_coalesced = e.list_changed_coalesced.saturating_add(coalesced);
+            e.items_left_out = e.items_left_out.saturating_add(left_out);
         }
     }
 
@@ -233,6 +238,13 @@ pub fn format_servers(servers: &Value) -> String {
                 out,
                 "    {coalesced} list_changed notifications folded into {} listings",
                 s["listings"]
+            );
+        }
+        let left_out = s["items_left_out"].as_u64().unwrap_or(0);
+        if left_out > 0 {
+            let _ = writeln!(
+                out,
+                "    {left_out} listed items left out (no usable name or URI, or listed twice)"
             );
         }
         let conflicts = s["resource_conflicts"].as_u64().unwrap_or(0);
