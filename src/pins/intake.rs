@@ -30,6 +30,8 @@ use crate::mcp::catalog::{Entry, Kind, NAMESPACE_SEP, WorkerId};
 
 /// Tools reviewed per pin transaction.
 pub const CHUNK: usize = 256;
+/// Tools named one log line each, per kind and listing (more are summed up in one line).
+pub const LOG_EACH: usize = 3;
 /// URIs remembered per owner transaction.
 pub const OWNER_CHUNK: usize = 512;
 
@@ -171,59 +173,85 @@ impl ReviewSummary {
                 ),
             ));
         }
-        for entry in &self.new_held.names {
-            let (name, digest) = entry.split_once(" sha256:").unwrap_or((entry, ""));
+        // One line per tool only for a few; beyond that one line per kind, so a listing
+        // logs a handful of lines whatever it holds.
+        let one_by_one = |count: usize| count <= LOG_EACH;
+        let names = |sample: &Sample| {
+            let shown: Vec<&str> = sample
+                .names
+                .iter()
+                .take(LOG_EACH)
+                .map(|e| e.split_once(" sha256:").map_or(e.as_str(), |(n, _)| n))
+                .collect();
+            let more = if sample.count > shown.len() {
+                ", …"
+            } else {
+                ""
+            };
+            format!("{}{more}", shown.join(", "))
+        };
+        if one_by_one(self.new_held.count) {
+            for entry in &self.new_held.names {
+                let (name, digest) = entry.split_once(" sha256:").unwrap_or((entry, ""));
+                out.push((true, format!(
+                    "pin: {name} is new; held until `toolwall pins approve {name} --digest {digest}` (see `toolwall pins list`)"
+                )));
+            }
+        } else {
             out.push((true, format!(
-                "pin: {name} is new; held until `toolwall pins approve {name} --digest {digest}` (see `toolwall pins list`)"
+                "pin: server {s}: {} new tools held until approved ({}); see `toolwall pins list`",
+                self.new_held.count,
+                names(&self.new_held)
             )));
         }
-        if self.new_held.count > self.new_held.names.len() {
+        if one_by_one(self.new_served.count) {
+            for entry in &self.new_served.names {
+                let (name, digest) = entry.split_once(" sha256:").unwrap_or((entry, ""));
+                out.push((
+                    true,
+                    format!(
+                        "pin: {name} is new; served at once (new_tools = \"serve\"), pinned as sha256:{digest}"
+                    ),
+                ));
+            }
+        } else {
             out.push((
                 true,
                 format!(
-                    "pin: server {s}: {} more new tools held",
-                    self.new_held.count - self.new_held.names.len()
+                    "pin: server {s}: {} new tools served at once (new_tools = \"serve\"): {}",
+                    self.new_served.count,
+                    names(&self.new_served)
                 ),
             ));
         }
-        for entry in &self.new_served.names {
-            let (name, digest) = entry.split_once(" sha256:").unwrap_or((entry, ""));
+        if one_by_one(self.changed_count) {
+            for c in &self.changed {
+                let tail = if c.hidden {
+                    format!(
+                        "hidden and refused until `toolwall pins approve {} --digest {}`",
+                        c.tool, c.seen_digest
+                    )
+                } else {
+                    "still served (pin = \"warn\"); see `toolwall pins list`".into()
+                };
+                out.push((
+                    true,
+                    format!("pin: {} changed ({}); {tail}", c.tool, c.fields.join(", ")),
+                ));
+            }
+        } else {
+            let shown: Vec<&str> = self
+                .changed
+                .iter()
+                .take(LOG_EACH)
+                .map(|c| c.tool.as_str())
+                .collect();
             out.push((
                 true,
                 format!(
-                    "pin: {name} is new; served at once (new_tools = \"serve\"), pinned as sha256:{digest}"
-                ),
-            ));
-        }
-        if self.new_served.count > self.new_served.names.len() {
-            out.push((
-                true,
-                format!(
-                    "pin: server {s}: {} more new tools served",
-                    self.new_served.count - self.new_served.names.len()
-                ),
-            ));
-        }
-        for c in &self.changed {
-            let tail = if c.hidden {
-                format!(
-                    "hidden and refused until `toolwall pins approve {} --digest {}`",
-                    c.tool, c.seen_digest
-                )
-            } else {
-                "still served (pin = \"warn\"); see `toolwall pins list`".into()
-            };
-            out.push((
-                true,
-                format!("pin: {} changed ({}); {tail}", c.tool, c.fields.join(", ")),
-            ));
-        }
-        if self.changed_count > self.changed.len() {
-            out.push((
-                true,
-                format!(
-                    "pin: server {s}: {} more tools changed",
-                    self.changed_count - self.changed.len()
+                    "pin: server {s}: {} tools changed ({}, …); see `toolwall pins list`",
+                    self.changed_count,
+                    shown.join(", ")
                 ),
             ));
         }
