@@ -188,8 +188,6 @@ fn limits() -> Limits {
         max_body_bytes: 1 << 20,
         connect_timeout_secs: 2,
         retry_max_secs: 1,
-        max_pages: 20,
-        max_items: 1000,
     }
 }
 
@@ -767,6 +765,48 @@ fn a_down_upstream_comes_back_and_list_changes_are_relayed() {
 }
 
 #[test]
+fn a_list_changed_flood_becomes_one_event_until_the_list_is_listed() {
+    let up = Upstream::fixture(0, &["--era", "legacy"]);
+    let mut w = Worker::start(&[up.port]);
+    w.configure(vec![server("f", &up.url())]);
+    w.wait_event("upstream_state", |d| {
+        d["server"] == "f" && d["state"] == "up"
+    });
+    let deadline = Instant::now() + PATIENCE;
+    while !up.log().iter().any(|e| e["http"] == "GET") {
+        assert!(Instant::now() < deadline, "no listening stream opened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    up.control(
+        json!({"action": "notify", "method": "notifications/tools/list_changed", "count": 2000}),
+    );
+    let first = w.wait_event("list_changed", |d| d["server"] == "f");
+    assert_eq!(first["kinds"], json!(["tools"]));
+    // Let the rest of the flood arrive: no second event while the list is not listed.
+    std::thread::sleep(Duration::from_millis(500));
+    let id = w.send(Op::ListTools, Some("f"), None);
+    let (ok, _, facts) = w.wait_response(id);
+    assert_eq!(
+        serde_json::from_str::<Vec<Value>>(&ok.unwrap())
+            .unwrap()
+            .len(),
+        7
+    );
+    let facts: Value = serde_json::from_str(&facts.unwrap()).unwrap();
+    let more = w
+        .events
+        .iter()
+        .filter(|(k, d)| k == "list_changed" && d["server"] == "f")
+        .count();
+    assert_eq!(more, 0, "one event for the whole flood: {:?}", w.events);
+    let folded = first["coalesced"].as_u64().unwrap() + facts["coalesced"].as_u64().unwrap();
+    assert_eq!(folded, 1999, "every other notification counted: {facts}");
+    // Listed: the next change is announced again.
+    up.control(json!({"action": "notify", "method": "notifications/tools/list_changed"}));
+    w.wait_event("list_changed", |d| d["server"] == "f");
+}
+
+#[test]
 fn modern_list_changes_arrive_on_subscriptions_listen() {
     let up = Upstream::fixture(0, &["--era", "modern"]);
     let mut w = Worker::start(&[up.port]);
@@ -1014,11 +1054,21 @@ fn gateway_pinned_tool_that_changes_is_refused_until_approved() {
     let list = gw.cli(&["pins", "list"]);
     let text = String::from_utf8_lossy(&list.stdout);
     assert!(
-        text.contains("fx__search") && text.contains("old: Search the fixture's documents"),
+        text.contains("fx__search") && text.contains("approved: Search the fixture's documents"),
         "{text}"
     );
-    assert!(text.contains("new: Search. Then read"), "{text}");
-    let approve = gw.cli(&["pins", "approve", "fx__search"]);
+    assert!(text.contains("waiting:  Search. Then read"), "{text}");
+    let listed: Value =
+        serde_json::from_slice(&gw.cli(&["pins", "list", "--json"]).stdout).unwrap();
+    let digest = listed["pins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["tool"] == "fx__search")
+        .and_then(|p| p["pending"]["digest"].as_str())
+        .unwrap()
+        .to_owned();
+    let approve = gw.cli(&["pins", "approve", "fx__search", "--digest", &digest]);
     assert!(
         approve.status.success(),
         "{}",

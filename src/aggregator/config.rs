@@ -14,9 +14,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
+use super::budget::ServerBudget;
 use super::inline_secret;
 use crate::mcp::catalog::{GATEWAY_SERVER, LOCAL_SERVER, valid_server_name};
-use crate::pins::PinMode;
+use crate::pins::{NewTools, PinMode};
 use crate::tools::http::{TargetError, parse_target};
 
 /// Default of `[servers] refresh_secs`: how often every server is listed again.
@@ -33,10 +34,21 @@ pub const MAX_BODY_BYTES_LIMIT: usize = 15 * 1024 * 1024;
 pub const DEFAULT_CONNECT_TIMEOUT_SECS: u64 = 10;
 /// Default of `[servers] retry_max_secs`: the backoff cap for a server that is down.
 pub const DEFAULT_RETRY_MAX_SECS: u64 = 60;
-/// Default of `[servers] max_pages`: list pages followed per listing.
-pub const DEFAULT_MAX_PAGES: usize = 100;
-/// Default of `[servers] max_items`: tools (or resources, prompts) kept per server.
-pub const DEFAULT_MAX_ITEMS: usize = 10_000;
+pub use super::budget::{
+    DEFAULT_MAX_LISTING_BYTES, DEFAULT_MAX_PAGES, DEFAULT_MAX_PROMPTS,
+    DEFAULT_MAX_RESOURCE_TEMPLATES, DEFAULT_MAX_RESOURCES, DEFAULT_MAX_TOOLS,
+    MAX_LISTING_BYTES_LIMIT,
+};
+/// Default of `[servers] relist_min_interval_ms`: the least time between two listings of
+/// one kind from one server, however often it says its lists changed.
+pub const DEFAULT_RELIST_MIN_INTERVAL_MS: u64 = 1000;
+/// Default of `[servers] pin_retention_secs`: how long the pin of a tool that is no longer
+/// listed is kept (30 days).
+pub const DEFAULT_PIN_RETENTION_SECS: u64 = 30 * 24 * 3600;
+/// Longest `pin_retention_secs` (ten years).
+pub const MAX_PIN_RETENTION_SECS: u64 = 10 * 365 * 24 * 3600;
+/// Most `owns_resources` patterns per server.
+pub const MAX_OWNS_RESOURCES: usize = 256;
 /// Default of `[servers.NAME] timeout_secs`: one upstream exchange, headers and body.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 120;
 /// Longest `url` accepted.
@@ -71,7 +83,13 @@ const SETTING_KEYS: &[&str] = &[
     "connect_timeout_secs",
     "retry_max_secs",
     "max_pages",
-    "max_items",
+    "max_tools",
+    "max_resources",
+    "max_prompts",
+    "max_resource_templates",
+    "max_listing_bytes",
+    "relist_min_interval_ms",
+    "pin_retention_secs",
 ];
 
 /// `[servers]` in the config file.
@@ -91,10 +109,19 @@ pub struct ServersConfig {
     /// Longest wait between attempts to reach a server that is down (backoff doubles from
     /// one second up to this).
     pub retry_max_secs: u64,
-    /// Pages of one list followed at most (cursors).
+    /// Pages of one listing followed at most (cursors); servers may override it.
     pub max_pages: usize,
-    /// Items of one kind kept per server at most.
-    pub max_items: usize,
+    /// Items of each kind one server may list; servers may override them.
+    pub max_tools: usize,
+    pub max_resources: usize,
+    pub max_prompts: usize,
+    pub max_resource_templates: usize,
+    /// Bytes of the items of one listing, every page together; servers may override it.
+    pub max_listing_bytes: usize,
+    /// Least milliseconds between two listings of one kind from one server.
+    pub relist_min_interval_ms: u64,
+    /// Seconds the pin of a tool no longer listed is kept before it is pruned.
+    pub pin_retention_secs: u64,
     /// `[servers.NAME]`, by name.
     pub servers: BTreeMap<String, ServerConfig>,
     /// Keys of `[servers]` that were neither a setting nor a table (refused by `validate`,
@@ -112,7 +139,13 @@ impl Default for ServersConfig {
             connect_timeout_secs: DEFAULT_CONNECT_TIMEOUT_SECS,
             retry_max_secs: DEFAULT_RETRY_MAX_SECS,
             max_pages: DEFAULT_MAX_PAGES,
-            max_items: DEFAULT_MAX_ITEMS,
+            max_tools: DEFAULT_MAX_TOOLS,
+            max_resources: DEFAULT_MAX_RESOURCES,
+            max_prompts: DEFAULT_MAX_PROMPTS,
+            max_resource_templates: DEFAULT_MAX_RESOURCE_TEMPLATES,
+            max_listing_bytes: DEFAULT_MAX_LISTING_BYTES,
+            relist_min_interval_ms: DEFAULT_RELIST_MIN_INTERVAL_MS,
+            pin_retention_secs: DEFAULT_PIN_RETENTION_SECS,
             servers: BTreeMap::new(),
             not_tables: Vec::new(),
         }
@@ -150,6 +183,21 @@ pub struct ServerConfig {
     pub enabled: bool,
     /// What happens when a tool's definition changes: see `crate::pins`.
     pub pin: PinMode,
+    /// What happens to a tool this server did not list before (once it has been pinned):
+    /// default `hold` under `pin = "enforce"`, else `serve`.
+    pub new_tools: Option<NewTools>,
+    /// The name this server had before a rename: its pins follow it (only when set).
+    pub renamed_from: Option<String>,
+    /// Resource URIs (globs) this server owns: no other server may serve them, and a
+    /// contested URI goes to its configured owner.
+    pub owns_resources: Vec<String>,
+    /// Per-server overrides of the `[servers]` budgets.
+    pub max_tools: Option<usize>,
+    pub max_resources: Option<usize>,
+    pub max_prompts: Option<usize>,
+    pub max_resource_templates: Option<usize>,
+    pub max_listing_bytes: Option<usize>,
+    pub max_pages: Option<usize>,
     /// Which MCP era to speak: detected (`auto`), or forced for a server whose detection
     /// misleads.
     pub era: EraChoice,
@@ -168,6 +216,15 @@ impl Default for ServerConfig {
             timeout_secs: DEFAULT_TIMEOUT_SECS,
             enabled: true,
             pin: PinMode::Enforce,
+            new_tools: None,
+            renamed_from: None,
+            owns_resources: Vec::new(),
+            max_tools: None,
+            max_resources: None,
+            max_prompts: None,
+            max_resource_templates: None,
+            max_listing_bytes: None,
+            max_pages: None,
             era: EraChoice::Auto,
             unknown: BTreeMap::new(),
         }
@@ -250,7 +307,13 @@ impl<'de> Visitor<'de> for ServersVisitor {
                 "connect_timeout_secs" => cfg.connect_timeout_secs = map.next_value()?,
                 "retry_max_secs" => cfg.retry_max_secs = map.next_value()?,
                 "max_pages" => cfg.max_pages = map.next_value()?,
-                "max_items" => cfg.max_items = map.next_value()?,
+                "max_tools" => cfg.max_tools = map.next_value()?,
+                "max_resources" => cfg.max_resources = map.next_value()?,
+                "max_prompts" => cfg.max_prompts = map.next_value()?,
+                "max_resource_templates" => cfg.max_resource_templates = map.next_value()?,
+                "max_listing_bytes" => cfg.max_listing_bytes = map.next_value()?,
+                "relist_min_interval_ms" => cfg.relist_min_interval_ms = map.next_value()?,
+                "pin_retention_secs" => cfg.pin_retention_secs = map.next_value()?,
                 _ => match map.next_value::<ServerEntry>()? {
                     ServerEntry::Table(server) => {
                         cfg.servers.insert(key, *server);
@@ -271,7 +334,8 @@ impl ServersConfig {
 
     /// Whether `other` reaches the same servers the same way (names, URLs, headers,
     /// credentials' sources, timeouts, eras): if not, the worker needs a new grant and
-    /// setup. Pin modes and `refresh_secs` do not count: they apply without one.
+    /// setup. Pin modes, budgets, `new_tools`, `owns_resources` and `refresh_secs` do not
+    /// count: they apply without one (budgets travel with every listing request).
     pub fn same_connections(&self, other: &ServersConfig) -> bool {
         let key = |c: &ServersConfig| {
             c.enabled()
@@ -300,14 +364,16 @@ impl ServersConfig {
                 other.max_body_bytes,
                 other.connect_timeout_secs,
             )
-            && (self.retry_max_secs, self.max_pages, self.max_items)
-                == (other.retry_max_secs, other.max_pages, other.max_items)
+            && self.retry_max_secs == other.retry_max_secs
     }
 
     /// Check what serde cannot. The error names the key (`servers.NAME.KEY`) and never
     /// quotes a header value, a URL's query or anything that may be a secret.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(key) = self.not_tables.first() {
+            if key == "max_items" {
+                return Err("servers.max_items was replaced by max_tools, max_resources, max_prompts and max_resource_templates (each also settable per server)".into());
+            }
             return Err(format!(
                 "servers.{key} is neither a setting ({}) nor a [servers.{key}] table (its value is not shown)",
                 SETTING_KEYS.join(", ")
@@ -320,12 +386,33 @@ impl ServersConfig {
             ("connect_timeout_secs", self.connect_timeout_secs),
             ("retry_max_secs", self.retry_max_secs),
             ("max_pages", self.max_pages as u64),
-            ("max_items", self.max_items as u64),
+            ("max_tools", self.max_tools as u64),
+            ("max_resources", self.max_resources as u64),
+            ("max_prompts", self.max_prompts as u64),
+            ("max_resource_templates", self.max_resource_templates as u64),
+            ("max_listing_bytes", self.max_listing_bytes as u64),
+            ("pin_retention_secs", self.pin_retention_secs),
         ];
         for (key, value) in positive {
             if value == 0 {
                 return Err(format!("servers.{key} must be greater than 0"));
             }
+        }
+        if self.max_listing_bytes > MAX_LISTING_BYTES_LIMIT {
+            return Err(format!(
+                "servers.max_listing_bytes must be at most {MAX_LISTING_BYTES_LIMIT} (a listing must fit one worker message)"
+            ));
+        }
+        if self.pin_retention_secs > MAX_PIN_RETENTION_SECS {
+            return Err(format!(
+                "servers.pin_retention_secs must be at most {MAX_PIN_RETENTION_SECS} seconds"
+            ));
+        }
+        if self.relist_min_interval_ms > MAX_TIMEOUT_SECS * 1000 {
+            return Err(format!(
+                "servers.relist_min_interval_ms must be at most {} milliseconds",
+                MAX_TIMEOUT_SECS * 1000
+            ));
         }
         if self.max_body_bytes > MAX_BODY_BYTES_LIMIT {
             return Err(format!(
@@ -346,8 +433,48 @@ impl ServersConfig {
         for (name, server) in &self.servers {
             check_server_name(name)?;
             server.validate(name)?;
+            if let Some(old) = &server.renamed_from {
+                if old == name {
+                    return Err(format!(
+                        "servers.{name}.renamed_from names the server itself"
+                    ));
+                }
+                check_server_name(old).map_err(|e| format!("servers.{name}.renamed_from: {e}"))?;
+                if self.servers.contains_key(old) {
+                    return Err(format!(
+                        "servers.{name}.renamed_from = {old:?}, but [servers.{old}] is still configured; pins follow a rename only from a server that is gone"
+                    ));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The budgets of `name` (its own overrides over the `[servers]` defaults).
+    pub fn budget(&self, name: &str) -> ServerBudget {
+        let s = self.servers.get(name);
+        let pick = |own: Option<Option<usize>>, default: usize| match own.flatten() {
+            Some(v) => (v, true),
+            None => (default, false),
+        };
+        let (max_tools, a) = pick(s.map(|s| s.max_tools), self.max_tools);
+        let (max_resources, b) = pick(s.map(|s| s.max_resources), self.max_resources);
+        let (max_prompts, c) = pick(s.map(|s| s.max_prompts), self.max_prompts);
+        let (max_resource_templates, d) = pick(
+            s.map(|s| s.max_resource_templates),
+            self.max_resource_templates,
+        );
+        let (max_listing_bytes, e) = pick(s.map(|s| s.max_listing_bytes), self.max_listing_bytes);
+        let (max_pages, f) = pick(s.map(|s| s.max_pages), self.max_pages);
+        ServerBudget {
+            max_tools,
+            max_resources,
+            max_prompts,
+            max_resource_templates,
+            max_listing_bytes,
+            max_pages,
+            own: [a, b, c, d, e, f],
+        }
     }
 }
 
@@ -410,6 +537,14 @@ fn valid_env_name(name: &str) -> bool {
 }
 
 impl ServerConfig {
+    /// `new_tools` as it applies: `hold` by default under `pin = "enforce"`, else `serve`.
+    pub fn new_tools(&self) -> NewTools {
+        self.new_tools.unwrap_or(match self.pin {
+            PinMode::Enforce => NewTools::Hold,
+            _ => NewTools::Serve,
+        })
+    }
+
     fn validate(&self, name: &str) -> Result<(), String> {
         let at = |key: &str| format!("servers.{name}.{key}");
         if let Some(key) = self.unknown.keys().next() {
@@ -419,7 +554,7 @@ impl ServerConfig {
                 ""
             };
             return Err(format!(
-                "unknown key {}; known keys: url, headers, bearer_token_file, bearer_token_env, timeout_secs, enabled, pin, era{hint} (its value is not shown)",
+                "unknown key {}; known keys: url, headers, bearer_token_file, bearer_token_env, timeout_secs, enabled, pin, new_tools, renamed_from, owns_resources, era, max_tools, max_resources, max_prompts, max_resource_templates, max_listing_bytes, max_pages{hint} (its value is not shown)",
                 at(key.as_str())
             ));
         }
@@ -476,6 +611,43 @@ impl ServerConfig {
                 ));
             }
             _ => {}
+        }
+        for (key, value) in [
+            ("max_tools", self.max_tools),
+            ("max_resources", self.max_resources),
+            ("max_prompts", self.max_prompts),
+            ("max_resource_templates", self.max_resource_templates),
+            ("max_listing_bytes", self.max_listing_bytes),
+            ("max_pages", self.max_pages),
+        ] {
+            if value == Some(0) {
+                return Err(format!("{} must be greater than 0", at(key)));
+            }
+        }
+        if self
+            .max_listing_bytes
+            .is_some_and(|b| b > MAX_LISTING_BYTES_LIMIT)
+        {
+            return Err(format!(
+                "{} must be at most {MAX_LISTING_BYTES_LIMIT} (a listing must fit one worker message)",
+                at("max_listing_bytes")
+            ));
+        }
+        if self.owns_resources.len() > MAX_OWNS_RESOURCES {
+            return Err(format!(
+                "{} has more than {MAX_OWNS_RESOURCES} patterns",
+                at("owns_resources")
+            ));
+        }
+        for pattern in &self.owns_resources {
+            crate::mcp::catalog::resource_owners::compile_pattern(pattern)
+                .map_err(|e| format!("{}: {e}", at("owns_resources")))?;
+        }
+        if self.pin == PinMode::Off && self.new_tools.is_some() {
+            return Err(format!(
+                "{} has no effect with pin = \"off\" (nothing is pinned)",
+                at("new_tools")
+            ));
         }
         if self.timeout_secs == 0 || self.timeout_secs > MAX_TIMEOUT_SECS {
             return Err(format!(

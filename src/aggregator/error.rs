@@ -33,6 +33,8 @@ pub enum UpstreamErrorCode {
     Busy,
     /// The address policy refused the server's address.
     AddressRefused,
+    /// A listing holds more than its budget allows (items, bytes of all pages, pages).
+    OverBudget,
     /// Bad request from the gateway (e.g. arguments that are not JSON).
     InvalidArguments,
     /// Something in the worker itself.
@@ -55,6 +57,7 @@ impl UpstreamErrorCode {
             UpstreamErrorCode::UnknownServer => "unknown_server",
             UpstreamErrorCode::Busy => "busy",
             UpstreamErrorCode::AddressRefused => "address_refused",
+            UpstreamErrorCode::OverBudget => "over_budget",
             UpstreamErrorCode::InvalidArguments => "invalid_arguments",
             UpstreamErrorCode::Internal => "internal",
         }
@@ -76,6 +79,8 @@ pub struct UpstreamError {
     pub message: String,
     /// The HTTP status behind it, when there was one.
     pub status: Option<u16>,
+    /// The JSON-RPC error code the server answered with, when it did.
+    pub rpc_code: Option<i64>,
 }
 
 impl UpstreamError {
@@ -84,7 +89,13 @@ impl UpstreamError {
             code,
             message: message.into(),
             status: None,
+            rpc_code: None,
         }
+    }
+
+    pub fn with_rpc_code(mut self, code: i64) -> UpstreamError {
+        self.rpc_code = Some(code);
+        self
     }
 
     pub fn with_status(mut self, status: u16) -> UpstreamError {
@@ -99,8 +110,10 @@ impl fmt::Display for UpstreamError {
     }
 }
 
-/// Upstream text quoted in an error: at most `max` characters, control characters and
-/// bidirectional overrides escaped, so it cannot drive a terminal or hide what follows.
+/// Upstream text quoted in an error or a log line: at most `max` characters, control
+/// characters and every invisible or direction-changing one (bidi overrides and marks,
+/// zero-width, tag characters, separators) escaped, so it cannot drive a terminal or hide
+/// what follows.
 pub fn quote_upstream(text: &str, max: usize) -> String {
     let mut out = String::new();
     for (n, c) in text.chars().enumerate() {
@@ -108,8 +121,9 @@ pub fn quote_upstream(text: &str, max: usize) -> String {
             out.push('…');
             break;
         }
-        let bidi = matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() || bidi {
+        // Controls, and every invisible or direction-changing character (tags, zero-width,
+        // bidi marks, separators): what is on screen must be what was sent.
+        if c.is_control() || crate::pins::visible::is_format(c) {
             out.extend(c.escape_unicode());
         } else {
             out.push(c);
@@ -126,6 +140,10 @@ mod tests {
     fn quoting_escapes_and_cuts() {
         assert_eq!(quote_upstream("a\x1b[31mb", 100), "a\\u{1b}[31mb");
         assert_eq!(quote_upstream("x\u{202E}y", 100), "x\\u{202e}y");
+        assert_eq!(
+            quote_upstream("a\u{E0041}\u{200B}b", 100),
+            "a\\u{e0041}\\u{200b}b"
+        );
         assert_eq!(quote_upstream("abcdef", 3), "abc…");
     }
 }

@@ -1,47 +1,144 @@
-//! What the gateway's core keeps about the aggregator: which worker it is, the `configure`
-//! setup (credentials included: it lives only here and in the RPC message), each server's
-//! state for `status`, the pin gate, and the refresh schedule. Sans-IO apart from the pin
-//! store's SQLite writes; the core calls it at the points named in each method.
+//! What the gateway's core keeps about the upstream servers: which worker reaches them,
+//! the `configure` setup (credentials included: it lives only here and in the RPC
+//! message), each server's state for `status`, when to list each of them again, the
+//! listing intake (pins, off the loop), the tools their pins hide, and who owns which
+//! resource URI. The core calls it at the points named in each method and applies what it
+//! returns (`src/gateway/core/upstream_listings.rs`).
 
 use serde_json::{Value, json};
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mio::Waker;
+
 use super::config::ServersConfig;
+use super::error::quote_upstream;
+use super::relist::RelistSchedule;
 use super::setup::AggregatorSetup;
 use super::spec;
 use super::status::{Relist, UpstreamBoard};
 use crate::ledger::now_ms;
-use crate::mcp::catalog::{Catalog, Kind, NAMESPACE_SEP, WorkerId};
-use crate::pins::{PinGate, PinReview};
+use crate::mcp::catalog::claims::ClaimChange;
+use crate::mcp::catalog::listing::Refusal;
+use crate::mcp::catalog::resource_owners::OwnerRules;
+use crate::mcp::catalog::{Catalog, Kind, NAMESPACE_SEP, WorkerId, split_namespaced};
+use crate::pins::intake::{Done, Intake, Job, ListingJob, ServerRules};
+use crate::pins::store::PinStore;
+use crate::pins::{PinMode, views};
 use crate::workers::rpc::{Message, Op};
+
+/// Conflicting URIs named per server in `status` (the rest are counted).
+pub const CONFLICT_SAMPLE: usize = 10;
+
+/// What applying one intake result produced, for the core to carry out.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Lists agents now see differently (broadcast `list_changed`).
+    pub changed: Vec<Kind>,
+    /// Ledger events (kind, detail).
+    pub events: Vec<(&'static str, Value)>,
+    /// Log lines (warning?, text).
+    pub logs: Vec<(bool, String)>,
+}
 
 pub struct UpstreamsState {
     /// The aggregator worker.
     pub worker: WorkerId,
     setup: AggregatorSetup,
+    config: ServersConfig,
     board: UpstreamBoard,
-    pins: PinGate,
+    rules: HashMap<String, Arc<ServerRules>>,
+    schedule: RelistSchedule,
+    intake: Intake,
+    /// The loop's own connection: approvals (one row) and `pins list`.
+    pins: Option<PinStore>,
+    /// Per server: tools its pins hide, with the message their calls are refused with.
+    hidden: HashMap<String, HashMap<String, String>>,
+    owners: OwnerRules,
+    /// Servers whose resources (and templates) have been listed in this run.
+    resources_listed: BTreeSet<(String, Kind)>,
+    /// When each server's remembered URIs were last refreshed in the store.
+    owners_refreshed: HashMap<String, Instant>,
     refresh: Option<Duration>,
     next_refresh: Option<Instant>,
 }
 
+fn server_rules(config: &ServersConfig, name: &str) -> Arc<ServerRules> {
+    let s = config.servers.get(name).cloned().unwrap_or_default();
+    Arc::new(ServerRules {
+        server: name.to_owned(),
+        origin: s.url.clone(),
+        mode: s.pin,
+        new_tools: s.new_tools(),
+        renamed_from: s.renamed_from.clone(),
+        configured: config.servers.keys().cloned().collect(),
+        retention_ms: i64::try_from(config.pin_retention_secs.saturating_mul(1000))
+            .unwrap_or(i64::MAX),
+        absent_cap: config.budget(name).max_tools,
+    })
+}
+
+fn owns(config: &ServersConfig) -> Vec<(String, Vec<String>)> {
+    config
+        .servers
+        .iter()
+        .map(|(n, s)| (n.clone(), s.owns_resources.clone()))
+        .collect()
+}
+
 impl UpstreamsState {
     /// `setup` from [`super::prepare::build_setup`]; the pin store opens beside the ledger
-    /// (after `Ledger::open` migrated it).
+    /// (after `Ledger::open` migrated it) and the intake thread starts; `waker` wakes the
+    /// loop when a listing has been reviewed.
     pub fn new(
         worker: WorkerId,
         config: &ServersConfig,
         setup: AggregatorSetup,
         ledger_path: &Path,
+        waker: Arc<Waker>,
         now: Instant,
     ) -> UpstreamsState {
         let refresh = (config.refresh_secs > 0).then(|| Duration::from_secs(config.refresh_secs));
+        let pins = match PinStore::open(ledger_path) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                crate::error!("{e}; upstream tools under pin = \"enforce\" stay hidden");
+                None
+            }
+        };
+        let mut owners = OwnerRules::new(&owns(config));
+        if let Some(store) = &pins {
+            match store.owners() {
+                Ok(rows) => {
+                    for (uri, server, _) in rows {
+                        owners.remember(&uri, &server);
+                    }
+                }
+                Err(e) => crate::error!("{e}"),
+            }
+        }
+        let rules = config
+            .servers
+            .keys()
+            .map(|n| (n.clone(), server_rules(config, n)))
+            .collect();
+        // Listings in flight are at most one per server and kind; owner updates one more.
+        let capacity = config.servers.len() * (Kind::ALL.len() + 2) + 8;
         UpstreamsState {
             worker,
             setup,
+            config: config.clone(),
             board: UpstreamBoard::new(config),
-            pins: PinGate::open(ledger_path, config),
+            rules,
+            schedule: RelistSchedule::new(Duration::from_millis(config.relist_min_interval_ms)),
+            intake: Intake::start(ledger_path, waker, capacity),
+            pins,
+            hidden: HashMap::new(),
+            owners,
+            resources_listed: BTreeSet::new(),
+            owners_refreshed: HashMap::new(),
             refresh,
             next_refresh: refresh.map(|r| now + r),
         }
@@ -71,52 +168,479 @@ impl UpstreamsState {
         }
     }
 
-    /// An event from the aggregator (`on_worker_message`): what to list again.
+    // ---- relisting ------------------------------------------------------------------
+
+    /// A listing of `kind` from `server` is wanted: true when it may start now.
+    pub fn want(&mut self, server: &str, kind: Kind, now: Instant) -> bool {
+        self.schedule.request(server, kind, now)
+    }
+
+    /// Listings whose turn came (pending, interval passed).
+    pub fn due(&mut self, now: Instant) -> Vec<(String, Kind)> {
+        self.schedule.due(now)
+    }
+
+    /// The request for a listing: its budget travels with it, so a reload applies at once.
+    pub fn listing_request(&self, id: u64, server: &str, kind: Kind) -> Message {
+        let op = match kind {
+            Kind::Tools => Op::ListTools,
+            Kind::Resources => Op::ListResources,
+            Kind::Prompts => Op::ListPrompts,
+            Kind::Templates => Op::ListResourceTemplates,
+        };
+        let budget = self.config.budget(server).listing(server, kind);
+        Message::Request {
+            id,
+            op,
+            name: Some(server.to_owned()),
+            args: serde_json::to_string(&budget).ok(),
+            target: None,
+        }
+    }
+
+    /// The worker answered a listing. `Ok`: handed to the intake (the result comes back
+    /// through [`Self::take_reviewed`]). `Err`: the listing is over; log it.
+    pub fn listing_answered(
+        &mut self,
+        server: &str,
+        kind: Kind,
+        worker: WorkerId,
+        ok: Option<String>,
+        error: Option<String>,
+        facts: Option<&str>,
+    ) -> Result<(), Applied> {
+        if let Some(f) = facts.and_then(|f| serde_json::from_str::<Value>(f).ok()) {
+            let n = |k: &str| f.get(k).and_then(Value::as_u64).unwrap_or(0);
+            self.board.add_counts(server, n("coalesced"), n("dropped"));
+        }
+        let Some(text) = ok else {
+            let why = error.unwrap_or_else(|| "no result".into());
+            return Err(self.listing_over(server, kind, Some(why)));
+        };
+        let Some(rules) = self.rules.get(server).cloned() else {
+            return Err(self.listing_over(server, kind, Some("not a configured server".into())));
+        };
+        let job = Job::Listing(Box::new(ListingJob {
+            server: server.to_owned(),
+            kind,
+            worker,
+            text,
+            budget: self.config.budget(server).listing(server, kind),
+            rules,
+            now_ms: now_ms(),
+        }));
+        match self.intake.submit(job) {
+            Ok(()) => Ok(()),
+            Err(_) => Err(self.listing_over(
+                server,
+                kind,
+                Some("the listing intake is not running".into()),
+            )),
+        }
+    }
+
+    /// A listing of `kind` from `server` ended without a result (worker error, timeout).
+    pub fn listing_failed(&mut self, server: &str, kind: Kind, why: &str) -> Applied {
+        self.listing_over(server, kind, Some(why.to_owned()))
+    }
+
+    /// End of a listing; `Some(why)` when it was not applied.
+    fn listing_over(&mut self, server: &str, kind: Kind, why: Option<String>) -> Applied {
+        self.schedule.done(server, kind);
+        // The reason may quote the upstream (or come from a misbehaving worker).
+        let why = why.map(|w| quote_upstream(&w, 1000));
+        let mut applied = Applied::default();
+        let fresh = self.board.set_degraded(server, kind, why.clone());
+        if fresh {
+            match why {
+                Some(why) => {
+                    applied.logs.push((
+                        true,
+                        format!(
+                            "server {server}: its {} listing was not applied, it keeps serving its last good catalog: {why}",
+                            kind.word()
+                        ),
+                    ));
+                    applied.events.push((
+                        "upstream_degraded",
+                        json!({"server": server, "kind": kind.list_key(), "reason": why}),
+                    ));
+                }
+                None => {
+                    applied.logs.push((
+                        false,
+                        format!("server {server}: its {} listing applies again", kind.word()),
+                    ));
+                    applied.events.push((
+                        "upstream_recovered",
+                        json!({"server": server, "kind": kind.list_key()}),
+                    ));
+                }
+            }
+        }
+        applied
+    }
+
+    /// Listings reviewed by the intake since the last call, applied to `catalog` (each at
+    /// once), and owner updates taken in.
+    pub fn take_reviewed(&mut self, catalog: &mut Catalog, now: Instant) -> Applied {
+        let mut applied = Applied::default();
+        for done in self.intake.poll() {
+            match done {
+                Done::Listing {
+                    server,
+                    kind,
+                    outcome,
+                } => self.apply(catalog, &server, kind, *outcome, now, &mut applied),
+                Done::Owners {
+                    server,
+                    pruned,
+                    error,
+                } => {
+                    if let Some(e) = error {
+                        applied
+                            .logs
+                            .push((true, format!("server {server}: resource owners: {e}")));
+                    }
+                    if !pruned.is_empty() {
+                        for uri in &pruned {
+                            self.owners.forget(uri);
+                        }
+                        applied.events.push((
+                            "resource_owner_pruned",
+                            json!({"server": server, "count": pruned.len(),
+                                   "uris": pruned.iter().take(CONFLICT_SAMPLE).collect::<Vec<_>>()}),
+                        ));
+                        let (r, t) = catalog.recheck_claims(&self.owners);
+                        self.claims_changed(Kind::Resources, r, &mut applied);
+                        self.claims_changed(Kind::Templates, t, &mut applied);
+                    }
+                }
+            }
+        }
+        applied
+    }
+
+    fn apply(
+        &mut self,
+        catalog: &mut Catalog,
+        server: &str,
+        kind: Kind,
+        outcome: Result<crate::pins::intake::Reviewed, Refusal>,
+        now: Instant,
+        applied: &mut Applied,
+    ) {
+        let reviewed = match outcome {
+            Ok(r) => r,
+            Err(refusal) => {
+                let more = self.listing_over(server, kind, Some(refusal.message));
+                applied.logs.extend(more.logs);
+                applied.events.extend(more.events);
+                return;
+            }
+        };
+        let more = self.listing_over(server, kind, None);
+        applied.logs.extend(more.logs);
+        applied.events.extend(more.events);
+        let count = reviewed.entries.len();
+        if let Some(summary) = &reviewed.summary {
+            if summary.eventful() {
+                applied.events.push(("pin", summary.event()));
+            }
+            applied.logs.extend(summary.log_lines());
+        }
+        let changed = match kind {
+            Kind::Tools | Kind::Prompts => {
+                if kind == Kind::Tools {
+                    self.hidden
+                        .insert(server.to_owned(), reviewed.hidden.into_iter().collect());
+                }
+                catalog.replace(kind, server, reviewed.entries)
+            }
+            Kind::Resources | Kind::Templates => {
+                self.resources_listed.insert((server.to_owned(), kind));
+                let change = catalog.claim(kind, server, reviewed.entries, &self.owners);
+                let changed = change.changed;
+                self.claims_changed(kind, change, applied);
+                self.settle(catalog, applied);
+                self.refresh_owners(catalog, server, now);
+                changed
+            }
+        };
+        // Recorded when agents see something different: a server that lists the same
+        // again and again (however often it says it changed) writes no row for it.
+        if changed {
+            applied.events.push((
+                "catalog",
+                json!({"server": server, "kind": kind.list_key(), "count": count,
+                       "hidden": self.hidden.get(server).map_or(0, HashMap::len)}),
+            ));
+            if !applied.changed.contains(&kind) {
+                applied.changed.push(kind);
+            }
+        }
+    }
+
+    /// Report new conflicts (once each) and remember sole owners once settled.
+    fn claims_changed(&mut self, kind: Kind, change: ClaimChange, applied: &mut Applied) {
+        if change.changed && !applied.changed.contains(&kind) {
+            applied.changed.push(kind);
+        }
+        if !change.new_conflicts.is_empty() {
+            let n = change.new_conflicts.len();
+            let sample: Vec<Value> = change
+                .new_conflicts
+                .iter()
+                .take(CONFLICT_SAMPLE)
+                .map(|(k, why)| json!({"uri": k, "why": why}))
+                .collect();
+            applied.events.push((
+                "resource_conflict",
+                json!({"kind": kind.list_key(), "count": n, "sample": sample}),
+            ));
+            for (_, why) in change.new_conflicts.iter().take(3) {
+                applied
+                    .logs
+                    .push((true, format!("resource conflict: {why}")));
+            }
+            if n > 3 {
+                applied.logs.push((
+                    true,
+                    format!(
+                        "resource conflict: {} more {} (see `toolwall status`)",
+                        n - 3,
+                        kind.word()
+                    ),
+                ));
+            }
+        }
+        if self.owners.settled {
+            self.remember(change.unremembered);
+        }
+    }
+
+    /// Once every enabled server has listed its resources, URIs served alone are
+    /// remembered as their server's.
+    fn settle(&mut self, catalog: &mut Catalog, applied: &mut Applied) {
+        if self.owners.settled {
+            return;
+        }
+        let all = self.servers().iter().all(|s| {
+            self.resources_listed
+                .contains(&(s.clone(), Kind::Resources))
+                && self
+                    .resources_listed
+                    .contains(&(s.clone(), Kind::Templates))
+        });
+        if !all {
+            return;
+        }
+        self.owners.settled = true;
+        let (r, t) = catalog.recheck_claims(&self.owners);
+        self.claims_changed(Kind::Resources, r, applied);
+        self.claims_changed(Kind::Templates, t, applied);
+    }
+
+    fn remember(&mut self, sole: Vec<(String, String)>) {
+        let mut by_server: HashMap<String, Vec<String>> = HashMap::new();
+        for (uri, server) in sole {
+            self.owners.remember(&uri, &server);
+            by_server.entry(server).or_default().push(uri);
+        }
+        for (server, uris) in by_server {
+            self.submit_owners(server, uris);
+        }
+    }
+
+    fn submit_owners(&mut self, server: String, uris: Vec<String>) {
+        let retention = self.config.pin_retention_secs.saturating_mul(1000);
+        let now = now_ms();
+        let job = Job::Owners {
+            server: server.clone(),
+            uris,
+            prune_before_ms: now.saturating_sub(i64::try_from(retention).unwrap_or(i64::MAX)),
+            now_ms: now,
+        };
+        if self.intake.submit(job).is_err() {
+            crate::warn!("server {server}: resource owners not recorded (the intake is busy)");
+        }
+    }
+
+    /// Now and then, tell the store that `server` still lists the URIs it owns (so they
+    /// are not pruned) and prune the ones it stopped listing long ago.
+    fn refresh_owners(&mut self, catalog: &Catalog, server: &str, now: Instant) {
+        let every = Duration::from_secs((self.config.pin_retention_secs / 4).clamp(1, 3600));
+        if self
+            .owners_refreshed
+            .get(server)
+            .is_some_and(|t| now.saturating_duration_since(*t) < every)
+        {
+            return;
+        }
+        self.owners_refreshed.insert(server.to_owned(), now);
+        let mut owned = Vec::new();
+        for kind in [Kind::Resources, Kind::Templates] {
+            if let Some(c) = catalog.claims(kind) {
+                owned.extend(
+                    c.listed_by(server)
+                        .filter(|u| self.owners.remembered(u) == Some(server))
+                        .map(str::to_owned),
+                );
+            }
+        }
+        self.submit_owners(server.to_owned(), owned);
+    }
+
+    /// After a reload: new `owns_resources` may change who serves what.
+    pub fn recheck_owners(&mut self, catalog: &mut Catalog) -> Applied {
+        let mut applied = Applied::default();
+        self.owners.set_configured(&owns(&self.config));
+        let (r, t) = catalog.recheck_claims(&self.owners);
+        self.claims_changed(Kind::Resources, r, &mut applied);
+        self.claims_changed(Kind::Templates, t, &mut applied);
+        applied
+    }
+
+    /// Who a `resources/read` of `uri` goes to (a served resource, or the one server whose
+    /// template matches); `Err` says why nobody may serve it.
+    pub fn resource_route<'a>(
+        &self,
+        catalog: &'a Catalog,
+        uri: &str,
+    ) -> Result<Option<&'a crate::mcp::catalog::Entry>, String> {
+        catalog.resource_route(uri, &self.owners)
+    }
+
+    /// An event from the aggregator (`on_worker_message`): what to list again. Counted, not
+    /// recorded, when it is a `list_changed`.
     pub fn on_event(&mut self, kind: &str, detail: &str) -> Option<Relist> {
         self.board.on_event(kind, detail)
     }
 
     pub fn on_worker_gone(&mut self, why: &str) {
         self.board.on_worker_gone(why);
+        self.schedule.worker_gone();
     }
 
-    /// A `tools` listing of `server` arrived (`complete`, before `Catalog::set`): the
-    /// definitions the catalog may show, and the pin notes to record (`events` kind
-    /// `pin`) and log.
-    pub fn review_tools(&mut self, server: &str, items: Vec<Value>) -> PinReview {
-        self.pins.review(server, items, now_ms())
+    /// Listings asked of the worker or the intake and not applied yet (readiness).
+    pub fn listings_pending(&self) -> usize {
+        self.schedule.in_flight()
     }
 
-    /// `tools/call` of `tool` (`server__tool`) before "unknown tool": the `pin_changed`
-    /// message when the tool is hidden by a changed pin.
+    // ---- pins -------------------------------------------------------------------------
+
+    /// `tools/call` of `tool` (`server__tool`) before "unknown tool": the refusal message
+    /// when its pin hides it (changed, or new and held).
     pub fn pin_refusal(&self, tool: &str) -> Option<String> {
-        self.pins.refusal(tool).map(str::to_owned)
+        let (server, _) = split_namespaced(tool)?;
+        self.hidden.get(server)?.get(tool).cloned()
     }
 
-    /// `toolwall pins approve TOOL` (admin socket): returns the server whose tools must be
-    /// listed again.
-    pub fn approve_pin(&mut self, tool: &str, by: &str) -> Result<String, String> {
-        self.pins.approve(tool, by, now_ms())
+    /// `toolwall pins approve TOOL --digest D` (admin socket): approves exactly that
+    /// definition. Returns the server to list again and what was approved.
+    pub fn approve_pin(
+        &mut self,
+        tool: &str,
+        digest: &str,
+        by: &str,
+    ) -> Result<(String, String), String> {
+        let store = self
+            .pins
+            .as_mut()
+            .ok_or_else(|| "the pin store is not open".to_string())?;
+        let (before, after) = store.approve(tool, digest, by, now_ms())?;
+        let server = after.server.clone();
+        if let Some(h) = self.hidden.get_mut(&server) {
+            h.remove(tool);
+        }
+        let what = match before.approved {
+            Some(old) => format!(
+                "approved {tool} sha256:{digest} (it replaces sha256:{}: {})",
+                old.digest,
+                crate::pins::digest::changed_fields(
+                    &old.definition,
+                    &after
+                        .approved
+                        .as_ref()
+                        .map(|a| a.definition.clone())
+                        .unwrap_or_default()
+                )
+                .join(", ")
+            ),
+            None => format!("approved {tool} sha256:{digest} (a new tool)"),
+        };
+        Ok((server, what))
     }
 
-    /// `toolwall pins list` (admin socket): `{"ok": true, "pins": [...]}`.
+    /// `toolwall pins list` (admin socket).
     pub fn pins_json(&self) -> Value {
-        json!({"ok": true, "pins": self.pins.list()})
+        let Some(store) = &self.pins else {
+            return json!({"ok": false, "error": "the pin store is not open"});
+        };
+        match store.load_all() {
+            Ok(all) => {
+                let list: Vec<Value> = all
+                    .iter()
+                    .map(|r| {
+                        let mode = self
+                            .config
+                            .servers
+                            .get(&r.server)
+                            .map(|s| s.pin)
+                            .unwrap_or(PinMode::Enforce);
+                        json!(views::PinView::of(
+                            r,
+                            mode,
+                            self.pin_refusal(&r.tool).is_some()
+                        ))
+                    })
+                    .collect();
+                json!({"ok": true, "pins": list})
+            }
+            Err(e) => json!({"ok": false, "error": e}),
+        }
     }
 
-    /// `toolwall status`: each server's state, era, last error and tool count.
+    /// `toolwall status`: each server's state, era, last error, tool count, what is
+    /// degraded, hidden, coalesced and in conflict.
     pub fn status_json(&self, catalog: &Catalog) -> Value {
         self.board.to_json(|server| {
-            catalog
+            let tools = catalog
                 .entries(Kind::Tools)
                 .filter(|e| e.server == server)
-                .count()
+                .count();
+            let (conflicts, sample) = catalog
+                .claims(Kind::Resources)
+                .map(|c| c.conflicts_of(server, CONFLICT_SAMPLE))
+                .unwrap_or_default();
+            let (tconflicts, tsample) = catalog
+                .claims(Kind::Templates)
+                .map(|c| c.conflicts_of(server, CONFLICT_SAMPLE))
+                .unwrap_or_default();
+            let sample: Vec<Value> = sample
+                .into_iter()
+                .chain(tsample)
+                .take(CONFLICT_SAMPLE)
+                .map(|(uri, why)| json!({"uri": uri, "why": why}))
+                .collect();
+            json!({
+                "tools": tools,
+                "tools_hidden": self.hidden.get(server).map_or(0, HashMap::len),
+                "resource_conflicts": conflicts + tconflicts,
+                "resource_conflict_sample": sample,
+                "list_changed_coalesced": self.board.get(server).map_or(0, |b| b.list_changed_coalesced) + self.schedule.coalesced(server),
+            })
         })
     }
 
-    /// The next periodic refresh (`[servers] refresh_secs`), for the loop's timeout.
-    pub fn next_refresh(&self) -> Option<Instant> {
+    // ---- timers and reloads -----------------------------------------------------------
+
+    /// The next periodic refresh or pending relisting, for the loop's timeout.
+    pub fn next_deadline(&self) -> Option<Instant> {
         self.next_refresh
+            .into_iter()
+            .chain(self.schedule.next_deadline())
+            .min()
     }
 
     /// On timers: true when every server should be listed again now (and the next
@@ -131,11 +655,18 @@ impl UpstreamsState {
         }
     }
 
-    /// After a reload whose `[servers]` did not change the set of servers: new pin modes
-    /// and refresh period. (A changed set of servers needs a new worker: its grant and
-    /// setup change.)
+    /// After a reload whose `[servers]` did not change the set of servers: new pin modes,
+    /// `new_tools`, budgets, owners and refresh period. (A changed set of servers needs a
+    /// new worker: its grant and setup change.)
     pub fn reconfigure(&mut self, config: &ServersConfig, now: Instant) {
-        self.pins.set_modes(config);
+        self.config = config.clone();
+        self.rules = config
+            .servers
+            .keys()
+            .map(|n| (n.clone(), server_rules(config, n)))
+            .collect();
+        self.schedule
+            .set_min_interval(Duration::from_millis(config.relist_min_interval_ms));
         self.refresh = (config.refresh_secs > 0).then(|| Duration::from_secs(config.refresh_secs));
         self.next_refresh = self.refresh.map(|r| now + r);
     }
@@ -148,7 +679,7 @@ mod tests {
     use crate::aggregator::setup::Limits;
 
     #[test]
-    fn names_refresh_and_status() {
+    fn names_refresh_budgets_and_status() {
         assert_eq!(
             UpstreamsState::request_name(Op::CallTool, "gh", "search"),
             "gh__search"
@@ -158,11 +689,6 @@ mod tests {
             "gh__p"
         );
         assert_eq!(UpstreamsState::request_name(Op::ListTools, "gh", ""), "gh");
-        assert_eq!(
-            UpstreamsState::request_name(Op::ReadResource, "gh", "x://y"),
-            "gh"
-        );
-
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db");
         drop(
@@ -180,6 +706,7 @@ mod tests {
             "gh".into(),
             ServerConfig {
                 url: "http://127.0.0.1:1/".into(),
+                max_tools: Some(3),
                 ..ServerConfig::default()
             },
         );
@@ -187,18 +714,66 @@ mod tests {
             limits: Limits::from_config(&config),
             servers: vec![],
         };
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap());
         let t0 = Instant::now();
-        let mut s = UpstreamsState::new(3, &config, setup, &path, t0);
+        let mut s = UpstreamsState::new(3, &config, setup, &path, waker, t0);
         assert!(s.is_worker(3));
         assert_eq!(s.servers(), vec!["gh".to_string()]);
         assert!(!s.refresh_due(t0));
         assert!(s.refresh_due(t0 + Duration::from_secs(10)));
-        assert_eq!(s.next_refresh(), Some(t0 + Duration::from_secs(20)));
-        let review = s.review_tools("gh", vec![json!({"name": "search"})]);
-        assert_eq!(review.visible.len(), 1);
+        let Message::Request { args, op, .. } = s.listing_request(7, "gh", Kind::Tools) else {
+            panic!()
+        };
+        assert_eq!(op, Op::ListTools);
+        assert!(args.unwrap().contains("servers.gh.max_tools"));
+        // A listing goes through the intake and comes back applied.
+        assert!(s.want("gh", Kind::Tools, t0));
+        s.listing_answered(
+            "gh",
+            Kind::Tools,
+            3,
+            Some(r#"[{"name":"search"}]"#.into()),
+            None,
+            None,
+        )
+        .map_err(|_| "refused")
+        .unwrap();
         let mut catalog = Catalog::default();
-        catalog.set(Kind::Tools, "gh", 3, review.visible).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut applied = Applied::default();
+        while applied.changed.is_empty() {
+            assert!(Instant::now() < deadline, "the intake answered");
+            std::thread::sleep(Duration::from_millis(5));
+            applied = s.take_reviewed(&mut catalog, t0);
+        }
+        assert_eq!(applied.changed, vec![Kind::Tools]);
+        assert!(applied.events.iter().any(|(k, _)| *k == "pin"));
         assert_eq!(s.status_json(&catalog)[0]["tools"], 1);
         assert_eq!(s.pins_json()["pins"][0]["tool"], "gh__search");
+        // Over budget: refused, degraded, the catalog stays.
+        assert!(s.want("gh", Kind::Tools, t0 + Duration::from_secs(5)));
+        let four = r#"[{"name":"a"},{"name":"b"},{"name":"c"},{"name":"d"}]"#;
+        s.listing_answered("gh", Kind::Tools, 3, Some(four.into()), None, None)
+            .map_err(|_| "refused")
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let a = s.take_reviewed(&mut catalog, t0);
+            if a.events.iter().any(|(k, _)| *k == "upstream_degraded") {
+                break;
+            }
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(catalog.len(Kind::Tools), 1);
+        let status = s.status_json(&catalog);
+        assert!(
+            status[0]["degraded"]
+                .as_str()
+                .unwrap()
+                .contains("servers.gh.max_tools"),
+            "{status}"
+        );
     }
 }

@@ -1,20 +1,24 @@
 //! The aggregator: external MCP servers (Streamable HTTP, both eras) behind one namespaced,
 //! pinned, policy-checked catalog. See README.md in this directory.
 //!
-//! Gateway side: [`config`] (`[servers]`), [`prepare`] (credentials, addresses, ports),
-//! [`spec`] (the worker's spec and `configure` request), [`status`] (per-server state from
-//! the worker's events). Worker side: [`worker`] (requests), [`upstream`] (one server's
-//! connection), [`exchange`] (one HTTP exchange), and the sans-IO cores [`sse`], [`era`],
-//! [`message`].
+//! Gateway side: [`config`] (`[servers]`), [`budget`] (what a listing may hold),
+//! [`prepare`] (credentials, addresses, ports), [`spec`] (the worker's spec and `configure`
+//! request), [`status`] (per-server state from the worker's events), [`relist`] (when to
+//! list a server again), [`gateway_state`] (all of it, for the core). Worker side:
+//! [`worker`] (requests), [`upstream`] (one server's connection), [`exchange`] (one HTTP
+//! exchange), and the sans-IO cores [`sse`], [`era`], [`message`], [`listing_pages`].
 
+pub mod budget;
 pub mod config;
 pub mod era;
 pub mod error;
 pub mod exchange;
 pub mod gateway_state;
 mod inline_secret;
+pub mod listing_pages;
 pub mod message;
 pub mod prepare;
+pub mod relist;
 pub mod setup;
 pub mod spec;
 pub mod sse;

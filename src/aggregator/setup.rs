@@ -39,8 +39,6 @@ pub struct Limits {
     pub max_body_bytes: usize,
     pub connect_timeout_secs: u64,
     pub retry_max_secs: u64,
-    pub max_pages: usize,
-    pub max_items: usize,
 }
 
 impl Limits {
@@ -51,8 +49,6 @@ impl Limits {
             max_body_bytes: servers.max_body_bytes,
             connect_timeout_secs: servers.connect_timeout_secs,
             retry_max_secs: servers.retry_max_secs,
-            max_pages: servers.max_pages,
-            max_items: servers.max_items,
         }
     }
 }

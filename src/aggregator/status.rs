@@ -20,6 +20,16 @@ pub struct UpstreamStatus {
     pub last_error: Option<String>,
     pub url: String,
     pub pin: String,
+    /// Why its catalog is not current (a listing refused or failed), per list; it keeps
+    /// serving its last good catalog meanwhile.
+    #[serde(skip)]
+    pub degraded: BTreeMap<Kind, String>,
+    /// `list_changed` notifications folded into a relisting already asked for.
+    pub list_changed_coalesced: u64,
+    /// Listings applied to the catalog.
+    pub listings: u64,
+    /// Listed items the worker left out (no usable name or URI, or listed twice).
+    pub items_left_out: u64,
 }
 
 /// What the gateway should do after an event.
@@ -52,6 +62,10 @@ impl UpstreamBoard {
                         last_error: None,
                         url: s.url.clone(),
                         pin: s.pin.as_str().into(),
+                        degraded: BTreeMap::new(),
+                        list_changed_coalesced: 0,
+                        listings: 0,
+                        items_left_out: 0,
                     },
                 )
             })
@@ -90,13 +104,11 @@ impl UpstreamBoard {
                     .get("kinds")?
                     .as_array()?
                     .iter()
-                    .filter_map(|k| match k.as_str()? {
-                        "tools" => Some(Kind::Tools),
-                        "resources" => Some(Kind::Resources),
-                        "prompts" => Some(Kind::Prompts),
-                        _ => None,
-                    })
+                    .filter_map(|k| Kind::parse(k.as_str()?))
                     .collect();
+                let coalesced = detail.get("coalesced").and_then(Value::as_u64).unwrap_or(0);
+                entry.list_changed_coalesced =
+                    entry.list_changed_coalesced.saturating_add(coalesced);
                 (!kinds.is_empty()).then(|| Relist {
                     server: server.to_owned(),
                     kinds,
@@ -128,14 +140,55 @@ impl UpstreamBoard {
         self.servers.get(server)
     }
 
-    /// For `status --json`: every server with its tool count from the catalog.
-    pub fn to_json(&self, tools: impl Fn(&str) -> usize) -> Value {
+    /// A listing of `kind` from `server` was refused or failed (`Some`), or applied
+    /// (`None`). Returns true when the reason is new (log and record it once, not on every
+    /// relisting).
+    pub fn set_degraded(&mut self, server: &str, kind: Kind, why: Option<String>) -> bool {
+        let Some(entry) = self.servers.get_mut(server) else {
+            return false;
+        };
+        match why {
+            Some(why) => {
+                let why: String = why.chars().take(MAX_ERROR_CHARS).collect();
+                entry.degraded.insert(kind, why.clone()) != Some(why)
+            }
+            None => {
+                entry.listings += 1;
+                entry.degraded.remove(&kind).is_some()
+            }
+        }
+    }
+
+    /// `list_changed` notifications the worker or the schedule folded, and listed items it
+    /// left out, for `server`.
+    pub fn add_counts(&mut self, server: &str, coalesced: u64, left_out: u64) {
+        if let Some(e) = self.servers.get_mut(server) {
+            e.list_changed_coalesced = e.list_changed_coalesced.saturating_add(coalesced);
+            e.items_left_out = e.items_left_out.saturating_add(left_out);
+        }
+    }
+
+    /// For `status --json`: every server, with what `extra` adds (tool count, conflicts).
+    pub fn to_json(&self, extra: impl Fn(&str) -> Value) -> Value {
         Value::Array(
             self.servers
                 .values()
                 .map(|s| {
                     let mut v = json!(s);
-                    v["tools"] = json!(tools(&s.server));
+                    v["degraded"] = if s.degraded.is_empty() {
+                        Value::Null
+                    } else {
+                        json!(
+                            s.degraded
+                                .iter()
+                                .map(|(k, why)| format!("{}: {why}", k.word()))
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        )
+                    };
+                    if let (Value::Object(to), Value::Object(more)) = (&mut v, extra(&s.server)) {
+                        to.extend(more);
+                    }
                     v
                 })
                 .collect(),
@@ -164,6 +217,53 @@ pub fn format_servers(servers: &Value) -> String {
                 "    last error: {}",
                 super::error::quote_upstream(e, MAX_ERROR_CHARS)
             );
+        }
+        if let Some(d) = s["degraded"].as_str() {
+            let _ = writeln!(
+                out,
+                "    DEGRADED (serving its last good catalog): {}",
+                super::error::quote_upstream(d, MAX_ERROR_CHARS)
+            );
+        }
+        let held = s["tools_hidden"].as_u64().unwrap_or(0);
+        if held > 0 {
+            let _ = writeln!(
+                out,
+                "    {held} tools hidden by their pins (see `toolwall pins list`)"
+            );
+        }
+        let coalesced = s["list_changed_coalesced"].as_u64().unwrap_or(0);
+        if coalesced > 0 {
+            let _ = writeln!(
+                out,
+                "    {coalesced} list_changed notifications folded into {} listings",
+                s["listings"]
+            );
+        }
+        let left_out = s["items_left_out"].as_u64().unwrap_or(0);
+        if left_out > 0 {
+            let _ = writeln!(
+                out,
+                "    {left_out} listed items left out (no usable name or URI, or listed twice)"
+            );
+        }
+        let conflicts = s["resource_conflicts"].as_u64().unwrap_or(0);
+        if conflicts > 0 {
+            let _ = writeln!(
+                out,
+                "    {conflicts} resource URIs in conflict (not served by this server):"
+            );
+            for c in s["resource_conflict_sample"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let _ = writeln!(
+                    out,
+                    "      {}",
+                    super::error::quote_upstream(c["why"].as_str().unwrap_or(""), 300)
+                );
+            }
         }
     }
     out
@@ -232,7 +332,7 @@ mod tests {
         b.on_worker_gone("killed");
         assert_eq!(b.get("a").unwrap().state, "worker_down");
         assert_eq!(b.get("off").unwrap().state, "disabled");
-        let j = b.to_json(|s| if s == "a" { 3 } else { 0 });
+        let j = b.to_json(|s| json!({"tools": if s == "a" { 3 } else { 0 }}));
         assert_eq!(j[0]["tools"], 3);
         let text = format_servers(&j);
         assert!(text.contains("server a  state worker_down"), "{text}");

@@ -16,11 +16,12 @@
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::budget::ListingBudget;
 use super::config::EraChoice;
 use super::era::{
     self, AfterStatus, Discovery, Era, ListChanges, after_status, judge_discover, judge_initialize,
@@ -28,8 +29,10 @@ use super::era::{
 };
 use super::error::{UpstreamError, UpstreamErrorCode, quote_upstream};
 use super::exchange::{Notice, Reply, Transport};
+use super::listing_pages::PageCollector;
 use super::message::{list_changed_kind, notification_body, refusal_body, request_body};
 use super::setup::{Limits, UpstreamSetup};
+use crate::mcp::catalog::Kind;
 
 /// Events the worker sends the gateway: `(kind, detail)`.
 pub type EventSink = Arc<dyn Fn(&str, Value) + Send + Sync>;
@@ -38,34 +41,23 @@ pub type EventSink = Arc<dyn Fn(&str, Value) + Send + Sync>;
 pub const MIN_RETRY: Duration = Duration::from_secs(1);
 /// Silence on a listening stream before it is reopened.
 pub const LISTEN_IDLE: Duration = Duration::from_secs(300);
-/// Longest tool or prompt name kept from a listing.
-pub const MAX_NAME_CHARS: usize = 128;
-/// Longest resource URI kept from a listing.
-pub const MAX_URI_BYTES: usize = 4096;
 
-/// Which list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListKind {
-    Tools,
-    Resources,
-    Prompts,
+/// The method that lists `kind`.
+pub fn list_method(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Tools => "tools/list",
+        Kind::Resources => "resources/list",
+        Kind::Prompts => "prompts/list",
+        Kind::Templates => "resources/templates/list",
+    }
 }
 
-impl ListKind {
-    pub fn method(self) -> &'static str {
-        match self {
-            ListKind::Tools => "tools/list",
-            ListKind::Resources => "resources/list",
-            ListKind::Prompts => "prompts/list",
-        }
-    }
-
-    pub fn key(self) -> &'static str {
-        match self {
-            ListKind::Tools => "tools",
-            ListKind::Resources => "resources",
-            ListKind::Prompts => "prompts",
-        }
+fn kind_bit(kind: Kind) -> u8 {
+    match kind {
+        Kind::Tools => 1,
+        Kind::Resources => 2,
+        Kind::Prompts => 4,
+        Kind::Templates => 8,
     }
 }
 
@@ -149,6 +141,11 @@ pub struct Upstream {
     renewing: Mutex<()>,
     next_id: AtomicU64,
     events: EventSink,
+    /// Lists announced as changed and not listed since (one bit per kind): a flood of
+    /// `list_changed` becomes one event per list until the gateway lists it again.
+    changes_pending: AtomicU8,
+    /// Announcements folded into one already pending, not reported yet.
+    coalesced: AtomicU64,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -188,6 +185,8 @@ impl Upstream {
             renewing: Mutex::new(()),
             next_id: AtomicU64::new(1),
             events,
+            changes_pending: AtomicU8::new(0),
+            coalesced: AtomicU64::new(0),
         })
     }
 
@@ -223,8 +222,27 @@ impl Upstream {
         );
     }
 
-    fn emit_list_changed(&self, kinds: &[&str]) {
-        (self.events)("list_changed", json!({"server": self.name, "kinds": kinds}));
+    /// `kinds` changed: one event for those not already announced; the rest are counted.
+    /// Returns whether an event went out.
+    fn emit_list_changed(&self, kinds: &[Kind]) -> bool {
+        let mut fresh = Vec::new();
+        for kind in kinds {
+            let bit = kind_bit(*kind);
+            if self.changes_pending.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+                fresh.push(kind.list_key());
+            } else {
+                self.coalesced.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if fresh.is_empty() {
+            return false;
+        }
+        let coalesced = self.coalesced.swap(0, Ordering::Relaxed);
+        (self.events)(
+            "list_changed",
+            json!({"server": self.name, "kinds": fresh, "coalesced": coalesced}),
+        );
+        true
     }
 
     fn mark_up(&self, era: Era, changes: ListChanges) {
@@ -244,7 +262,7 @@ impl Upstream {
         }
         self.changed.notify_all();
         if relist {
-            self.emit_list_changed(&["tools", "resources", "prompts"]);
+            self.emit_list_changed(&Kind::ALL);
         }
     }
 
@@ -537,7 +555,8 @@ impl Upstream {
                         f.code
                     ),
                 )
-                .with_status(reply.status))
+                .with_status(reply.status)
+                .with_rpc_code(f.code))
             }
             (_, Some(e)) => Err(e.with_status(reply.status)),
             (Some(Ok(result)), None) => {
@@ -573,7 +592,7 @@ impl Upstream {
         match notice {
             Notice::Notification { method, .. } => {
                 notices.count(&method);
-                if let Some(kind) = list_changed_kind(&method) {
+                if let Some(kind) = list_changed_kind(&method).and_then(Kind::parse) {
                     self.emit_list_changed(&[kind]);
                 }
             }
@@ -608,83 +627,45 @@ impl Upstream {
         }
     }
 
-    /// Every item of one list, following cursors, as a JSON array.
-    pub fn list(&self, kind: ListKind) -> Result<String, UpstreamError> {
+    /// Every item of one list, following cursors, as a JSON array, within `budget`; the
+    /// facts say how many pages, bytes and dropped items, and how many `list_changed` were
+    /// folded since the last report.
+    pub fn list(
+        &self,
+        kind: Kind,
+        budget: ListingBudget,
+    ) -> Result<(String, Value), UpstreamError> {
+        // From here on, a change is a change after this listing began: announce it again.
+        self.changes_pending
+            .fetch_and(!kind_bit(kind), Ordering::AcqRel);
         let mut notices = Notices::default();
-        let mut items: Vec<Value> = Vec::new();
+        let mut pages = PageCollector::new(&self.name, kind, budget);
         let mut cursor: Option<String> = None;
-        let mut seen = HashSet::new();
-        let mut dropped = 0usize;
-        for _ in 0..self.limits.max_pages {
-            let params = match &cursor {
+        loop {
+            pages.may_fetch()?;
+            let cursor_was_none = cursor.is_none();
+            let params = match cursor.take() {
                 Some(c) => Params::Value(json!({ "cursor": c })),
                 None => Params::None,
             };
-            let result = self.request(kind.method(), params, &mut notices)?;
-            let mut page: Value = serde_json::from_str(&result).map_err(|_| {
-                UpstreamError::new(
-                    UpstreamErrorCode::BadResponse,
-                    format!(
-                        "server {}: the {} result is not JSON",
-                        self.name,
-                        kind.method()
-                    ),
-                )
-            })?;
-            let Some(Value::Array(list)) = page.get_mut(kind.key()).map(Value::take) else {
-                return Err(UpstreamError::new(
-                    UpstreamErrorCode::BadResponse,
-                    format!(
-                        "server {}: the {} result has no {} array",
-                        self.name,
-                        kind.method(),
-                        kind.key()
-                    ),
-                ));
+            let result = match self.request(list_method(kind), params, &mut notices) {
+                Ok(r) => r,
+                // A server that does not serve a list (method not found) lists nothing.
+                Err(e) if e.rpc_code == Some(-32601) && cursor_was_none => {
+                    format!("{{\"{}\":[]}}", kind.list_key())
+                }
+                Err(e) => return Err(e),
             };
-            for item in list {
-                if !acceptable_item(kind, &item) {
-                    dropped += 1;
-                    continue;
-                }
-                if items.len() >= self.limits.max_items {
-                    dropped += 1;
-                    continue;
-                }
-                items.push(item);
-            }
-            match page.get("nextCursor").and_then(Value::as_str) {
-                Some(next) if !next.is_empty() => {
-                    if !seen.insert(next.to_owned()) {
-                        return Err(UpstreamError::new(
-                            UpstreamErrorCode::BadResponse,
-                            format!("server {}: {} repeats a cursor", self.name, kind.method()),
-                        ));
-                    }
-                    cursor = Some(next.to_owned());
-                }
-                _ => {
-                    if dropped > 0 {
-                        crate::warn!(
-                            "server {}: {dropped} {} left out (malformed names, or beyond servers.max_items = {})",
-                            self.name,
-                            kind.key(),
-                            self.limits.max_items
-                        );
-                    }
-                    return Ok(Value::Array(items).to_string());
+            match pages.page(&result)? {
+                Some(next) => cursor = Some(next),
+                None => {
+                    let (text, mut facts) = pages.finish();
+                    facts["coalesced"] = json!(self.coalesced.swap(0, Ordering::Relaxed));
+                    facts["notifications"] = json!(notices.counts);
+                    return Ok((text, facts));
                 }
             }
         }
-        Err(UpstreamError::new(
-            UpstreamErrorCode::BadResponse,
-            format!(
-                "server {}: {} has more than {} pages (servers.max_pages)",
-                self.name,
-                kind.method(),
-                self.limits.max_pages
-            ),
-        ))
     }
 
     /// `tools/call`; the notices met on the way come back for the call's facts.
@@ -816,9 +797,10 @@ impl Upstream {
         let transport = self.transport()?;
         let mut on_notice = |n: Notice| match n {
             Notice::Notification { method, .. } => {
-                if let Some(kind) = list_changed_kind(&method) {
-                    crate::info!("server {}: its {kind} changed", self.name);
-                    self.emit_list_changed(&[kind]);
+                if let Some(kind) = list_changed_kind(&method).and_then(Kind::parse)
+                    && self.emit_list_changed(&[kind])
+                {
+                    crate::debug!("server {}: its {} changed", self.name, kind.word());
                 }
             }
             Notice::ServerRequest { id, method } => self.answer_server_request(era, &id, &method),
@@ -883,53 +865,9 @@ fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
 }
 
-/// Whether a listed item can be offered: an object whose `name` (tools, prompts) is a
-/// sane identifier, or whose `uri` (resources) is a bounded string without controls.
-fn acceptable_item(kind: ListKind, item: &Value) -> bool {
-    match kind {
-        ListKind::Resources => item.get("uri").and_then(Value::as_str).is_some_and(|u| {
-            !u.is_empty() && u.len() <= MAX_URI_BYTES && !u.chars().any(char::is_control)
-        }),
-        ListKind::Tools | ListKind::Prompts => {
-            item.get("name").and_then(Value::as_str).is_some_and(|n| {
-                !n.is_empty()
-                    && n.chars().count() <= MAX_NAME_CHARS
-                    && n.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
-            })
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn listed_items_are_checked() {
-        assert!(acceptable_item(
-            ListKind::Tools,
-            &json!({"name": "get_file.v2"})
-        ));
-        for bad in [
-            json!({"name": ""}),
-            json!({"name": "a b"}),
-            json!({"name": "x\u{1b}[2J"}),
-            json!({"name": "a".repeat(129)}),
-            json!({"nom": "x"}),
-            json!("x"),
-        ] {
-            assert!(!acceptable_item(ListKind::Tools, &bad), "{bad}");
-        }
-        assert!(acceptable_item(
-            ListKind::Resources,
-            &json!({"uri": "file:///a b"})
-        ));
-        assert!(!acceptable_item(
-            ListKind::Resources,
-            &json!({"uri": "x\ny"})
-        ));
-    }
 
     #[test]
     fn notices_are_counted_with_bounded_keys() {

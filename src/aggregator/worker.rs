@@ -4,8 +4,10 @@
 //! - `configure` (once, first): `args` is an [`AggregatorSetup`] as JSON. Starts, per
 //!   server, a watcher thread and a pool of `limits.threads` threads with a queue of
 //!   `limits.queue`, so one slow server holds up nothing but itself.
-//! - `list_tools`, `list_resources`, `list_prompts`: `name` = the server. Answer: a JSON
-//!   array of the definitions as the server gave them (every page).
+//! - `list_tools`, `list_resources`, `list_prompts`, `list_resource_templates`: `name` = the
+//!   server, `args` = the listing's budget. Answer: a JSON array of the definitions as the
+//!   server gave them (every page, copied, never re-encoded); `facts` = pages, bytes,
+//!   dropped items, `list_changed` folded since the last report.
 //! - `call_tool`: `name` = `server__tool`, `args` = the arguments (JSON text). Answer: the
 //!   CallToolResult; `facts` = `{"server", "notifications": {method: count}}`.
 //! - `read_resource`: `name` = the server, `args` = the `resources/read` params.
@@ -19,9 +21,11 @@ use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 
+use super::budget::ListingBudget;
 use super::error::{UpstreamError, UpstreamErrorCode};
 use super::setup::AggregatorSetup;
-use super::upstream::{EventSink, ListKind, Upstream};
+use super::upstream::{EventSink, Upstream};
+use crate::mcp::catalog::Kind;
 use crate::mcp::catalog::NAMESPACE_SEP;
 use crate::workers::rpc::{Message, Op, RpcError};
 
@@ -265,14 +269,37 @@ impl AggregatorRole {
 
 fn run_job(upstream: &Upstream, job: Job) -> Message {
     let id = job.id;
-    let list = |kind| match upstream.list(kind) {
-        Ok(items) => response_ok(id, items, None),
-        Err(e) => response_err(id, &e),
+    let list = |kind: Kind| {
+        // The gateway sends each listing's budget; without one, the `[servers]` defaults.
+        let budget = match job
+            .args
+            .as_deref()
+            .map(serde_json::from_str::<ListingBudget>)
+        {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => {
+                return response_err(
+                    id,
+                    &UpstreamError::new(
+                        UpstreamErrorCode::InvalidArguments,
+                        format!("a listing's budget is not valid: {e}"),
+                    ),
+                );
+            }
+            None => super::config::ServersConfig::default()
+                .budget(upstream.name())
+                .listing(upstream.name(), kind),
+        };
+        match upstream.list(kind, budget) {
+            Ok((items, facts)) => response_ok(id, items, Some(facts.to_string())),
+            Err(e) => response_err(id, &e),
+        }
     };
     match job.op {
-        Op::ListTools => list(ListKind::Tools),
-        Op::ListResources => list(ListKind::Resources),
-        Op::ListPrompts => list(ListKind::Prompts),
+        Op::ListTools => list(Kind::Tools),
+        Op::ListResources => list(Kind::Resources),
+        Op::ListPrompts => list(Kind::Prompts),
+        Op::ListResourceTemplates => list(Kind::Templates),
         Op::CallTool => {
             if job.item.is_empty() {
                 return response_err(

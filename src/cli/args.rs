@@ -123,6 +123,12 @@ pub const FLAGS: &[Flag] = &[
         value: Some("D"),
         help: "30d, 12h, ... or never (default never)",
     },
+    Flag {
+        long: "digest",
+        short: None,
+        value: Some("SHA256"),
+        help: "The digest `pins list` shows for the version you reviewed (required)",
+    },
 ];
 
 pub const COMMANDS: &[Command] = &[
@@ -180,14 +186,14 @@ pub const COMMANDS: &[Command] = &[
         positional: &[],
         flags: &["json"],
         group: "Daemon (over the admin socket)",
-        summary: "Pinned upstream tools; a changed one shows old and new",
+        summary: "Pinned upstream tools: each version's full sha256, a changed tool's fields approved and waiting, new tools held",
     },
     Command {
         words: &["pins", "approve"],
         positional: &["SERVER__TOOL"],
-        flags: &["json"],
+        flags: &["digest", "json"],
         group: "Daemon (over the admin socket)",
-        summary: "Accept a pinned tool's changed definition",
+        summary: "Approve exactly the waiting definition with that digest",
     },
     Command {
         words: &["token", "create"],

@@ -145,10 +145,11 @@ fn run() -> Result<i32, String> {
             Ok(if reply["ok"] == true { 0 } else { 1 })
         }
         ["pins", "approve", tool] => {
+            let digest = crate::pins::cli_output::check_digest(tool, parsed.flag("digest"))?;
             let config = load(config_path)?;
             let reply = admin_request(
                 &config,
-                &serde_json::json!({"op": "pin_approve", "tool": tool}),
+                &serde_json::json!({"op": "pin_approve", "tool": tool, "digest": digest}),
             )?;
             admin_outcome(&reply, json_out)
         }

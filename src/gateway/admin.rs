@@ -43,9 +43,11 @@ enum Request {
     },
     /// Every tool pin, with a waiting change's old and new definitions.
     Pins,
-    /// Approve the waiting change of a pinned tool (`server__tool`).
+    /// Approve the definition of a pinned tool (`server__tool`) waiting with `digest`.
     PinApprove {
         tool: String,
+        #[serde(default)]
+        digest: Option<String>,
     },
 }
 
@@ -78,9 +80,13 @@ pub fn handle(gw: &mut Gateway, principal: &str, line: &[u8]) -> Value {
             Some(u) => u.pins_json(),
             None => json!({"ok": true, "pins": []}),
         },
-        Request::PinApprove { tool } => {
+        Request::PinApprove { tool, digest } => {
             let who = format!("admin {principal}");
-            match gw.core_mut().approve_pin(&tool, &who, now) {
+            let digest = match crate::pins::cli_output::check_digest(&tool, digest.as_deref()) {
+                Ok(d) => d,
+                Err(e) => return json!({"ok": false, "error": e}),
+            };
+            match gw.core_mut().approve_pin(&tool, &digest, &who, now) {
                 Ok(message) => json!({"ok": true, "message": message}),
                 Err(e) => json!({"ok": false, "error": e}),
             }

@@ -312,6 +312,7 @@ impl Gateway {
                 &config.servers,
                 setup,
                 &config.ledger.path,
+                Arc::clone(&waker),
                 Instant::now(),
             ));
         }
@@ -1224,9 +1225,7 @@ impl Gateway {
                 let now = Instant::now();
                 if config.servers != self.config.servers {
                     let same_set = config.servers.same_connections(&self.config.servers);
-                    if let Some(u) = self.core.upstreams_mut() {
-                        u.reconfigure(&config.servers, now);
-                    }
+                    self.core.reconfigure_upstreams(&config.servers, now);
                     if !same_set {
                         crate::warn!(
                             "reload: the set of [servers] changed; restart toolwall to reach the new ones (pin modes and refresh_secs apply now)"

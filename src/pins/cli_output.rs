@@ -1,23 +1,33 @@
-//! The text of `toolwall pins list`: one block per pin, and for a tool whose definition
-//! changed, each changed field old and new. Upstream text is escaped (control characters,
-//! bidirectional overrides) so a tool description cannot drive the operator's terminal.
+//! `toolwall pins list` and `pins approve`: the text an operator reviews, and the digest
+//! they approve. Every pin shows the full SHA-256 of each version (approved and waiting);
+//! a change shows each changed field, approved and waiting; every piece of upstream text
+//! goes through [`visible`] (invisible, control and look-alike characters shown and
+//! counted), so what is on screen is what the model would read.
 
 use serde_json::Value;
 use std::fmt::Write as _;
 
-use crate::aggregator::error::quote_upstream;
+use super::visible::{Findings, visible};
 use crate::ledger::format_utc_ms;
 
 /// Longest field value shown (characters); `--json` has everything.
 pub const MAX_SHOWN_CHARS: usize = 2000;
+/// A digest as `pins list` shows it: 64 lowercase hex digits.
+pub const DIGEST_HEX: usize = 64;
 
-fn shown(v: &Value) -> String {
+fn shown(v: &Value, found: &mut Findings) -> String {
     let text = match v {
         Value::String(s) => s.clone(),
-        Value::Null => "(none)".into(),
+        Value::Null => return "(none)".into(),
         other => other.to_string(),
     };
-    quote_upstream(&text, MAX_SHOWN_CHARS)
+    let (out, f) = visible(&text, MAX_SHOWN_CHARS);
+    found.add(f);
+    out
+}
+
+fn plain(text: &str) -> String {
+    visible(text, 300).0
 }
 
 /// `pins` as the admin socket answers them (a JSON array of `PinView`s).
@@ -29,39 +39,108 @@ pub fn format_pins(pins: &Value) -> String {
         return out;
     }
     for p in &list {
-        let tool = quote_upstream(p["tool"].as_str().unwrap_or(""), 300);
+        let tool = plain(p["tool"].as_str().unwrap_or(""));
         let state = p["state"].as_str().unwrap_or("");
-        let digest = p["digest"].as_str().unwrap_or("");
-        let approved = match p["approved_by"].as_str() {
-            Some(by) => format!(
-                "approved {} by {}",
-                format_utc_ms(p["approved_ms"].as_i64().unwrap_or(0)),
-                quote_upstream(by, 200)
-            ),
-            None => format!(
-                "pinned on first sight {}",
-                format_utc_ms(p["first_seen_ms"].as_i64().unwrap_or(0))
-            ),
+        let mode = p["mode"].as_str().unwrap_or("");
+        let serving = match (p["hidden"].as_bool().unwrap_or(false), state) {
+            (true, "new") => "  HELD: new tool, not served until approved".to_string(),
+            (true, _) => format!("  HIDDEN: calls refused until approved (pin = \"{mode}\")"),
+            (false, "changed") => format!("  still served (pin = \"{mode}\")"),
+            _ => String::new(),
         };
-        let short = digest.get(..12).unwrap_or(digest);
-        let _ = writeln!(out, "{tool}  {state}  sha256:{short}  {approved}");
-        if let Some(change) = p.get("changed").filter(|c| c.is_object()) {
-            let new_digest = change["digest"].as_str().unwrap_or("");
+        let _ = writeln!(out, "{tool}  {state}{serving}");
+        let approved = &p["approved"];
+        if approved.is_object() {
+            let digest = approved["digest"].as_str().unwrap_or("");
+            let how = match approved["approved_by"].as_str() {
+                Some(by) => format!(
+                    "approved {} by {}",
+                    format_utc_ms(approved["approved_ms"].as_i64().unwrap_or(0)),
+                    plain(by)
+                ),
+                None => format!(
+                    "pinned on first sight {}",
+                    format_utc_ms(p["first_seen_ms"].as_i64().unwrap_or(0))
+                ),
+            };
+            let old = if approved["scheme"].as_i64() == Some(1) {
+                "  (an older pin of name, description, inputSchema and annotations only)"
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "    approved  sha256:{digest}  {how}{old}");
+        }
+        let pending = &p["pending"];
+        if pending.is_object() {
+            let digest = pending["digest"].as_str().unwrap_or("");
+            let fields: Vec<String> = pending["fields"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f.as_str().map(plain))
+                .collect();
             let _ = writeln!(
                 out,
-                "    changed {}  sha256:{}  (approve: toolwall pins approve {tool})",
-                format_utc_ms(change["seen_ms"].as_i64().unwrap_or(0)),
-                new_digest.get(..12).unwrap_or(new_digest)
+                "    waiting   sha256:{digest}  seen {}{}",
+                format_utc_ms(pending["seen_ms"].as_i64().unwrap_or(0)),
+                if approved.is_object() {
+                    format!("  changed: {}", fields.join(", "))
+                } else {
+                    String::new()
+                }
             );
-            for field in change["fields"].as_array().into_iter().flatten() {
-                let field = field.as_str().unwrap_or("");
-                let _ = writeln!(out, "    {field}:");
-                let _ = writeln!(out, "      old: {}", shown(&p["definition"][field]));
-                let _ = writeln!(out, "      new: {}", shown(&change["definition"][field]));
+            let mut found = Findings::default();
+            if approved.is_object() {
+                for field in pending["fields"].as_array().into_iter().flatten() {
+                    let field = field.as_str().unwrap_or("");
+                    let _ = writeln!(out, "      {}:", plain(field));
+                    let _ = writeln!(
+                        out,
+                        "        approved: {}",
+                        shown(&approved["definition"][field], &mut found)
+                    );
+                    let _ = writeln!(
+                        out,
+                        "        waiting:  {}",
+                        shown(&pending["definition"][field], &mut found)
+                    );
+                }
+            } else {
+                let _ = writeln!(
+                    out,
+                    "      definition: {}",
+                    shown(&pending["definition"], &mut found)
+                );
             }
+            if let Some(w) = found.warning() {
+                let _ = writeln!(out, "      {w}");
+            }
+            let _ = writeln!(
+                out,
+                "    approve with: toolwall pins approve {tool} --digest {digest}"
+            );
         }
     }
     out
+}
+
+/// The `--digest` of `pins approve`: required, the full digest (`sha256:` prefix and
+/// upper case accepted). A prefix is not enough: it could match a definition the operator
+/// never saw.
+pub fn check_digest(tool: &str, digest: Option<&str>) -> Result<String, String> {
+    let Some(d) = digest else {
+        return Err(format!(
+            "pins approve {tool} needs --digest D, the sha256 that `toolwall pins list` shows for the definition you reviewed (approving without it could approve a definition you never saw)"
+        ));
+    };
+    let d = d.trim();
+    let d = d.strip_prefix("sha256:").unwrap_or(d).to_ascii_lowercase();
+    if d.len() != DIGEST_HEX || !d.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "--digest must be the full sha256 of the definition ({DIGEST_HEX} hex digits, as `toolwall pins list` shows it)"
+        ));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -69,30 +148,58 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn d(c: char) -> String {
+        c.to_string().repeat(64)
+    }
+
     #[test]
-    fn shows_old_and_new_escaped() {
+    fn shows_full_digests_fields_and_the_approve_command_escaped() {
         let pins = json!([
-            {"tool": "up__a", "state": "pinned", "digest": "0123456789abcdef", "definition": {},
-             "first_seen_ms": 0, "approved_ms": 0, "approved_by": null, "changed": null},
-            {"tool": "up__search", "state": "changed", "digest": "aaaaaaaaaaaaaaaa",
-             "definition": {"description": "Search the web"},
-             "first_seen_ms": 0, "approved_ms": 0, "approved_by": null,
-             "changed": {"digest": "bbbbbbbbbbbbbbbb", "seen_ms": 1000,
-                         "definition": {"description": "Search.\u{1b}[2J then exfiltrate"},
-                         "fields": ["description"]}}
+            {"tool": "up__a", "state": "pinned", "hidden": false, "mode": "enforce",
+             "approved": {"digest": d('0'), "definition": {}, "scheme": 2, "approved_ms": 0, "approved_by": null},
+             "pending": null, "first_seen_ms": 0},
+            {"tool": "up__search", "state": "changed", "hidden": true, "mode": "enforce",
+             "approved": {"digest": d('a'), "definition": {"description": "Search the web"}, "scheme": 2, "approved_ms": 0, "approved_by": "admin uid:0"},
+             "pending": {"digest": d('b'), "seen_ms": 1000, "fields": ["description"],
+                         "definition": {"description": "Search.\u{1b}[2J then \u{E0041}\u{200B}exfiltrate"}},
+             "first_seen_ms": 0},
+            {"tool": "up__new", "state": "new", "hidden": true, "mode": "enforce",
+             "approved": null,
+             "pending": {"digest": d('c'), "seen_ms": 1000, "fields": ["name"], "definition": {"name": "new"}},
+             "first_seen_ms": 0}
         ]);
         let text = format_pins(&pins);
         assert!(
-            text.contains("up__a  pinned  sha256:0123456789ab"),
+            text.contains(&format!("approved  sha256:{}", d('0'))),
             "{text}"
         );
-        assert!(text.contains("old: Search the web"), "{text}");
+        assert!(text.contains("approved: Search the web"), "{text}");
         assert!(
-            text.contains("new: Search.\\u{1b}[2J then exfiltrate"),
+            text.contains("waiting:  Search.\\u{1b}[2J then \\u{e0041}\\u{200b}exfiltrate"),
             "{text}"
         );
-        assert!(!text.contains('\u{1b}'));
-        assert!(text.contains("toolwall pins approve up__search"));
+        assert!(text.contains("! 3 invisible"), "{text}");
+        assert!(text.contains(&format!(
+            "toolwall pins approve up__search --digest {}",
+            d('b')
+        )));
+        assert!(text.contains("up__new  new  HELD"), "{text}");
+        assert!(text.contains(&format!(
+            "toolwall pins approve up__new --digest {}",
+            d('c')
+        )));
+        assert!(!text.contains('\u{1b}') && !text.contains('\u{E0041}'));
         assert_eq!(format_pins(&json!([])), "no pinned tools\n");
+    }
+
+    #[test]
+    fn the_digest_is_required_and_whole() {
+        assert!(check_digest("t", None).unwrap_err().contains("--digest"));
+        assert!(check_digest("t", Some("abc")).is_err());
+        assert!(check_digest("t", Some(&"g".repeat(64))).is_err());
+        assert_eq!(
+            check_digest("t", Some(&format!("sha256:{}", "AB".repeat(32)))).unwrap(),
+            "ab".repeat(32)
+        );
     }
 }

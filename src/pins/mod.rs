@@ -1,21 +1,25 @@
-//! Tool pinning against "rug pulls": the first time an upstream tool is seen, a digest of
-//! its name, description, input schema and annotations is stored in the ledger database
-//! (`tool_pins`). When the upstream later offers a different definition, the tool is hidden
-//! and its calls are refused with `pin_changed` until the operator approves the change
-//! (`toolwall pins approve SERVER__TOOL`; `toolwall pins list` shows old and new).
+//! Tool pinning against "rug pulls": a tool's whole definition (every field an agent or
+//! model sees) is pinned by its SHA-256 digest in the ledger database. A different
+//! definition later is recorded as pending and, under `pin = "enforce"`, the tool is hidden
+//! and its calls refused until the operator approves exactly that digest
+//! (`toolwall pins approve SERVER__TOOL --digest D`). A tool new to an already pinned
+//! server follows `[servers.NAME] new_tools` (held until approved by default).
 //!
-//! - [`digest`]: the pinned fields, canonical JSON, SHA-256 (pure).
-//! - [`store`]: the `tool_pins` table (the gateway's own connection to the ledger file).
-//! - [`gate`]: what the gateway calls on every tools listing of an upstream, on every
-//!   call, and on approval.
-//! - [`cli_output`]: the text of `toolwall pins list`.
+//! - [`digest`]: what is pinned, canonical JSON, SHA-256 (pure).
+//! - [`review`]: what a listed tool means for its pin (pure).
+//! - [`store`]: the pin tables and their own migrations (SQLite).
+//! - [`intake`]: the thread where listings are checked and pinned, off the gateway's loop.
+//! - [`views`], [`cli_output`], [`visible`]: `toolwall pins list` (every invisible or
+//!   look-alike character shown) and `pins approve`.
 
 pub mod cli_output;
 pub mod digest;
-pub mod gate;
+pub mod intake;
+pub mod review;
 pub mod store;
+pub mod views;
+pub mod visible;
 
-pub use gate::{PinGate, PinNote, PinReview};
 pub use store::{PinRecord, PinStore};
 
 use serde::{Deserialize, Serialize};
@@ -31,6 +35,26 @@ pub enum PinMode {
     Warn,
     /// No pinning for this server.
     Off,
+}
+
+/// `[servers.NAME] new_tools`: what happens to a tool a server did not list before, once
+/// that server has been pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NewTools {
+    /// Pinned on first sight and served at once (logged and recorded).
+    Serve,
+    /// Held: not listed, calls refused, until `toolwall pins approve` (logged and recorded).
+    Hold,
+}
+
+impl NewTools {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NewTools::Serve => "serve",
+            NewTools::Hold => "hold",
+        }
+    }
 }
 
 impl PinMode {

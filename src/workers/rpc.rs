@@ -62,6 +62,8 @@ pub enum Op {
     ListResources,
     /// Prompt definitions, as a JSON array.
     ListPrompts,
+    /// Resource templates, as a JSON array (aggregator; others answer an empty one).
+    ListResourceTemplates,
     CallTool,
     /// `resources/read`; `args` holds the request params, `name` the URI.
     ReadResource,

@@ -301,7 +301,9 @@ fn handle(
     };
     let reply = match op {
         Op::ListTools => response_ok(id, tool_list(role), None),
-        Op::ListResources | Op::ListPrompts => response_ok(id, "[]".into(), None),
+        Op::ListResources | Op::ListPrompts | Op::ListResourceTemplates => {
+            response_ok(id, "[]".into(), None)
+        }
         Op::ReadResource | Op::GetPrompt => response_err(
             id,
             "not_found",

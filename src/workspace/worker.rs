@@ -356,7 +356,9 @@ impl Worker {
                 Some(Value::Array(tools::definitions()).to_string()),
                 None,
             )),
-            Op::ListResources | Op::ListPrompts => Some(response(id, Some("[]".into()), None)),
+            Op::ListResources | Op::ListPrompts | Op::ListResourceTemplates => {
+                Some(response(id, Some("[]".into()), None))
+            }
             Op::Configure => Some(response(
                 id,
                 None,

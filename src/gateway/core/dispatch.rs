@@ -191,11 +191,7 @@ impl<R: Recorder> Core<R> {
             "tools/list" => self.list(ctx, Kind::Tools, method, params),
             "resources/list" => self.list(ctx, Kind::Resources, method, params),
             "prompts/list" => self.list(ctx, Kind::Prompts, method, params),
-            "resources/templates/list" => {
-                if self.method_allowed(ctx, method) {
-                    self.answer(ctx, method, "{\"resourceTemplates\":[]}");
-                }
-            }
+            "resources/templates/list" => self.list(ctx, Kind::Templates, method, params),
             _ => {
                 let message = format!("method not found: {method}");
                 self.answer_error(ctx, method, jsonrpc::METHOD_NOT_FOUND, &message, None);

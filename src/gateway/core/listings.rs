@@ -66,10 +66,15 @@ impl<R: Recorder> Core<R> {
 
     /// Listings the gateway asked of its workers and has not had answered.
     pub fn listings_pending(&self) -> usize {
+        let upstream = self
+            .upstreams
+            .as_ref()
+            .map_or(0, UpstreamsState::listings_pending);
         self.calls
             .iter()
             .filter(|(_, c)| matches!(c.purpose, Purpose::Listing { .. }))
             .count()
+            .max(upstream)
     }
 
     /// A worker attested and may get work: ask it what it serves.
@@ -94,29 +99,13 @@ impl<R: Recorder> Core<R> {
         );
     }
 
-    /// List every upstream server again (reload, refresh).
-    pub fn refresh_upstreams(&mut self, now: Instant) {
-        self.now = now;
-        let Some(u) = &self.upstreams else { return };
-        let (worker, servers) = (u.worker, u.servers());
-        if !self.workers[worker].ready {
-            return;
-        }
-        for server in servers {
-            self.list_server(
-                worker,
-                &server,
-                &[Kind::Tools, Kind::Resources, Kind::Prompts],
-            );
-        }
-    }
-
     fn list_server(&mut self, worker: WorkerId, server: &str, kinds: &[Kind]) {
         for kind in kinds {
             let op = match kind {
                 Kind::Tools => Op::ListTools,
                 Kind::Resources => Op::ListResources,
                 Kind::Prompts => Op::ListPrompts,
+                Kind::Templates => Op::ListResourceTemplates,
             };
             let key = self.calls.new_key();
             // The aggregator serves many servers: the request names the one to list.
@@ -138,7 +127,7 @@ impl<R: Recorder> Core<R> {
 
     /// A request the gateway itself makes of a worker (configure, listings, attest): a
     /// call with no agent behind it, under the request timeout.
-    fn internal_request(
+    pub(super) fn internal_request(
         &mut self,
         key: u64,
         worker: WorkerId,
@@ -183,40 +172,12 @@ impl<R: Recorder> Core<R> {
         true
     }
 
-    /// `toolwall pins approve TOOL`: the tool's server is listed again, so it reappears.
-    pub fn approve_pin(&mut self, tool: &str, who: &str, now: Instant) -> Result<String, String> {
-        self.now = now;
-        let Some(u) = self.upstreams.as_mut() else {
-            return Err("no upstream servers are configured".into());
-        };
-        let server = u.approve_pin(tool, who)?;
-        let worker = u.worker;
-        self.event("pin", json!({"what": "approved", "tool": tool, "by": who}));
-        self.log(Level::Info, format!("pin: {tool} approved by {who}"));
-        if self.workers[worker].ready {
-            self.list_server(worker, &server, &[Kind::Tools]);
-        }
-        Ok(format!(
-            "{tool} approved; its server {server} is being listed again"
-        ))
-    }
-
-    /// An event from a worker (an upstream's list_changed, a log line).
+    /// An event from a worker other than the aggregator: recorded.
     pub(super) fn on_worker_event(&mut self, worker: WorkerId, kind: &str, detail: &str) {
         self.event(
             "worker_event",
             json!({"worker": self.workers[worker].name, "kind": kind, "detail": detail}),
         );
-        let relist = self
-            .upstreams
-            .as_mut()
-            .filter(|u| u.is_worker(worker))
-            .and_then(|u| u.on_event(kind, detail));
-        if let Some(r) = relist
-            && self.workers[worker].ready
-        {
-            self.list_server(worker, &r.server, &r.kinds);
-        }
     }
 
     /// A listing came back: the catalog takes it (pins reviewed first), agents are told.
@@ -231,20 +192,6 @@ impl<R: Recorder> Core<R> {
         let items = ok
             .as_deref()
             .and_then(|t| serde_json::from_str::<Vec<Value>>(t).ok());
-        let items = match (items, self.upstreams.as_mut()) {
-            (Some(items), Some(u)) if kind == Kind::Tools && u.is_worker(worker) => {
-                let review = u.review_tools(server, items);
-                for note in &review.notes {
-                    if let Some(line) = note.log_line() {
-                        self.logs.push((Level::Warn, line));
-                    }
-                    let (kind, detail) = note.event();
-                    self.records.stage_event(kind, &detail);
-                }
-                Some(review.visible)
-            }
-            (items, _) => items,
-        };
         let Some(items) = items else {
             let why = error
                 .map(|e| e.message)
@@ -270,10 +217,10 @@ impl<R: Recorder> Core<R> {
         }
     }
 
-    fn broadcast_list_changed(&mut self, kind: Kind) {
+    pub(super) fn broadcast_list_changed(&mut self, kind: Kind) {
         let method = match kind {
             Kind::Tools => "notifications/tools/list_changed",
-            Kind::Resources => "notifications/resources/list_changed",
+            Kind::Resources | Kind::Templates => "notifications/resources/list_changed",
             Kind::Prompts => "notifications/prompts/list_changed",
         };
         let bytes = jsonrpc::notification(method, &json!({}));

@@ -31,6 +31,7 @@ mod pipeline;
 mod recorder;
 #[cfg(test)]
 mod tests;
+mod upstream_listings;
 mod worker_events;
 
 use serde_json::Value;
@@ -367,7 +368,7 @@ impl<R: Recorder> Core<R> {
         let refresh = self
             .upstreams
             .as_ref()
-            .and_then(UpstreamsState::next_refresh);
+            .and_then(UpstreamsState::next_deadline);
         call.into_iter().chain(refresh).min()
     }
 
@@ -376,6 +377,7 @@ impl<R: Recorder> Core<R> {
         if self.upstreams.as_mut().is_some_and(|u| u.refresh_due(now)) {
             self.refresh_upstreams(now);
         }
+        self.upstream_tick(now);
         while let Some(key) = self.calls.pop_expired(now) {
             let Some(call) = self.calls.get(key) else {
                 continue;

@@ -181,7 +181,15 @@ impl<R: Recorder> Core<R> {
         x.params = params;
         let name = x.target.name.clone();
         // Where it goes; a tool hidden by a changed pin is refused before anything else.
-        let entry = self.catalog.get(routed.kind(), &name).cloned();
+        // Resources go by the ownership rule (owned URIs, templates, contested URIs
+        // served by nobody); the reason a URI is not served goes into the error.
+        let (entry, unserved) = match routed {
+            Routed::ReadResource => match self.resource_entry(&name) {
+                Ok(e) => (e, None),
+                Err(why) => (None, Some(why)),
+            },
+            _ => (self.catalog.get(routed.kind(), &name).cloned(), None),
+        };
         match &entry {
             Some(e) => {
                 x.target.worker = e.worker;
@@ -262,7 +270,10 @@ impl<R: Recorder> Core<R> {
             _ if unknown => {
                 let (code, message) = match routed {
                     Routed::CallTool => (jsonrpc::INVALID_PARAMS, format!("unknown tool: {name}")),
-                    Routed::ReadResource => (-32002, format!("resource not found: {name}")),
+                    Routed::ReadResource => match &unserved {
+                        Some(why) => (-32002, format!("resource not served: {why}")),
+                        None => (-32002, format!("resource not found: {name}")),
+                    },
                     Routed::GetPrompt => {
                         (jsonrpc::INVALID_PARAMS, format!("unknown prompt: {name}"))
                     }

@@ -53,7 +53,17 @@ impl<R: Recorder> Core<R> {
                 let Some(call) = self.calls.take(id) else {
                     return;
                 };
+                if let Purpose::Listing { kind, server } = &call.purpose
+                    && self.is_aggregator(worker)
+                {
+                    // Upstream listings go to the intake (pins, budgets, owners).
+                    self.upstream_listing_answered(worker, *kind, server, ok, error, facts);
+                    return;
+                }
                 self.complete(call, ok, error, facts);
+            }
+            rpc::Message::Event { kind, detail } if self.is_aggregator(worker) => {
+                self.on_upstream_event(worker, &kind, &detail, now)
             }
             rpc::Message::Event { kind, detail } => self.on_worker_event(worker, &kind, &detail),
             rpc::Message::Ready { .. } | rpc::Message::Request { .. } => {
@@ -131,6 +141,9 @@ impl<R: Recorder> Core<R> {
                     },
                 };
                 self.refuse(x, call.started, &refusal);
+            }
+            Purpose::Listing { server, kind } if self.is_aggregator(call.worker) => {
+                self.upstream_listing_failed(kind, &server, message);
             }
             Purpose::Listing { server, .. } => {
                 self.log(

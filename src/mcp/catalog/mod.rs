@@ -1,8 +1,25 @@
-//! The merged, namespaced catalog: `server__tool` for tools and prompts; resources keep
-//! their URI and remember which server listed them.
+//! The merged, namespaced catalog: `server__tool` for tools and prompts; resources and
+//! resource templates keep their URI, and who serves a URI several servers list is decided
+//! by [`resource_owners`] (never by who listed first or fastest).
+//!
+//! - [`listing`]: an upstream's listing checked (budget, names) and turned into entries.
+//! - [`claims`]: every server's resources, and the ones agents see.
+//! - [`resource_owners`]: the ownership rule.
+//! - [`templates`]: reading a URI through a resource template.
+//!
+//! Transport-independent and pure: the gateway feeds it listings from any kind of
+//! upstream (HTTP servers through the aggregator worker, local servers).
+
+pub mod claims;
+pub mod listing;
+pub mod resource_owners;
+pub mod templates;
 
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use claims::{ClaimChange, Claims};
+use resource_owners::OwnerRules;
 
 /// Separator between server and tool names. Server names never contain it.
 pub const NAMESPACE_SEP: &str = "__";
@@ -14,9 +31,10 @@ pub const GATEWAY_SERVER: &str = "toolwall";
 /// Which worker serves a server.
 pub type WorkerId = usize;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// Namespaced (`server__name`) for tools and prompts; the URI for resources.
+    /// Namespaced (`server__name`) for tools and prompts; the URI (or URI template) for
+    /// resources and templates.
     pub name: String,
     pub server: String,
     /// The name (or URI) the server itself knows.
@@ -29,6 +47,30 @@ pub struct Entry {
     pub declares_input: bool,
 }
 
+impl Entry {
+    /// The entry for one definition as a server sent it: the namespaced name (tools and
+    /// prompts) or the URI, and the JSON agents see. `None` when it has no usable key.
+    pub fn of(kind: Kind, server: &str, worker: WorkerId, mut item: Value) -> Option<Entry> {
+        let upstream = item.get(kind.key_field())?.as_str()?.to_owned();
+        let name = if kind.namespaced() {
+            let name = format!("{server}{NAMESPACE_SEP}{upstream}");
+            item[kind.key_field()] = Value::String(name.clone());
+            name
+        } else {
+            upstream.clone()
+        };
+        let declares_input = item.pointer("/inputSchema/properties/input").is_some();
+        Some(Entry {
+            name,
+            server: server.to_owned(),
+            upstream,
+            worker,
+            json: item.to_string(),
+            declares_input,
+        })
+    }
+}
+
 #[derive(Debug, Default)]
 struct Section {
     entries: BTreeMap<String, Entry>,
@@ -36,13 +78,8 @@ struct Section {
 
 impl Section {
     fn replace_server(&mut self, server: &str, entries: Vec<Entry>) -> bool {
-        let before: Vec<&String> = self
-            .entries
-            .values()
-            .filter(|e| e.server == server)
-            .map(|e| &e.json)
-            .collect();
-        let changed = before.len() != entries.len()
+        let before = self.entries.values().filter(|e| e.server == server).count();
+        let changed = before != entries.len()
             || entries
                 .iter()
                 .any(|e| self.entries.get(&e.name).map(|old| &old.json) != Some(&e.json));
@@ -55,19 +92,59 @@ impl Section {
 }
 
 /// What a list request asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
     Tools,
     Resources,
     Prompts,
+    /// Resource templates (`resources/templates/list`).
+    Templates,
 }
 
 impl Kind {
+    pub const ALL: [Kind; 4] = [Kind::Tools, Kind::Resources, Kind::Prompts, Kind::Templates];
+
+    /// The key of the list in a list result.
     pub fn list_key(self) -> &'static str {
         match self {
             Kind::Tools => "tools",
             Kind::Resources => "resources",
             Kind::Prompts => "prompts",
+            Kind::Templates => "resourceTemplates",
+        }
+    }
+
+    /// The field of a definition that names it.
+    pub fn key_field(self) -> &'static str {
+        match self {
+            Kind::Tools | Kind::Prompts => "name",
+            Kind::Resources => "uri",
+            Kind::Templates => "uriTemplate",
+        }
+    }
+
+    /// Namespaced as `server__name` (tools, prompts), or kept as it is (URIs).
+    pub fn namespaced(self) -> bool {
+        matches!(self, Kind::Tools | Kind::Prompts)
+    }
+
+    /// A short word for logs, status and config keys.
+    pub fn word(self) -> &'static str {
+        match self {
+            Kind::Tools => "tools",
+            Kind::Resources => "resources",
+            Kind::Prompts => "prompts",
+            Kind::Templates => "resource templates",
+        }
+    }
+
+    pub fn parse(word: &str) -> Option<Kind> {
+        match word {
+            "tools" => Some(Kind::Tools),
+            "resources" => Some(Kind::Resources),
+            "prompts" => Some(Kind::Prompts),
+            "resourceTemplates" | "templates" => Some(Kind::Templates),
+            _ => None,
         }
     }
 }
@@ -75,10 +152,9 @@ impl Kind {
 #[derive(Debug, Default)]
 pub struct Catalog {
     tools: Section,
-    resources: Section,
     prompts: Section,
-    /// Duplicate resource URIs across servers: the first server keeps it; counted here.
-    pub resource_conflicts: HashMap<String, Vec<String>>,
+    resources: Claims,
+    templates: Claims,
 }
 
 /// A server's listing could not be merged.
@@ -86,16 +162,35 @@ pub struct Catalog {
 pub struct CatalogError(pub String);
 
 impl Catalog {
-    fn section(&self, kind: Kind) -> &Section {
+    fn served(&self, kind: Kind) -> &BTreeMap<String, Entry> {
         match kind {
-            Kind::Tools => &self.tools,
-            Kind::Resources => &self.resources,
-            Kind::Prompts => &self.prompts,
+            Kind::Tools => &self.tools.entries,
+            Kind::Prompts => &self.prompts.entries,
+            Kind::Resources => &self.resources.served,
+            Kind::Templates => &self.templates.served,
+        }
+    }
+
+    fn claims_mut(&mut self, kind: Kind) -> Option<&mut Claims> {
+        match kind {
+            Kind::Resources => Some(&mut self.resources),
+            Kind::Templates => Some(&mut self.templates),
+            _ => None,
+        }
+    }
+
+    pub fn claims(&self, kind: Kind) -> Option<&Claims> {
+        match kind {
+            Kind::Resources => Some(&self.resources),
+            Kind::Templates => Some(&self.templates),
+            _ => None,
         }
     }
 
     /// Replace everything `server` offers of `kind` with `items` (definitions as the server
-    /// sent them). Returns whether agents would now see something different.
+    /// sent them): the path of the gateway's own workers (builtin, workspaces), whose
+    /// resources no one else can claim. Returns whether agents would now see something
+    /// different.
     pub fn set(
         &mut self,
         kind: Kind,
@@ -104,70 +199,64 @@ impl Catalog {
         items: Vec<Value>,
     ) -> Result<bool, CatalogError> {
         let mut entries = Vec::with_capacity(items.len());
-        for mut item in items {
-            let key = if kind == Kind::Resources {
-                "uri"
-            } else {
-                "name"
-            };
-            let Some(upstream) = item.get(key).and_then(Value::as_str).map(str::to_owned) else {
+        for item in items {
+            let Some(entry) = Entry::of(kind, server, worker, item) else {
                 return Err(CatalogError(format!(
-                    "server {server}: a {} entry has no {key}",
-                    kind.list_key()
+                    "server {server}: a {} entry has no {}",
+                    kind.list_key(),
+                    kind.key_field()
                 )));
             };
-            let name = match kind {
-                Kind::Resources => {
-                    if let Some(owner) = self
-                        .resources
-                        .entries
-                        .get(&upstream)
-                        .filter(|e| e.server != server)
-                    {
-                        self.resource_conflicts
-                            .entry(upstream.clone())
-                            .or_default()
-                            .push(format!("{} (kept {})", server, owner.server));
-                        continue;
-                    }
-                    upstream.clone()
-                }
-                _ => {
-                    let name = format!("{server}{NAMESPACE_SEP}{upstream}");
-                    item["name"] = Value::String(name.clone());
-                    name
-                }
-            };
-            let json = item.to_string();
-            let declares_input = item.pointer("/inputSchema/properties/input").is_some();
-            entries.push(Entry {
-                name,
-                server: server.to_owned(),
-                upstream,
-                worker,
-                json,
-                declares_input,
-            });
+            entries.push(entry);
         }
         Ok(match kind {
-            Kind::Tools => self.tools.replace_server(server, entries),
-            Kind::Resources => self.resources.replace_server(server, entries),
-            Kind::Prompts => self.prompts.replace_server(server, entries),
+            Kind::Tools | Kind::Prompts => self.replace(kind, server, entries),
+            _ => {
+                self.claim(kind, server, entries, &OwnerRules::default())
+                    .changed
+            }
         })
     }
 
+    /// Replace the tools or prompts of `server` with prepared entries, at once.
+    pub fn replace(&mut self, kind: Kind, server: &str, entries: Vec<Entry>) -> bool {
+        match kind {
+            Kind::Tools => self.tools.replace_server(server, entries),
+            Kind::Prompts => self.prompts.replace_server(server, entries),
+            _ => false,
+        }
+    }
+
+    /// Replace the resources or templates `server` lists with prepared entries, at once;
+    /// who serves each URI follows `rules`.
+    pub fn claim(
+        &mut self,
+        kind: Kind,
+        server: &str,
+        entries: Vec<Entry>,
+        rules: &OwnerRules,
+    ) -> ClaimChange {
+        match self.claims_mut(kind) {
+            Some(c) => c.set(server, entries, rules),
+            None => ClaimChange::default(),
+        }
+    }
+
+    /// Decide every resource and template again (owners changed).
+    pub fn recheck_claims(&mut self, rules: &OwnerRules) -> (ClaimChange, ClaimChange) {
+        (self.resources.recheck(rules), self.templates.recheck(rules))
+    }
+
     pub fn get(&self, kind: Kind, name: &str) -> Option<&Entry> {
-        self.section(kind).entries.get(name)
+        self.served(kind).get(name)
     }
 
     pub fn len(&self, kind: Kind) -> usize {
-        self.section(kind).entries.len()
+        self.served(kind).len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tools.entries.is_empty()
-            && self.resources.entries.is_empty()
-            && self.prompts.entries.is_empty()
+        Kind::ALL.iter().all(|k| self.served(*k).is_empty())
     }
 
     /// One page of a list result, in name order, after `cursor` (the last name of the
@@ -193,8 +282,7 @@ impl Catalog {
         let mut last: Option<&str> = None;
         let mut more = false;
         for entry in self
-            .section(kind)
-            .entries
+            .served(kind)
             .range((start, Bound::Unbounded))
             .map(|(_, e)| e)
         {
@@ -221,9 +309,28 @@ impl Catalog {
         out
     }
 
-    /// Every entry of a kind (for status and policy explain).
+    /// Every entry of a kind agents see (for status and policy explain).
     pub fn entries(&self, kind: Kind) -> impl Iterator<Item = &Entry> {
-        self.section(kind).entries.values()
+        self.served(kind).values()
+    }
+
+    /// Where a `resources/read` of `uri` goes: the server that serves it as a listed
+    /// resource, else the one server whose template matches it; `Err` says why nobody
+    /// may serve it (a conflict, or templates of several servers).
+    pub fn resource_route(&self, uri: &str, rules: &OwnerRules) -> Result<Option<&Entry>, String> {
+        if let Some(e) = self.resources.served.get(uri) {
+            return Ok(Some(e));
+        }
+        if let Some(why) = self.resources.why_not_served(uri) {
+            return Err(why);
+        }
+        // Owned URIs go to their owner only, even through a template.
+        let owner = match rules.owner_of(uri) {
+            Some(Err(why)) => return Err(why),
+            Some(Ok(owner)) => Some(owner),
+            None => None,
+        };
+        templates::route(uri, &self.templates, owner.as_deref())
     }
 }
 

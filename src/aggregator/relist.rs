@@ -1,0 +1,153 @@
+//! When to list an upstream server again. Whatever a server announces (one
+//! `list_changed` or a hundred thousand), each of its lists has at most one listing in
+//! flight (from the request to the worker until the catalog applied the result), and two
+//! listings of one list start at least `[servers] relist_min_interval_ms` apart. Requests
+//! meanwhile are folded into one pending relisting and counted. Pure: the gateway's core
+//! asks it and sends what it says.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::mcp::catalog::Kind;
+
+#[derive(Debug, Default, Clone)]
+struct Slot {
+    in_flight: bool,
+    /// Another listing was asked for while this one could not start.
+    pending: bool,
+    /// The earliest start of the next listing.
+    not_before: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+pub struct RelistSchedule {
+    min_interval: Duration,
+    slots: BTreeMap<(String, Kind), Slot>,
+    /// Requests folded into one already pending or in flight, per server.
+    coalesced: BTreeMap<String, u64>,
+}
+
+impl RelistSchedule {
+    pub fn new(min_interval: Duration) -> RelistSchedule {
+        RelistSchedule {
+            min_interval,
+            ..RelistSchedule::default()
+        }
+    }
+
+    pub fn set_min_interval(&mut self, d: Duration) {
+        self.min_interval = d;
+    }
+
+    /// A listing of `kind` from `server` is wanted. True: start it now (it is then in
+    /// flight); false: it is pending (counted when it joins one already pending).
+    pub fn request(&mut self, server: &str, kind: Kind, now: Instant) -> bool {
+        let slot = self.slots.entry((server.to_owned(), kind)).or_default();
+        let ready = !slot.in_flight && slot.not_before.is_none_or(|t| t <= now);
+        if ready {
+            slot.in_flight = true;
+            slot.pending = false;
+            slot.not_before = Some(now + self.min_interval);
+            return true;
+        }
+        if slot.pending || slot.in_flight {
+            *self.coalesced.entry(server.to_owned()).or_default() += 1;
+        }
+        slot.pending = true;
+        false
+    }
+
+    /// The listing of `kind` from `server` is over (applied, refused or failed).
+    pub fn done(&mut self, server: &str, kind: Kind) {
+        if let Some(slot) = self.slots.get_mut(&(server.to_owned(), kind)) {
+            slot.in_flight = false;
+        }
+    }
+
+    /// Listings to start now: pending, not in flight, interval passed. Each returned one is
+    /// in flight.
+    pub fn due(&mut self, now: Instant) -> Vec<(String, Kind)> {
+        let mut out = Vec::new();
+        for ((server, kind), slot) in self.slots.iter_mut() {
+            if slot.pending && !slot.in_flight && slot.not_before.is_none_or(|t| t <= now) {
+                slot.pending = false;
+                slot.in_flight = true;
+                slot.not_before = Some(now + self.min_interval);
+                out.push((server.clone(), *kind));
+            }
+        }
+        out
+    }
+
+    /// When the next pending listing may start.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.slots
+            .values()
+            .filter(|s| s.pending && !s.in_flight)
+            .filter_map(|s| s.not_before)
+            .min()
+    }
+
+    /// The worker is gone: nothing of it is in flight any more; what was pending stays.
+    pub fn worker_gone(&mut self) {
+        for slot in self.slots.values_mut() {
+            if slot.in_flight {
+                slot.in_flight = false;
+                slot.pending = true;
+            }
+        }
+    }
+
+    /// Listings in flight.
+    pub fn in_flight(&self) -> usize {
+        self.slots.values().filter(|s| s.in_flight).count()
+    }
+
+    /// Requests folded into another, for `server`.
+    pub fn coalesced(&self, server: &str) -> u64 {
+        self.coalesced.get(server).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_in_flight_and_a_minimum_interval() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut s = RelistSchedule::new(ms(100));
+        assert!(s.request("a", Kind::Tools, t0));
+        // A flood while in flight: one pending, the rest counted.
+        for _ in 0..1000 {
+            assert!(!s.request("a", Kind::Tools, t0));
+        }
+        assert_eq!(s.coalesced("a"), 1000);
+        // Other lists and servers are independent.
+        assert!(s.request("a", Kind::Resources, t0));
+        assert!(s.request("b", Kind::Tools, t0));
+        assert!(s.due(t0 + ms(500)).is_empty(), "still in flight");
+        s.done("a", Kind::Tools);
+        assert_eq!(s.next_deadline(), Some(t0 + ms(100)));
+        assert!(s.due(t0 + ms(50)).is_empty(), "not before the interval");
+        assert_eq!(s.due(t0 + ms(100)), vec![("a".to_string(), Kind::Tools)]);
+        assert_eq!(s.in_flight(), 3);
+        s.done("a", Kind::Tools);
+        // Nothing pending: nothing due.
+        assert!(s.due(t0 + ms(1000)).is_empty());
+        // A request right after: waits for the interval.
+        assert!(!s.request("a", Kind::Tools, t0 + ms(150)));
+        assert_eq!(s.due(t0 + ms(200)).len(), 1);
+    }
+
+    #[test]
+    fn worker_gone_keeps_what_was_wanted() {
+        let t0 = Instant::now();
+        let mut s = RelistSchedule::new(Duration::ZERO);
+        assert!(s.request("a", Kind::Tools, t0));
+        s.worker_gone();
+        assert_eq!(s.in_flight(), 0);
+        assert_eq!(s.due(t0).len(), 1);
+    }
+}

@@ -1,0 +1,189 @@
+//! The core's side of upstream listings: when to list a server (through the relisting
+//! schedule: one listing in flight per list, a minimum interval, floods folded and
+//! counted), handing each listing to the intake thread, applying what comes back to the
+//! catalog at once, and telling agents. Everything that decides lives in
+//! `aggregator::gateway_state` and the modules it uses; this file only connects it to the
+//! call table, the ledger staging and the agents' notifications.
+
+use serde_json::json;
+use std::time::Instant;
+
+use super::calls::Purpose;
+use super::{Core, Recorder};
+use crate::aggregator::config::ServersConfig;
+use crate::aggregator::gateway_state::Applied;
+use crate::log::Level;
+use crate::mcp::catalog::{Entry, Kind, WorkerId};
+use crate::workers::rpc;
+
+impl<R: Recorder> Core<R> {
+    /// List every list of every upstream server again (start, reload, refresh, worker
+    /// back), through the schedule.
+    pub fn refresh_upstreams(&mut self, now: Instant) {
+        self.now = now;
+        let Some(u) = &self.upstreams else { return };
+        let (worker, servers) = (u.worker, u.servers());
+        if !self.workers[worker].ready {
+            return;
+        }
+        for server in servers {
+            for kind in Kind::ALL {
+                self.want_listing(&server, kind, now);
+            }
+        }
+    }
+
+    /// A listing is wanted: started now, or left pending (and counted) by the schedule.
+    fn want_listing(&mut self, server: &str, kind: Kind, now: Instant) {
+        let Some(u) = self.upstreams.as_mut() else {
+            return;
+        };
+        if !self.workers[u.worker].ready {
+            return;
+        }
+        if u.want(server, kind, now) {
+            self.send_listing(server, kind, now);
+        }
+    }
+
+    fn send_listing(&mut self, server: &str, kind: Kind, now: Instant) {
+        self.now = now;
+        let key = self.calls.new_key();
+        let Some(u) = &self.upstreams else { return };
+        let worker = u.worker;
+        let msg = u.listing_request(key, server, kind);
+        let listing = Purpose::Listing {
+            kind,
+            server: server.to_owned(),
+        };
+        self.internal_request(key, worker, listing, msg);
+    }
+
+    /// The aggregator answered a listing: off to the intake, or over (logged).
+    pub(super) fn upstream_listing_answered(
+        &mut self,
+        worker: WorkerId,
+        kind: Kind,
+        server: &str,
+        ok: Option<String>,
+        error: Option<rpc::RpcError>,
+        facts: Option<String>,
+    ) {
+        let Some(u) = self.upstreams.as_mut() else {
+            return;
+        };
+        let error = error.map(|e| format!("{}: {}", e.kind, e.message));
+        if let Err(applied) = u.listing_answered(server, kind, worker, ok, error, facts.as_deref())
+        {
+            self.carry_out(applied);
+        }
+    }
+
+    /// A listing call ended without an answer (timeout, worker gone).
+    pub(super) fn upstream_listing_failed(&mut self, kind: Kind, server: &str, why: &str) {
+        if let Some(u) = self.upstreams.as_mut() {
+            let applied = u.listing_failed(server, kind, why);
+            self.carry_out(applied);
+        }
+    }
+
+    /// Every loop turn: apply what the intake reviewed, start relistings whose turn came.
+    pub(super) fn upstream_tick(&mut self, now: Instant) {
+        let Some(u) = self.upstreams.as_mut() else {
+            return;
+        };
+        let applied = u.take_reviewed(&mut self.catalog, now);
+        let due = if self.workers[u.worker].ready {
+            u.due(now)
+        } else {
+            Vec::new()
+        };
+        self.carry_out(applied);
+        for (server, kind) in due {
+            self.send_listing(&server, kind, now);
+        }
+    }
+
+    /// An event of the aggregator: state changes are recorded; `list_changed` is counted
+    /// and folded into the schedule, never recorded or logged one by one.
+    pub(super) fn on_upstream_event(
+        &mut self,
+        worker: WorkerId,
+        kind: &str,
+        detail: &str,
+        now: Instant,
+    ) {
+        if kind != "list_changed" {
+            self.event(
+                "worker_event",
+                json!({"worker": self.workers[worker].name, "kind": kind, "detail": detail}),
+            );
+        }
+        let Some(u) = self.upstreams.as_mut() else {
+            return;
+        };
+        let Some(relist) = u.on_event(kind, detail) else {
+            return;
+        };
+        for kind in relist.kinds {
+            self.want_listing(&relist.server, kind, now);
+            // Templates live under the resources capability: they change with them.
+            if kind == Kind::Resources {
+                self.want_listing(&relist.server, Kind::Templates, now);
+            }
+        }
+    }
+
+    /// A reload kept the servers: new pin modes, budgets, `new_tools`, owners apply now.
+    pub fn reconfigure_upstreams(&mut self, servers: &ServersConfig, now: Instant) {
+        let Some(u) = self.upstreams.as_mut() else {
+            return;
+        };
+        u.reconfigure(servers, now);
+        let applied = u.recheck_owners(&mut self.catalog);
+        self.carry_out(applied);
+    }
+
+    /// `toolwall pins approve TOOL --digest D`: exactly that definition is approved, the
+    /// tool's server is listed again, and the answer says what was approved.
+    pub fn approve_pin(
+        &mut self,
+        tool: &str,
+        digest: &str,
+        who: &str,
+        now: Instant,
+    ) -> Result<String, String> {
+        self.now = now;
+        let Some(u) = self.upstreams.as_mut() else {
+            return Err("no upstream servers are configured".into());
+        };
+        let (server, what) = u.approve_pin(tool, digest, who)?;
+        self.event(
+            "pin",
+            json!({"what": "approved", "tool": tool, "digest": digest, "by": who}),
+        );
+        self.log(Level::Info, format!("pin: {what}, by {who}"));
+        self.want_listing(&server, Kind::Tools, now);
+        Ok(format!("{what}; server {server} is being listed again"))
+    }
+
+    /// Where a `resources/read` of `uri` goes; `Err` says why nobody serves it.
+    pub(super) fn resource_entry(&self, uri: &str) -> Result<Option<Entry>, String> {
+        match &self.upstreams {
+            Some(u) => u.resource_route(&self.catalog, uri).map(|e| e.cloned()),
+            None => Ok(self.catalog.get(Kind::Resources, uri).cloned()),
+        }
+    }
+
+    fn carry_out(&mut self, applied: Applied) {
+        for (warn, line) in applied.logs {
+            self.log(if warn { Level::Warn } else { Level::Info }, line);
+        }
+        for (kind, detail) in applied.events {
+            self.event(kind, detail);
+        }
+        for kind in applied.changed {
+            self.broadcast_list_changed(kind);
+        }
+    }
+}

@@ -1,0 +1,815 @@
+//! The listing intake: a thread of the gateway process where every listing of an upstream
+//! server is checked, pinned and turned into catalog entries, so the gateway's loop never
+//! parses a listing or writes a pin. The loop hands over the listing's text
+//! ([`Intake::submit`]) and later takes the result ([`Intake::poll`]; the thread wakes the
+//! loop), which it applies to the catalog at once: agents see the whole listing or none of
+//! it.
+//!
+//! Pins are written in transactions of at most [`CHUNK`] tools, each reading the rows it
+//! writes over, so an approval made meanwhile is never overwritten and the ledger's
+//! per-turn commit (same database file, one writer at a time) waits at most one chunk.
+//! Memory: the jobs queued are bounded by the caller (one listing per server and kind in
+//! flight), each is one listing within its budget.
+
+use mio::Waker;
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, channel, sync_channel};
+use std::thread::JoinHandle;
+
+use super::digest::{pinned, pinned_v1};
+use super::review::{self, Note, Outcome, ReviewCtx, SAMPLE, Write};
+use super::store::{PinStore, ServerRecord};
+use super::{NewTools, PinMode};
+use crate::aggregator::budget::ListingBudget;
+use crate::aggregator::error::quote_upstream;
+use crate::mcp::catalog::listing::{self, Refusal};
+use crate::mcp::catalog::{Entry, Kind, NAMESPACE_SEP, WorkerId};
+
+/// Tools reviewed per pin transaction.
+pub const CHUNK: usize = 256;
+/// Tools named one log line each, per kind and listing (more are summed up in one line).
+pub const LOG_EACH: usize = 3;
+/// URIs remembered per owner transaction.
+pub const OWNER_CHUNK: usize = 512;
+
+/// What the intake must know of a server to review its tools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerRules {
+    pub server: String,
+    /// Where it is reached (URL, or command line of a local server): a renamed server is
+    /// recognised by it.
+    pub origin: String,
+    pub mode: PinMode,
+    pub new_tools: NewTools,
+    pub renamed_from: Option<String>,
+    /// Every configured server (a server that looks renamed from one still configured is
+    /// not a rename).
+    pub configured: Vec<String>,
+    pub retention_ms: i64,
+    /// Most pins of tools no longer listed kept per server (its `max_tools`).
+    pub absent_cap: usize,
+}
+
+pub struct ListingJob {
+    pub server: String,
+    pub kind: Kind,
+    pub worker: WorkerId,
+    /// The listing: a JSON array of definitions as the server sent them.
+    pub text: String,
+    pub budget: ListingBudget,
+    pub rules: Arc<ServerRules>,
+    pub now_ms: i64,
+}
+
+pub enum Job {
+    Listing(Box<ListingJob>),
+    /// Remember `server` as the owner of `uris` (or refresh them), and forget its owners not
+    /// seen since `prune_before_ms`.
+    Owners {
+        server: String,
+        uris: Vec<String>,
+        prune_before_ms: i64,
+        now_ms: i64,
+    },
+}
+
+/// Counted, with the first few named.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Sample {
+    pub count: usize,
+    pub names: Vec<String>,
+}
+
+impl Sample {
+    fn add(&mut self, name: String) {
+        self.count += 1;
+        if self.names.len() < SAMPLE {
+            self.names.push(name);
+        }
+    }
+}
+
+/// One change, as the summary names it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ChangeNote {
+    pub tool: String,
+    pub approved_digest: String,
+    pub seen_digest: String,
+    pub fields: Vec<String>,
+    pub hidden: bool,
+}
+
+/// What the review of one tools listing did, bounded whatever the listing (the `pin`
+/// event of the ledger and the log lines are made of it).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ReviewSummary {
+    pub server: String,
+    pub listed: usize,
+    pub hidden: usize,
+    pub first_sight: usize,
+    pub new_served: Sample,
+    pub new_held: Sample,
+    pub changed: Vec<ChangeNote>,
+    pub changed_count: usize,
+    pub reverted: usize,
+    pub upgraded: usize,
+    pub pruned: Sample,
+    pub dropped_held: usize,
+    /// `renamed_from`: the old name and how many pins moved.
+    pub renamed_from: Option<(String, usize)>,
+    /// Servers no longer configured that were reached at this server's origin.
+    pub looks_renamed_from: Vec<String>,
+    pub store_error: Option<String>,
+}
+
+impl ReviewSummary {
+    /// Worth an event: something happened beyond serving what was approved.
+    pub fn eventful(&self) -> bool {
+        self.first_sight > 0
+            || self.new_served.count > 0
+            || self.new_held.count > 0
+            || self.changed_count > 0
+            || self.reverted > 0
+            || self.upgraded > 0
+            || self.pruned.count > 0
+            || self.dropped_held > 0
+            || self.renamed_from.is_some()
+            || !self.looks_renamed_from.is_empty()
+            || self.store_error.is_some()
+    }
+
+    /// The `events` row (kind `pin`).
+    pub fn event(&self) -> Value {
+        let mut v = json!(self);
+        v["what"] = json!("listing");
+        v
+    }
+
+    /// The log lines an operator must see: bounded (at most [`SAMPLE`] per kind).
+    pub fn log_lines(&self) -> Vec<(bool, String)> {
+        let s = &self.server;
+        let mut out = Vec::new();
+        if let Some((from, moved)) = &self.renamed_from {
+            out.push((false, format!(
+                "pin: server {s}: {moved} pins of server {from} now belong to it (renamed_from = \"{from}\")"
+            )));
+        }
+        if !self.looks_renamed_from.is_empty() {
+            let from = self.looks_renamed_from.join(", ");
+            out.push((true, format!(
+                "pin: server {s} is reached where server {from} was, which is no longer configured: its tools are held as new until approved; if it is {from} renamed, set [servers.{s}] renamed_from = \"{}\"",
+                self.looks_renamed_from[0]
+            )));
+        }
+        if self.first_sight > 0 {
+            out.push((
+                false,
+                format!(
+                    "pin: server {s}: {} tools pinned on first sight",
+                    self.first_sight
+                ),
+            ));
+        }
+        // One line per tool only for a few; beyond that one line per kind, so a listing
+        // logs a handful of lines whatever it holds.
+        let one_by_one = |count: usize| count <= LOG_EACH;
+        let names = |sample: &Sample| {
+            let shown: Vec<&str> = sample
+                .names
+                .iter()
+                .take(LOG_EACH)
+                .map(|e| e.split_once(" sha256:").map_or(e.as_str(), |(n, _)| n))
+                .collect();
+            let more = if sample.count > shown.len() {
+                ", …"
+            } else {
+                ""
+            };
+            format!("{}{more}", shown.join(", "))
+        };
+        if one_by_one(self.new_held.count) {
+            for entry in &self.new_held.names {
+                let (name, digest) = entry.split_once(" sha256:").unwrap_or((entry, ""));
+                out.push((true, format!(
+                    "pin: {name} is new; held until `toolwall pins approve {name} --digest {digest}` (see `toolwall pins list`)"
+                )));
+            }
+        } else {
+            out.push((true, format!(
+                "pin: server {s}: {} new tools held until approved ({}); see `toolwall pins list`",
+                self.new_held.count,
+                names(&self.new_held)
+            )));
+        }
+        if one_by_one(self.new_served.count) {
+            for entry in &self.new_served.names {
+                let (name, digest) = entry.split_once(" sha256:").unwrap_or((entry, ""));
+                out.push((
+                    true,
+                    format!(
+                        "pin: {name} is new; served at once (new_tools = \"serve\"), pinned as sha256:{digest}"
+                    ),
+                ));
+            }
+        } else {
+            out.push((
+                true,
+                format!(
+                    "pin: server {s}: {} new tools served at once (new_tools = \"serve\"): {}",
+                    self.new_served.count,
+                    names(&self.new_served)
+                ),
+            ));
+        }
+        if one_by_one(self.changed_count) {
+            for c in &self.changed {
+                let tail = if c.hidden {
+                    format!(
+                        "hidden and refused until `toolwall pins approve {} --digest {}`",
+                        c.tool, c.seen_digest
+                    )
+                } else {
+                    "still served (pin = \"warn\"); see `toolwall pins list`".into()
+                };
+                out.push((
+                    true,
+                    format!("pin: {} changed ({}); {tail}", c.tool, c.fields.join(", ")),
+                ));
+            }
+        } else {
+            let shown: Vec<&str> = self
+                .changed
+                .iter()
+                .take(LOG_EACH)
+                .map(|c| c.tool.as_str())
+                .collect();
+            out.push((
+                true,
+                format!(
+                    "pin: server {s}: {} tools changed ({}, …); see `toolwall pins list`",
+                    self.changed_count,
+                    shown.join(", ")
+                ),
+            ));
+        }
+        if self.pruned.count > 0 {
+            out.push((
+                false,
+                format!(
+                    "pin: server {s}: {} pins of tools no longer listed pruned ({})",
+                    self.pruned.count,
+                    self.pruned.names.join(", ")
+                ),
+            ));
+        }
+        if let Some(e) = &self.store_error {
+            out.push((true, format!("pin: server {s}: the pin store failed: {e}")));
+        }
+        out
+    }
+}
+
+/// A listing, ready for the catalog.
+#[derive(Debug, Default)]
+pub struct Reviewed {
+    /// What agents may see (tools: only those served).
+    pub entries: Vec<Entry>,
+    /// Tools hidden, with the message their calls are refused with.
+    pub hidden: Vec<(String, String)>,
+    /// Tools listings of pinned servers.
+    pub summary: Option<ReviewSummary>,
+}
+
+pub enum Done {
+    Listing {
+        server: String,
+        kind: Kind,
+        outcome: Box<Result<Reviewed, Refusal>>,
+    },
+    Owners {
+        server: String,
+        pruned: Vec<String>,
+        error: Option<String>,
+    },
+}
+
+/// The handle the gateway keeps.
+pub struct Intake {
+    jobs: Option<SyncSender<Job>>,
+    done: Receiver<Done>,
+    thread: Option<JoinHandle<()>>,
+    in_flight: usize,
+}
+
+impl Intake {
+    /// Start the thread. `capacity`: jobs queued at most (the caller keeps fewer in flight).
+    pub fn start(ledger_path: &Path, waker: Arc<Waker>, capacity: usize) -> Intake {
+        let (jobs, rx) = sync_channel::<Job>(capacity.max(1));
+        let (tx, done) = channel::<Done>();
+        let path = ledger_path.to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("listing-intake".into())
+            .spawn(move || run(path, rx, tx, waker))
+            .map_err(|e| crate::error!("pins: cannot start the listing intake thread: {e}"))
+            .ok();
+        Intake {
+            jobs: thread.as_ref().map(|_| jobs),
+            done,
+            thread,
+            in_flight: 0,
+        }
+    }
+
+    /// Hand a job over; `Err` gives it back when the thread is gone or the queue is full.
+    pub fn submit(&mut self, job: Job) -> Result<(), Job> {
+        let Some(jobs) = &self.jobs else {
+            return Err(job);
+        };
+        match jobs.try_send(job) {
+            Ok(()) => {
+                self.in_flight += 1;
+                Ok(())
+            }
+            Err(TrySendError::Full(j)) | Err(TrySendError::Disconnected(j)) => Err(j),
+        }
+    }
+
+    /// Results ready now.
+    pub fn poll(&mut self) -> Vec<Done> {
+        let mut out = Vec::new();
+        while let Ok(d) = self.done.try_recv() {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            out.push(d);
+        }
+        out
+    }
+
+    /// Jobs handed over and not yet taken back.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+impl Drop for Intake {
+    fn drop(&mut self) {
+        // The thread finishes what is queued (pins and owners reach the disk), then ends.
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(path: PathBuf, jobs: Receiver<Job>, done: std::sync::mpsc::Sender<Done>, waker: Arc<Waker>) {
+    let mut store = match PinStore::open(&path) {
+        Ok(s) => {
+            if let Err(e) = s.relaxed_sync() {
+                crate::warn!("{e}");
+            }
+            Some(s)
+        }
+        Err(e) => {
+            crate::error!("{e}; tools of servers under pin = \"enforce\" stay hidden");
+            None
+        }
+    };
+    while let Ok(job) = jobs.recv() {
+        let result = match job {
+            Job::Listing(j) => Done::Listing {
+                server: j.server.clone(),
+                kind: j.kind,
+                outcome: Box::new(process(store.as_mut(), &j)),
+            },
+            Job::Owners {
+                server,
+                uris,
+                prune_before_ms,
+                now_ms,
+            } => {
+                let (pruned, error) =
+                    owners(store.as_mut(), &server, &uris, prune_before_ms, now_ms);
+                Done::Owners {
+                    server,
+                    pruned,
+                    error,
+                }
+            }
+        };
+        if done.send(result).is_err() {
+            return;
+        }
+        let _ = waker.wake();
+    }
+}
+
+fn owners(
+    store: Option<&mut PinStore>,
+    server: &str,
+    uris: &[String],
+    prune_before_ms: i64,
+    now_ms: i64,
+) -> (Vec<String>, Option<String>) {
+    let Some(store) = store else {
+        return (Vec::new(), Some("the pin store is not open".into()));
+    };
+    for chunk in uris.chunks(OWNER_CHUNK) {
+        if let Err(e) = store.write(|t| {
+            for uri in chunk {
+                t.own(uri, server, now_ms)?;
+            }
+            Ok(())
+        }) {
+            return (Vec::new(), Some(e));
+        }
+    }
+    match store.write(|t| t.prune_owners(server, prune_before_ms)) {
+        Ok(p) => (p, None),
+        Err(e) => (Vec::new(), Some(e)),
+    }
+}
+
+/// Check, pin and prepare one listing.
+pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewed, Refusal> {
+    let items = listing::check(&job.server, job.kind, &job.text, &job.budget)?;
+    if job.kind != Kind::Tools || job.rules.mode == PinMode::Off {
+        let entries = items
+            .into_iter()
+            .filter_map(|raw| Entry::of(job.kind, &job.server, job.worker, listing::parse(raw)))
+            .collect();
+        return Ok(Reviewed {
+            entries,
+            ..Reviewed::default()
+        });
+    }
+    Ok(review_tools(store, job, items))
+}
+
+fn review_tools(
+    store: Option<&mut PinStore>,
+    job: &ListingJob,
+    items: Vec<&serde_json::value::RawValue>,
+) -> Reviewed {
+    let rules = &job.rules;
+    let server = job.server.as_str();
+    let now = job.now_ms;
+    let mut out = Reviewed::default();
+    let mut summary = ReviewSummary {
+        server: server.to_owned(),
+        listed: items.len(),
+        ..ReviewSummary::default()
+    };
+    let enforce = rules.mode == PinMode::Enforce;
+    let Some(store) = store else {
+        // Fail closed: nothing unpinned is served under enforce.
+        summary.store_error = Some("the pin store is not open".into());
+        for raw in items {
+            push_unreviewed(
+                &mut out,
+                job,
+                listing::parse(raw),
+                enforce,
+                "the pin store is not open",
+            );
+        }
+        summary.hidden = out.hidden.len();
+        out.summary = Some(summary);
+        return out;
+    };
+
+    // The server: seen before, renamed (declared or not), or brand new.
+    let server_state = store.write(|t| {
+        if let Some(mut known) = t.server(server)? {
+            if known.origin.is_empty() && !rules.origin.is_empty() {
+                known.origin = rules.origin.clone();
+                t.put_server(&known)?;
+            }
+            return Ok((false, false, None, Vec::new()));
+        }
+        if let Some(from) = &rules.renamed_from
+            && t.server(from)?.is_some()
+        {
+            let moved = t.move_server(from, server)?;
+            return Ok((false, false, Some((from.clone(), moved)), Vec::new()));
+        }
+        let looks: Vec<String> = t
+            .servers_from(&rules.origin, server)?
+            .into_iter()
+            .filter(|s| !rules.configured.contains(s))
+            .collect();
+        Ok((looks.is_empty(), !looks.is_empty(), None, looks))
+    });
+    let (first_sight, force_hold) = match server_state {
+        Ok((first, force, renamed, looks)) => {
+            summary.renamed_from = renamed;
+            summary.looks_renamed_from = looks;
+            (first, force)
+        }
+        Err(e) => {
+            summary.store_error = Some(e);
+            (false, true)
+        }
+    };
+    let ctx = ReviewCtx {
+        server: server.to_owned(),
+        mode: rules.mode,
+        new_tools: rules.new_tools,
+        first_sight,
+        force_hold,
+        now_ms: now,
+        touch_after_ms: (rules.retention_ms / 4).clamp(1, 3_600_000),
+    };
+
+    let mut listed: HashSet<String> = HashSet::with_capacity(items.len());
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        let chunk: Vec<Value> = items.by_ref().take(CHUNK).map(listing::parse).collect();
+        let prepared: Vec<(String, Value, super::digest::Pinned)> = chunk
+            .into_iter()
+            .filter_map(|item| {
+                let bare = item.get("name")?.as_str()?.to_owned();
+                let p = pinned(&item);
+                Some((format!("{server}{NAMESPACE_SEP}{bare}"), item, p))
+            })
+            .collect();
+        let reviews = store.write(|t| {
+            let mut reviews = Vec::with_capacity(prepared.len());
+            for (name, item, p) in &prepared {
+                let row = t.get(name)?;
+                let r = review::review_tool(&ctx, name, row.as_ref(), p, || pinned_v1(item).digest);
+                match &r.write {
+                    Some(Write::Put(rec)) => t.put(rec)?,
+                    Some(Write::Touch) => t.touch(name, now)?,
+                    None => {}
+                }
+                reviews.push(r);
+            }
+            Ok(reviews)
+        });
+        match reviews {
+            Ok(reviews) => {
+                for ((name, item, _), r) in prepared.into_iter().zip(reviews) {
+                    note(&mut summary, &name, r.note);
+                    match r.outcome {
+                        Outcome::Serve => {
+                            if let Some(e) = Entry::of(Kind::Tools, server, job.worker, item) {
+                                out.entries.push(e);
+                            }
+                        }
+                        Outcome::Hide(why) => out.hidden.push((name.clone(), why)),
+                    }
+                    listed.insert(name);
+                }
+            }
+            Err(e) => {
+                for (name, item, _) in prepared {
+                    push_unreviewed(&mut out, job, item, enforce, &e);
+                    listed.insert(name);
+                }
+                summary.store_error = Some(e);
+            }
+        }
+    }
+
+    // Tools no longer listed, and the server's record once everything above is written.
+    let write_record = first_sight && summary.store_error.is_none();
+    let tail = store.write(|t| {
+        let absent: Vec<_> = t
+            .summaries(server)?
+            .into_iter()
+            .filter(|p| !listed.contains(&p.tool))
+            .collect();
+        let decided = review::absent(absent, now, rules.retention_ms, rules.absent_cap);
+        for tool in decided.drop_held.iter().chain(&decided.prune) {
+            t.delete(tool)?;
+        }
+        if write_record {
+            t.put_server(&ServerRecord {
+                server: server.to_owned(),
+                origin: rules.origin.clone(),
+                first_listed_ms: now,
+            })?;
+        }
+        Ok(decided)
+    });
+    match tail {
+        Ok(decided) => {
+            summary.dropped_held = decided.drop_held.len();
+            for p in decided.prune {
+                summary.pruned.add(p);
+            }
+        }
+        Err(e) => summary.store_error = Some(e),
+    }
+    summary.hidden = out.hidden.len();
+    out.summary = Some(summary);
+    out
+}
+
+fn push_unreviewed(out: &mut Reviewed, job: &ListingJob, item: Value, enforce: bool, why: &str) {
+    let Some(bare) = item.get("name").and_then(Value::as_str) else {
+        return;
+    };
+    let name = format!("{}{NAMESPACE_SEP}{bare}", job.server);
+    if enforce {
+        out.hidden.push((
+            name.clone(),
+            format!("{name} cannot be checked against its pin ({why}), so it is not served"),
+        ));
+    } else if let Some(e) = Entry::of(Kind::Tools, &job.server, job.worker, item) {
+        out.entries.push(e);
+    }
+}
+
+fn note(summary: &mut ReviewSummary, name: &str, note: Option<Note>) {
+    let Some(note) = note else { return };
+    match note {
+        Note::FirstSight => summary.first_sight += 1,
+        Note::NewServed { digest } => summary.new_served.add(format!("{name} sha256:{digest}")),
+        Note::NewHeld { digest } => summary.new_held.add(format!("{name} sha256:{digest}")),
+        Note::Changed {
+            approved,
+            seen,
+            fields,
+            enforced,
+        } => {
+            summary.changed_count += 1;
+            if summary.changed.len() < SAMPLE {
+                // Field names are the upstream's: bounded and escaped before they reach a
+                // log line or a ledger row.
+                let mut shown: Vec<String> = fields
+                    .iter()
+                    .take(SAMPLE)
+                    .map(|f| quote_upstream(f, 100))
+                    .collect();
+                if fields.len() > SAMPLE {
+                    shown.push(format!("{} more fields", fields.len() - SAMPLE));
+                }
+                summary.changed.push(ChangeNote {
+                    tool: name.to_owned(),
+                    approved_digest: approved,
+                    seen_digest: seen,
+                    fields: shown,
+                    hidden: enforced,
+                });
+            }
+        }
+        Note::Reverted => summary.reverted += 1,
+        Note::Upgraded => summary.upgraded += 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Ledger, LedgerConfig};
+
+    fn setup() -> (tempfile::TempDir, PinStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        drop(
+            Ledger::open(&LedgerConfig {
+                path: path.clone(),
+                ..LedgerConfig::default()
+            })
+            .unwrap(),
+        );
+        let store = PinStore::open(&path).unwrap();
+        (dir, store)
+    }
+
+    fn rules(server: &str, new_tools: NewTools) -> Arc<ServerRules> {
+        Arc::new(ServerRules {
+            server: server.into(),
+            origin: "http://127.0.0.1:1/mcp".into(),
+            mode: PinMode::Enforce,
+            new_tools,
+            renamed_from: None,
+            configured: vec![server.into()],
+            retention_ms: 1_000_000,
+            absent_cap: 100,
+        })
+    }
+
+    fn job(server: &str, tools: &[Value], rules: Arc<ServerRules>, now_ms: i64) -> ListingJob {
+        ListingJob {
+            server: server.into(),
+            kind: Kind::Tools,
+            worker: 1,
+            text: Value::Array(tools.to_vec()).to_string(),
+            budget: ListingBudget::plain(1000, 1 << 20, 10),
+            rules,
+            now_ms,
+        }
+    }
+
+    fn t(name: &str, desc: &str) -> Value {
+        json!({"name": name, "description": desc})
+    }
+
+    fn served(r: &Reviewed) -> Vec<&str> {
+        r.entries.iter().map(|e| e.name.as_str()).collect()
+    }
+
+    #[test]
+    fn first_sight_then_new_tools_held_then_dropped_when_gone() {
+        let (_d, mut store) = setup();
+        let r = rules("up", NewTools::Hold);
+        let first = process(
+            Some(&mut store),
+            &job("up", &[t("a", "x"), t("b", "y")], r.clone(), 1),
+        )
+        .unwrap();
+        assert_eq!(served(&first), vec!["up__a", "up__b"]);
+        let s = first.summary.unwrap();
+        assert_eq!(s.first_sight, 2);
+        assert_eq!(s.log_lines().len(), 1);
+        let second = process(
+            Some(&mut store),
+            &job("up", &[t("a", "x"), t("b", "y"), t("c", "z")], r.clone(), 2),
+        )
+        .unwrap();
+        assert_eq!(served(&second), vec!["up__a", "up__b"]);
+        assert_eq!(second.hidden[0].0, "up__c");
+        assert_eq!(second.summary.as_ref().unwrap().new_held.count, 1);
+        // Rotated away: the held one is dropped, the approved ones stay.
+        let third = process(Some(&mut store), &job("up", &[t("a", "x")], r, 3)).unwrap();
+        assert_eq!(third.summary.as_ref().unwrap().dropped_held, 1);
+        let all: Vec<String> = store
+            .load_all()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.tool)
+            .collect();
+        assert_eq!(all, vec!["up__a", "up__b"]);
+    }
+
+    #[test]
+    fn a_large_listing_is_written_in_chunks_and_a_relisting_writes_nothing() {
+        let (_d, mut store) = setup();
+        let r = rules("big", NewTools::Hold);
+        let tools: Vec<Value> = (0..(CHUNK * 3 + 7))
+            .map(|i| t(&format!("t{i}"), "d"))
+            .collect();
+        let first = process(Some(&mut store), &job("big", &tools, r.clone(), 1)).unwrap();
+        assert_eq!(first.entries.len(), tools.len());
+        assert_eq!(store.load_all().unwrap().len(), tools.len());
+        let again = process(Some(&mut store), &job("big", &tools, r, 2)).unwrap();
+        assert!(!again.summary.unwrap().eventful());
+    }
+
+    #[test]
+    fn a_rename_is_held_unless_declared() {
+        let (_d, mut store) = setup();
+        let old = rules("old", NewTools::Hold);
+        process(Some(&mut store), &job("old", &[t("a", "x")], old, 1)).unwrap();
+        // Same origin, new name, the old one no longer configured.
+        let r = rules("new", NewTools::Serve);
+        let held = process(Some(&mut store), &job("new", &[t("a", "x")], r.clone(), 2)).unwrap();
+        assert!(held.entries.is_empty());
+        assert_eq!(
+            held.summary.as_ref().unwrap().looks_renamed_from,
+            vec!["old".to_string()]
+        );
+        // Still held the next time (nothing was recorded as trusted).
+        let again = process(Some(&mut store), &job("new", &[t("a", "x")], r, 3)).unwrap();
+        assert!(again.entries.is_empty());
+        // Declared: the pins follow.
+        let mut declared = (*rules("new", NewTools::Hold)).clone();
+        declared.renamed_from = Some("old".into());
+        let moved = process(
+            Some(&mut store),
+            &job("new", &[t("a", "x")], Arc::new(declared), 4),
+        )
+        .unwrap();
+        assert_eq!(served(&moved), vec!["new__a"]);
+        assert_eq!(moved.summary.unwrap().renamed_from, Some(("old".into(), 1)));
+    }
+
+    #[test]
+    fn without_a_store_enforced_tools_stay_hidden() {
+        let r = rules("up", NewTools::Hold);
+        let out = process(None, &job("up", &[t("a", "x")], r, 1)).unwrap();
+        assert!(out.entries.is_empty());
+        assert_eq!(out.hidden.len(), 1);
+    }
+
+    #[test]
+    fn over_budget_is_refused_before_any_pin_is_written() {
+        let (_d, mut store) = setup();
+        let mut j = job(
+            "up",
+            &[t("a", "x"), t("b", "y")],
+            rules("up", NewTools::Hold),
+            1,
+        );
+        j.budget = ListingBudget::plain(1, 1 << 20, 10);
+        assert_eq!(
+            process(Some(&mut store), &j).unwrap_err().code,
+            "over_budget"
+        );
+        assert!(store.load_all().unwrap().is_empty());
+    }
+}
