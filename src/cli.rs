@@ -51,7 +51,8 @@ Options:
   -h, --help                 This help
   -V, --version              Version
 
-Internal: `toolwall worker ROLE` is started by the gateway only.
+Internal: `toolwall worker ROLE` and `toolwall agent-launcher` are started by the gateway
+only.
 ";
 
 /// Run the command line; returns the exit code.
@@ -125,6 +126,8 @@ fn run() -> Result<i32, String> {
             let role = role.parse().map_err(|e: String| e)?;
             Ok(crate::workers::worker_main::run(role))
         }
+        // Internal: the gateway starts it (agent programs' user switch).
+        ["agent-launcher"] => Ok(crate::launcher::server::run()),
         ["serve"] => serve(config_path, Mode::Serve),
         ["stdio"] => serve(config_path, Mode::Stdio),
         ["status"] => {
@@ -381,6 +384,7 @@ fn format_status(s: &serde_json::Value) -> String {
         "calls: {} (allowed {}, denied {}, error {})",
         c["calls_total"], c["calls_allowed"], c["calls_denied"], c["calls_error"]
     );
+    out.push_str(&crate::launcher::plan::format_status(&s["agents"]));
     for w in s["workers"].as_array().into_iter().flatten() {
         let conf = &w["confinement"];
         let _ = writeln!(
@@ -396,6 +400,16 @@ fn format_status(s: &serde_json::Value) -> String {
             conf["seccomp"],
             conf["no_new_privs"]
         );
+        if !conf.is_null() {
+            let _ = writeln!(
+                out,
+                "    uid {}  gid {}  capabilities cleared {}  bounding set cleared {}",
+                conf["uid"],
+                conf["gid"],
+                conf["capabilities_cleared"],
+                conf["bounding_set_cleared"]
+            );
+        }
         for p in conf["probes"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 out,

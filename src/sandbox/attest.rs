@@ -28,6 +28,8 @@ pub const REQUIRED_PROBES: &[&str] = &[
     "unix_socket",
     "signal_parent",
     "tcp_fast_open",
+    "gain_capabilities",
+    "x32_syscall",
 ];
 
 /// The probes a role's report must carry (by the role's name as the report spells it).
@@ -55,7 +57,7 @@ pub fn probes_allowed_by_design(role: &str) -> &'static [&'static str] {
 /// report's `probes`). Run it right after [`super::confine`], before serving; it is safe
 /// with threads running too.
 pub fn attest(grant: &RoleGrant) -> Vec<Probe> {
-    vec![
+    let mut probes = vec![
         probe_create_file("create_file_tmp", Path::new("/tmp")),
         probe_create_file("create_file_probe_dir", &grant.forbidden_probe_dir),
         probe_read_dir(&grant.forbidden_probe_dir),
@@ -68,7 +70,11 @@ pub fn attest(grant: &RoleGrant) -> Vec<Probe> {
         probe_unix_socket(),
         probe_signal_parent(),
         probe_tcp_fast_open(grant),
-    ]
+        probe_gain_capabilities(),
+        probe_x32_syscall(),
+    ];
+    probes.extend(super::secrets::probe_secrets(&grant.secrets));
+    probes
 }
 
 pub(super) fn denied(name: &str, errno: i32) -> Probe {
@@ -79,7 +85,7 @@ pub(super) fn denied(name: &str, errno: i32) -> Probe {
     }
 }
 
-pub(super) fn allowed(name: &str, detail: String) -> Probe {
+pub(crate) fn allowed(name: &str, detail: String) -> Probe {
     Probe {
         name: name.to_string(),
         denied: false,
@@ -98,7 +104,7 @@ fn layer_of(name: &str, errno: i32) -> &'static str {
     }
 }
 
-pub(super) fn errno_text(errno: i32) -> String {
+pub(crate) fn errno_text(errno: i32) -> String {
     let name = match errno {
         libc::EPERM => "EPERM",
         libc::ENOENT => "ENOENT",
@@ -119,11 +125,12 @@ pub(super) fn errno_text(errno: i32) -> String {
     format!("{name} {}", io::Error::from_raw_os_error(errno))
 }
 
-pub(super) fn last_errno() -> i32 {
+pub(crate) fn last_errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-pub(super) fn c_path(path: &Path) -> Option<CString> {
+/// A path as a C string; None when it holds a NUL byte.
+pub fn c_path(path: &Path) -> Option<CString> {
     CString::new(path.as_os_str().as_bytes()).ok()
 }
 
@@ -427,6 +434,88 @@ pub(super) fn probe_signal_parent() -> Probe {
     match last_errno() {
         e @ (libc::EACCES | libc::EPERM) => denied(name, e),
         e => allowed(name, format!("not proven: {}", errno_text(e))),
+    }
+}
+
+/// No capability held, none ambient or inheritable, and none that execve could grant: the
+/// bounding set is empty, or no_new_privs keeps file capabilities and set-user-ID root
+/// programs from granting any.
+pub(super) fn probe_gain_capabilities() -> Probe {
+    let name = "gain_capabilities";
+    let sets = match super::capabilities::CapabilitySets::current() {
+        Ok(s) => s,
+        Err(e) => {
+            return allowed(
+                name,
+                format!("not proven: reading the capability sets: {e}"),
+            );
+        }
+    };
+    // SAFETY: prctl with integer arguments.
+    let no_new_privs = unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) } == 1;
+    if !sets.holds_none() {
+        return allowed(name, format!("capabilities held: {}", sets.describe()));
+    }
+    if sets.bounding == 0 {
+        return Probe {
+            name: name.to_string(),
+            denied: true,
+            detail: "denied: no capability held and the bounding set is empty".to_string(),
+        };
+    }
+    if no_new_privs {
+        return Probe {
+            name: name.to_string(),
+            denied: true,
+            detail: format!(
+                "denied: no capability held; the bounding set still names {} (toolwall had no CAP_SETPCAP to drop them) and no_new_privs keeps execve from granting any",
+                sets.bounding.count_ones()
+            ),
+        };
+    }
+    allowed(
+        name,
+        format!(
+            "no capability held, but {} in the bounding set and no no_new_privs",
+            sets.bounding.count_ones()
+        ),
+    )
+}
+
+/// The x32 bit of x86_64 system call numbers (`__X32_SYSCALL_BIT`).
+pub const X32_SYSCALL_BIT: libc::c_long = 0x4000_0000;
+
+/// A system call number with the x32 bit: the filters must refuse it (EPERM) whether or
+/// not the kernel has x32. Without the ABI guard, a deny-list lets it through, and a kernel
+/// without x32 answers ENOSYS, one with x32 runs it (`unshare`, `mount`, `bpf`...).
+/// `getpid` is used: should it pass, it does nothing.
+pub(super) fn probe_x32_syscall() -> Probe {
+    let name = "x32_syscall";
+    if !cfg!(target_arch = "x86_64") {
+        return Probe {
+            name: name.to_string(),
+            denied: true,
+            detail: "denied: no x32 ABI on this architecture".to_string(),
+        };
+    }
+    // SAFETY: getpid takes no argument and changes nothing.
+    let rc = unsafe { libc::syscall(X32_SYSCALL_BIT | libc::SYS_getpid) };
+    if rc >= 0 {
+        return allowed(name, format!("x32 getpid ran (answered {rc})"));
+    }
+    match last_errno() {
+        libc::EPERM => Probe {
+            name: name.to_string(),
+            denied: true,
+            detail: "denied: EPERM (seccomp ABI guard) for getpid with the x32 bit".to_string(),
+        },
+        e => allowed(
+            name,
+            format!(
+                "passed the filters: {} (the kernel, not the sandbox, refused it)",
+                errno_text(e)
+            ),
+        ),
     }
 }
 

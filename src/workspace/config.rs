@@ -87,6 +87,10 @@ pub struct WorkspaceConfig {
     pub threads: usize,
     /// File tool calls queued beyond busy threads (then `busy`).
     pub queue: usize,
+    /// The user this workspace's worker and commands run as; `[sandbox] agent_user` when
+    /// unset. Workspaces sharing a user can change the metadata (mode, times) of each
+    /// other's files; give each its own user to separate them.
+    pub agent_user: Option<String>,
 }
 
 impl Default for WorkspaceConfig {
@@ -117,6 +121,7 @@ impl Default for WorkspaceConfig {
             scan_time_limit_ms: 10_000,
             threads: 4,
             queue: 64,
+            agent_user: None,
         }
     }
 }
@@ -250,6 +255,11 @@ impl WorkspacesConfig {
                 {
                     return Err(format!("{at} env: {key:?} is not a valid variable"));
                 }
+            }
+            if let Some(user) = &ws.agent_user
+                && (user.is_empty() || user.len() > 32 || user.contains(['\0', ':', '/']))
+            {
+                return Err(format!("{at} agent_user: {user:?} is not a user name"));
             }
             ws.validate_limits().map_err(|e| format!("{at} {e}"))?;
         }

@@ -15,6 +15,7 @@ pub mod edit;
 pub mod error;
 pub mod files;
 pub mod find;
+pub mod hosting;
 pub mod id;
 pub mod launch;
 pub mod output;

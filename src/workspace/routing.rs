@@ -124,6 +124,8 @@ pub fn worker_settings(
             workspace,
             hidden_paths: hidden,
             forbidden_probe_dir: ledger_dir.clone(),
+            agent: Default::default(),
+            secrets: Vec::new(),
         });
     }
     Ok(out)

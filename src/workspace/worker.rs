@@ -56,6 +56,14 @@ pub fn run() -> i32 {
         }
     };
     let name = settings.name.clone();
+    // Who we are, before anything else: a host of agent programs never runs as root or as
+    // toolwall's own user unless the configuration allowed the latter.
+    if let Err(e) = check_identity(&settings)
+        && settings.sandbox_mode == sandbox::SandboxMode::Enforce
+    {
+        crate::error!("workspace {name}: {e}");
+        return 3;
+    }
     match settings.workspace.canonical_root() {
         Ok(root) if root == settings.workspace.root => {}
         Ok(root) => {
@@ -71,6 +79,17 @@ pub fn run() -> i32 {
             return 2;
         }
     }
+    if let Err(e) = check_root_writable(&settings) {
+        crate::error!("workspace {name}: {e}");
+        return 2;
+    }
+    let walls = match sandbox::ProgramWalls::new(role, settings.rlimits()) {
+        Ok(w) => w,
+        Err(e) => {
+            crate::error!("workspace {name}: the programs' walls: {e}");
+            return 3;
+        }
+    };
     // Before confinement: the private temp dir and the stdin of every command.
     if let Err(e) = make_tmp_dir(&settings) {
         crate::error!(
@@ -91,6 +110,7 @@ pub fn run() -> i32 {
         }
     };
     let grant = settings.grant();
+    let probe_context = sandbox::WorkspaceProbeContext::gather(settings.agent.gateway_uid);
     let mut report = match sandbox::confine(role, &grant, settings.sandbox_mode) {
         Ok(r) => r,
         Err(e) => {
@@ -98,7 +118,7 @@ pub fn run() -> i32 {
             return 3;
         }
     };
-    report.probes = sandbox::attest_workspace(&grant);
+    report.probes = sandbox::attest_workspace(&grant, &probe_context);
     // SAFETY: fd 3 is the RPC socket the gateway placed there; nothing else owns it.
     let std_stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(RPC_FD) };
     // Programs must never inherit the RPC socket (the leaders close it too).
@@ -116,7 +136,7 @@ pub fn run() -> i32 {
     if crate::workers::worker_main::say_ready(role, &report, &std_stream).is_err() {
         return 4;
     }
-    let worker = Worker::new(settings, root, devnull, report);
+    let worker = Worker::new(settings, root, devnull, report, walls, probe_context);
     match worker.and_then(|w| w.serve(UnixStream::from_std(std_stream))) {
         Ok(()) => 0,
         Err(e) => {
@@ -124,6 +144,79 @@ pub fn run() -> i32 {
             5
         }
     }
+}
+
+/// The worker must run as its agent user (real, effective and saved ids, no other group),
+/// or, when the configuration allowed it, as toolwall's own user; never as root.
+fn check_identity(settings: &WorkspaceWorkerSettings) -> Result<(), String> {
+    let (mut r, mut e, mut s) = (0, 0, 0);
+    let (mut gr, mut ge, mut gs) = (0, 0, 0);
+    // SAFETY: out-pointers to local integers.
+    unsafe {
+        libc::getresuid(&mut r, &mut e, &mut s);
+        libc::getresgid(&mut gr, &mut ge, &mut gs);
+    }
+    if [r, e, s].contains(&0) {
+        return Err(
+            "refusing to run agent programs as root: the gateway starts this worker as the agent user"
+                .into(),
+        );
+    }
+    match &settings.agent.user {
+        Some(user) => {
+            if [r, e, s] != [user.uid; 3] || [gr, ge, gs] != [user.gid; 3] {
+                return Err(format!(
+                    "running as uid {r}/{e}/{s} gid {gr}/{ge}/{gs}, not as the agent user {user}"
+                ));
+            }
+            // SAFETY: a zero-length query returns the count only.
+            let groups = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+            let mut list = vec![0; groups.max(0) as usize];
+            // SAFETY: a buffer of the size the kernel gave.
+            let n = unsafe { libc::getgroups(list.len() as i32, list.as_mut_ptr()) };
+            list.truncate(n.max(0) as usize);
+            if list.iter().any(|g| *g != user.gid) {
+                return Err(format!(
+                    "supplementary groups {list:?} beyond the agent user's group {}",
+                    user.gid
+                ));
+            }
+        }
+        None => {
+            if r != settings.agent.gateway_uid {
+                return Err(format!(
+                    "running as uid {r}, neither an agent user nor toolwall's uid {}",
+                    settings.agent.gateway_uid
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The agent user must be able to work in the root: a clear error here beats every
+/// command failing with `Permission denied`.
+fn check_root_writable(settings: &WorkspaceWorkerSettings) -> Result<(), String> {
+    let Some(c) = crate::sandbox::c_path(settings.root()) else {
+        return Err("the root holds a NUL byte".into());
+    };
+    // SAFETY: a valid C string; access() checks with the real ids, which are ours.
+    if unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK | libc::X_OK) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let user = settings
+            .agent
+            .user
+            .as_ref()
+            .map_or_else(|| format!("uid {uid}"), |u| u.name.clone());
+        return Err(format!(
+            "root {}: the user agent programs run as ({user}, uid {uid}) cannot read, write and enter it ({e}); give it to that user: chown -R {user}: {}",
+            settings.root().display(),
+            settings.root().display()
+        ));
+    }
+    Ok(())
 }
 
 fn make_tmp_dir(settings: &WorkspaceWorkerSettings) -> std::io::Result<()> {
@@ -207,6 +300,10 @@ impl FileTools {
 
 struct Worker {
     settings: Arc<WorkspaceWorkerSettings>,
+    /// What every task's leader applies to the programs it runs.
+    walls: sandbox::ProgramWalls,
+    /// What the attestation needs from before confinement, for re-runs.
+    probe_context: sandbox::WorkspaceProbeContext,
     env: Vec<String>,
     devnull: OwnedFd,
     report: ConfinementReport,
@@ -237,6 +334,8 @@ impl Worker {
         root: WorkspaceRoot,
         devnull: OwnedFd,
         report: ConfinementReport,
+        walls: sandbox::ProgramWalls,
+        probe_context: sandbox::WorkspaceProbeContext,
     ) -> std::io::Result<Worker> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
@@ -251,6 +350,8 @@ impl Worker {
             env: settings.task_env(),
             tasks: Tasks::new(settings.task_limits()),
             settings,
+            walls,
+            probe_context,
             devnull,
             report,
             slots: Vec::new(),
@@ -384,7 +485,8 @@ impl Worker {
                 None
             }
             Op::Attest => {
-                self.report.probes = sandbox::attest_workspace(&self.settings.grant());
+                self.report.probes =
+                    sandbox::attest_workspace(&self.settings.grant(), &self.probe_context);
                 Some(response(
                     id,
                     Some(serde_json::to_string(&self.report).unwrap_or_default()),
@@ -583,13 +685,8 @@ impl Worker {
             return Err(WsError::invalid("command is empty"));
         }
         self.tasks.admit(now)?;
-        let spec = LaunchSpec::new(
-            command,
-            self.settings.root(),
-            &self.env,
-            self.settings.rlimits(),
-        )
-        .map_err(WsError::invalid)?;
+        let spec = LaunchSpec::new(command, self.settings.root(), &self.env, &self.walls)
+            .map_err(WsError::invalid)?;
         let launched = launch(&spec, &self.devnull).map_err(|e| {
             WsError::new(WsErrorCode::IoError, format!("starting the command: {e}"))
         })?;

@@ -451,6 +451,7 @@ fn pre_exec_sets_session_deathsig_rpc_fd_and_limits_and_scrub_closes_leaks() {
         mode: SandboxMode::Enforce,
         max_open_files: 64,
         max_address_space_bytes: Some(64 * 1024 * 1024 * 1024),
+        ..SandboxConfig::default()
     };
     let mut child = ChildProcess::spawn_with("pre_exec_state", &[], &cfg, Some(leaked.as_raw_fd()));
     let state = child.message();
