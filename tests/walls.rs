@@ -559,3 +559,77 @@ fn a_fork_bomb_and_a_memory_hog_stop_at_their_cgroup() {
     assert_eq!(hog["status"], "failed", "{hog}");
     let _ = PATIENCE;
 }
+
+/// The walls leave the work possible: a small project built inside the root, as an agent
+/// would (git, chmod +x, Python, npm), with the file tools alongside.
+#[test]
+fn the_workspace_tools_still_build_a_small_project() {
+    let s = setup("", "");
+    let mut client = s.agent();
+    let w = client.tool(
+        "ws__file_write",
+        json!({"worker": "mine", "path": "app/main.py", "create_dirs": true,
+               "content": "import sys\nprint('sum', sum(int(a) for a in sys.argv[1:]))\n"}),
+    );
+    assert!(w["result"].get("isError").is_none(), "{w}");
+    let steps = [
+        (
+            "git init",
+            "git init -q . && git config user.email agent@example.com && git config user.name agent",
+        ),
+        (
+            "a script",
+            "printf '#!/bin/sh\\npython3 app/main.py \"$@\"\\n' > run.sh && chmod +x run.sh && ./run.sh 1 2 3",
+        ),
+        (
+            "git add and commit",
+            "git add -A && git commit -q -m 'first' && git log --oneline | wc -l",
+        ),
+        (
+            "a Python module",
+            "mkdir -p pkg && echo 'def f(): return 42' > pkg/__init__.py && python3 -c 'import pkg; print(pkg.f())'",
+        ),
+        (
+            "a temp file",
+            "t=$(mktemp) && echo ok > \"$t\" && cat \"$t\" && rm \"$t\"",
+        ),
+        (
+            "git status after an edit",
+            "echo more >> run.sh && git status --short run.sh",
+        ),
+    ];
+    let mut outputs = Vec::new();
+    for (what, command) in steps {
+        let r = s.sh(command);
+        assert_eq!(r["status"], "completed", "{what}: {r}");
+        outputs.push(r["stdout"].as_str().unwrap_or_default().to_string());
+    }
+    assert_eq!(outputs[1], "sum 6\n");
+    assert_eq!(outputs[2].trim(), "1");
+    assert_eq!(outputs[3], "42\n");
+    assert_eq!(outputs[4], "ok\n");
+    assert_eq!(outputs[5], " M run.sh\n");
+    let mode = std::fs::metadata(s.root.join("run.sh"))
+        .expect("stat")
+        .mode();
+    assert_eq!(mode & 0o111, 0o111, "{mode:o}");
+    // npm, where installed: a package and one of its scripts, offline.
+    if std::path::Path::new("/usr/bin/npm").exists() {
+        let r = s.sh(
+            "npm init -y >/dev/null && npm pkg set scripts.hello='node -e \"console.log(6*7)\"' && npm run -s hello",
+        );
+        assert_eq!(r["status"], "completed", "{r}");
+        assert_eq!(r["stdout"], "42\n", "{r}");
+    } else {
+        eprintln!("SKIPPED npm: /usr/bin/npm is not installed");
+    }
+    // The file tools see what the commands made.
+    let read = client.tool("ws__file_read", json!({"worker": "mine", "path": "run.sh"}));
+    assert!(
+        read["result"]["structuredContent"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("#!/bin/sh"),
+        "{read}"
+    );
+}
