@@ -28,6 +28,7 @@ pub enum Step {
     NoNewPrivs = 9,
     Verify = 10,
     Exec = 11,
+    Cgroup = 12,
 }
 
 impl Step {
@@ -44,6 +45,7 @@ impl Step {
             9 => Step::NoNewPrivs,
             10 => Step::Verify,
             11 => Step::Exec,
+            12 => Step::Cgroup,
             _ => return None,
         })
     }
@@ -61,6 +63,7 @@ impl Step {
             Step::NoNewPrivs => "setting no_new_privs",
             Step::Verify => "checking the new identity",
             Step::Exec => "executing the toolwall binary as the agent user",
+            Step::Cgroup => "entering the workspace's cgroup",
         }
     }
 }
@@ -71,6 +74,8 @@ pub struct ChildPlan {
     pub rpc: RawFd,
     pub stdin: RawFd,
     pub devnull: RawFd,
+    /// The directory of the cgroup the worker runs in (cgroups in force).
+    pub cgroup: Option<RawFd>,
     /// Write end of the launcher's close-on-exec error pipe.
     pub error: RawFd,
     pub uid: libc::uid_t,
@@ -123,6 +128,24 @@ unsafe fn prepare(plan: &ChildPlan) -> Result<(), (Step, i32)> {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         if libc::setsid() < 0 {
             return Err((Step::Session, errno()));
+        }
+        // Into the workspace's cgroup while still toolwall's user (who owns it): "0" moves
+        // the writer.
+        if let Some(dir) = plan.cgroup {
+            let procs = libc::openat(
+                dir,
+                c"cgroup.procs".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if procs < 0 {
+                return Err((Step::Cgroup, errno()));
+            }
+            let n = libc::write(procs, b"0".as_ptr().cast(), 1);
+            let e = errno();
+            libc::close(procs);
+            if n != 1 {
+                return Err((Step::Cgroup, e));
+            }
         }
         // Fds: 0 the settings pipe, 1 /dev/null, 2 kept (the gateway's stderr), 3 the RPC
         // socket, 4 the error pipe (close-on-exec). Copy the sources above the range first

@@ -99,7 +99,7 @@ impl Launcher {
 
     /// Asks for `toolwall worker ROLE` running as agent user `identity` (an index into
     /// the users the launcher was started with), with `rpc` as its fd 3 and `stdin` as
-    /// its fd 0. Returns its pid; the gateway is its parent. Blocks for the launcher's
+    /// its fd 0, in the cgroup whose directory is `cgroup` when given. Returns its pid; the gateway is its parent. Blocks for the launcher's
     /// answer (a clone and an exec), at most [`ANSWER_TIMEOUT`].
     pub fn spawn(
         &mut self,
@@ -107,6 +107,7 @@ impl Launcher {
         identity: usize,
         rpc: BorrowedFd<'_>,
         stdin: BorrowedFd<'_>,
+        cgroup: Option<BorrowedFd<'_>>,
     ) -> Result<u32, SpawnError> {
         let plain = |message: String| SpawnError { message, pid: None };
         let identity = u16::try_from(identity).map_err(|_| plain("identity index".into()))?;
@@ -115,7 +116,8 @@ impl Launcher {
             role: role.to_string(),
         })
         .map_err(plain)?;
-        let fds = [rpc.as_raw_fd(), stdin.as_raw_fd()];
+        let mut fds = vec![rpc.as_raw_fd(), stdin.as_raw_fd()];
+        fds.extend(cgroup.map(|c| c.as_raw_fd()));
         let cmsg = [ControlMessage::ScmRights(&fds)];
         sendmsg::<()>(
             self.channel.as_raw_fd(),

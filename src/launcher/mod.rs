@@ -12,6 +12,7 @@
 //! first instruction, confines itself, and applies
 //! [`crate::sandbox::ProgramWalls`] to each program it starts.
 
+pub mod cgroup_tree;
 pub mod child;
 pub mod client;
 pub mod identity;

@@ -33,6 +33,8 @@ pub enum AgentHosting {
 
 pub struct AgentPlan {
     pub hosting: AgentHosting,
+    /// The workspaces' cgroups, or why there are none.
+    pub cgroups: super::cgroup_tree::CgroupTree,
     /// The agent users, in the launcher's order.
     pub identities: Vec<AgentIdentity>,
     pub gateway_uid: u32,
@@ -86,6 +88,7 @@ impl AgentPlan {
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let mut plan = AgentPlan {
             hosting: AgentHosting::Unused,
+            cgroups: super::cgroup_tree::CgroupTree::Off("no workspace".into()),
             identities: Vec::new(),
             gateway_uid: uid,
             gateway_gid: gid,
@@ -94,6 +97,9 @@ impl AgentPlan {
         let names = agent_user_names(config);
         if !names.is_empty() {
             plan.hosting = plan.decide(config, &names);
+        }
+        if let Some(why) = &plan.cgroups_refusal(config) {
+            plan.hosting = AgentHosting::Refused(why.clone());
         }
         for note in shared_user_notes(config) {
             crate::warn!("{note}");
@@ -113,6 +119,23 @@ impl AgentPlan {
             AgentHosting::GatewayUser(why) => crate::warn!("{why}"),
             AgentHosting::Refused(why) => crate::error!("{why}"),
         }
+        match &plan.cgroups {
+            super::cgroup_tree::CgroupTree::InForce {
+                layout,
+                controllers,
+                ..
+            } => crate::info!(
+                "cgroup limits in force for workspaces under {} ({})",
+                layout.service.display(),
+                controllers.join(", ")
+            ),
+            super::cgroup_tree::CgroupTree::Off(reason) if !config.workspaces.0.is_empty() => {
+                crate::warn!(
+                    "cgroup limits are not in force ({reason}): workspaces are bounded by rlimits only, and RLIMIT_NPROC counts every process of their agent user"
+                )
+            }
+            super::cgroup_tree::CgroupTree::Off(_) => {}
+        }
         if uid != 0 {
             plan.drop_own_capabilities();
         }
@@ -130,6 +153,8 @@ impl AgentPlan {
                 names.iter().cloned().collect::<Vec<_>>().join(", ")
             );
             return if config.sandbox.run_agents_as_gateway_user {
+                self.cgroups =
+                    super::cgroup_tree::build(config, &self.cgroup_requests(config, false));
                 AgentHosting::GatewayUser(format!(
                     "{why}: they run as toolwall's own uid {} ([sandbox] run_agents_as_gateway_user = true), and can change the metadata of toolwall's files and read what toolwall's user may read beyond Landlock's reach",
                     self.gateway_uid
@@ -168,9 +193,66 @@ impl AgentPlan {
             }
             self.identities.push(identity);
         }
+        self.cgroups = super::cgroup_tree::build(config, &self.cgroup_requests(config, true));
+        if config.sandbox.cgroups == crate::sandbox::CgroupMode::Required
+            && !self.cgroups.in_force()
+        {
+            // Refused below (cgroups_refusal); no launcher for workers that never start.
+            return AgentHosting::Unused;
+        }
         match Launcher::start(self.identities.clone(), &config.sandbox) {
             Ok(l) => AgentHosting::Launcher(l),
             Err(e) => AgentHosting::Refused(format!("{e}; workspaces stay offline")),
+        }
+    }
+
+    /// One cgroup request per workspace whose root resolves: its id, its limits, and
+    /// (`with_agents`) its agent user, who makes its task cgroups.
+    fn cgroup_requests(
+        &self,
+        config: &Config,
+        with_agents: bool,
+    ) -> Vec<super::cgroup_tree::WorkspaceRequest> {
+        config
+            .workspaces
+            .0
+            .iter()
+            .filter_map(|(name, ws)| {
+                let root = ws.canonical_root().ok()?;
+                let user = ws
+                    .agent_user
+                    .as_deref()
+                    .unwrap_or(&config.sandbox.agent_user);
+                Some(super::cgroup_tree::WorkspaceRequest {
+                    id: crate::workspace::id::workspace_id(name, &root),
+                    limits: crate::sandbox::cgroup::CgroupLimits {
+                        pids_max: Some(ws.pids_max),
+                        memory_max_bytes: ws.memory_max_bytes,
+                        cpu_weight: ws.cpu_weight,
+                    },
+                    agent: if with_agents {
+                        self.identity(user).map(|(_, i)| i.clone())
+                    } else {
+                        None
+                    },
+                })
+            })
+            .collect()
+    }
+
+    /// With `[sandbox] cgroups = "required"`, why workspaces stay offline.
+    fn cgroups_refusal(&self, config: &Config) -> Option<String> {
+        if config.sandbox.cgroups != crate::sandbox::CgroupMode::Required
+            || matches!(self.hosting, AgentHosting::Refused(_))
+            || config.workspaces.0.is_empty()
+        {
+            return None;
+        }
+        match &self.cgroups {
+            super::cgroup_tree::CgroupTree::Off(reason) => Some(format!(
+                "[sandbox] cgroups = \"required\", and cgroup limits are not in force: {reason}; workspaces stay offline"
+            )),
+            super::cgroup_tree::CgroupTree::InForce { .. } => None,
         }
     }
 
@@ -215,6 +297,7 @@ impl AgentPlan {
         };
         json!({
             "mode": mode,
+            "cgroups": self.cgroups.status_json(),
             "users": self.identities,
             "launcher_pid": launcher,
             "gateway_uid": self.gateway_uid,
@@ -253,6 +336,46 @@ pub fn format_status(agents: &Value) -> String {
         Some("refused") => format!("agent programs: REFUSED (workspaces offline): {detail}\n"),
         _ => String::new(),
     };
+    let cg = &agents["cgroups"];
+    if cg["in_force"] == true {
+        out.push_str(&format!(
+            "cgroups: in force under {} ({})\n",
+            cg["path"].as_str().unwrap_or(""),
+            cg["controllers"]
+                .as_array()
+                .map(|c| c
+                    .iter()
+                    .filter_map(|c| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default()
+        ));
+        for w in cg["workspaces"].as_array().into_iter().flatten() {
+            let max = |v: &Value| {
+                v.as_u64()
+                    .map_or_else(|| "max".to_string(), |n| n.to_string())
+            };
+            out.push_str(&format!(
+                "    {}  pids.max {}  memory.max {}  cpu.weight {}  task cgroups {}\n",
+                w["id"].as_str().unwrap_or(""),
+                max(&w["pids_max"]),
+                max(&w["memory_max_bytes"]),
+                w["cpu_weight"]
+                    .as_u64()
+                    .map_or_else(|| "100".to_string(), |n| n.to_string()),
+                if w["task_cgroups"] == true {
+                    "yes".to_string()
+                } else {
+                    format!("no ({})", w["task_cgroups_reason"].as_str().unwrap_or(""))
+                }
+            ));
+        }
+    } else if !agents["mode"].is_null() && agents["mode"] != "unused" {
+        out.push_str(&format!(
+            "cgroups: NOT in force ({}); workspaces have rlimits only\n",
+            cg["reason"].as_str().unwrap_or("unknown")
+        ));
+    }
     for note in agents["notes"].as_array().into_iter().flatten() {
         out.push_str(&format!("    note: {}\n", note.as_str().unwrap_or("")));
     }

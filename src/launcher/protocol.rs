@@ -1,8 +1,9 @@
 //! The messages between the gateway and the agent launcher, one per `SOCK_SEQPACKET`
 //! packet (the kernel keeps their boundaries). Sans-IO: bytes in, values out.
 //!
-//! - request `S`: `u8 'S'`, `u16 BE identity index`, role name (1-32 bytes), with two fds
-//!   attached (`SCM_RIGHTS`): the worker's RPC socket and its stdin (the settings pipe);
+//! - request `S`: `u8 'S'`, `u16 BE identity index`, role name (1-32 bytes), with two or
+//!   three fds attached (`SCM_RIGHTS`): the worker's RPC socket, its stdin (the settings
+//!   pipe), and the directory of the cgroup it must run in, when cgroups are in force;
 //! - answer `P`: `u8 'P'`, `i32 BE pid` of the started worker;
 //! - answer `E`: `u8 'E'`, `i32 BE pid` (0 when no process was created; otherwise the
 //!   gateway must reap it), UTF-8 message (at most [`MAX_MESSAGE`] bytes).
@@ -13,8 +14,8 @@ pub const MAX_PACKET: usize = 2048;
 pub const MAX_MESSAGE: usize = 1024;
 /// Longest role name.
 pub const MAX_ROLE: usize = 32;
-/// File descriptors attached to a request.
-pub const REQUEST_FDS: usize = 2;
+/// Most file descriptors attached to a request.
+pub const REQUEST_FDS: usize = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpawnRequest {

@@ -180,8 +180,10 @@ fn spawn(
     let Some(identity) = settings.identities.get(usize::from(req.identity)) else {
         return failed(format!("no agent user number {}", req.identity));
     };
-    let [rpc, stdin] = fds else {
-        return failed(format!("{} fds attached, expected 2", fds.len()));
+    let (rpc, stdin, cgroup) = match fds {
+        [rpc, stdin] => (rpc, stdin, None),
+        [rpc, stdin, cgroup] => (rpc, stdin, Some(cgroup)),
+        _ => return failed(format!("{} fds attached, expected 2 or 3", fds.len())),
     };
     let (err_read, err_write) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
         Ok(p) => p,
@@ -197,6 +199,7 @@ fn spawn(
         rpc: rpc.as_raw_fd(),
         stdin: stdin.as_raw_fd(),
         devnull: devnull.as_raw_fd(),
+        cgroup: cgroup.map(|c| c.as_raw_fd()),
         error: err_write.as_raw_fd(),
         uid: identity.uid,
         gid: identity.gid,

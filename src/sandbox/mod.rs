@@ -15,6 +15,7 @@ mod abi_guard;
 mod attest;
 pub mod capabilities;
 mod carve;
+pub mod cgroup;
 mod confine;
 mod inherited_fds;
 mod landlock_rules;
@@ -66,6 +67,20 @@ pub struct SandboxConfig {
     /// `CAP_SETGID`): `false` keeps workspaces offline (fail closed); `true` runs agent
     /// programs as toolwall's own user, loudly reported.
     pub run_agents_as_gateway_user: bool,
+    /// cgroup v2 limits of workspaces: `auto` uses toolwall's delegated cgroup when it has
+    /// one (else rlimits only, and status says so); `required` keeps workspaces offline
+    /// without one; `off` never touches cgroups.
+    pub cgroups: CgroupMode,
+}
+
+/// `[sandbox] cgroups`.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupMode {
+    #[default]
+    Auto,
+    Required,
+    Off,
 }
 
 /// Default of `[sandbox] max_open_files`.
@@ -79,6 +94,7 @@ impl Default for SandboxConfig {
             max_address_space_bytes: None,
             agent_user: crate::launcher::DEFAULT_AGENT_USER.to_string(),
             run_agents_as_gateway_user: false,
+            cgroups: CgroupMode::Auto,
         }
     }
 }

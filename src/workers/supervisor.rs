@@ -33,8 +33,13 @@ pub enum WorkerHost {
     /// The gateway, as its own user (the builtin and aggregator; a host of agent programs
     /// when `[sandbox] run_agents_as_gateway_user` allows it, see `allowed_probes`).
     Gateway,
-    /// The agent launcher, as agent user number `identity`; its report must show `uid`.
-    AgentUser { identity: usize, uid: u32 },
+    /// The agent launcher, as agent user number `identity`, in the cgroup `cgroup` when
+    /// cgroups are in force; its report must show `uid`.
+    AgentUser {
+        identity: usize,
+        uid: u32,
+        cgroup: Option<std::path::PathBuf>,
+    },
     /// Never started, and why (toolwall cannot switch users): the worker stays down.
     Refused(String),
 }
@@ -354,9 +359,11 @@ impl Supervisor {
         w.attempts += 1;
         let launcher = match (&w.host, self.agents.as_mut().map(|a| &mut a.hosting)) {
             (
-                WorkerHost::AgentUser { identity, .. },
+                WorkerHost::AgentUser {
+                    identity, cgroup, ..
+                },
                 Some(crate::launcher::AgentHosting::Launcher(l)),
-            ) => Some((l, *identity)),
+            ) => Some((l, *identity, cgroup.clone())),
             (WorkerHost::AgentUser { .. }, _) => {
                 let why = format!("cannot start worker {}: no agent launcher", w.spec.name);
                 crate::error!("{why}");
@@ -374,9 +381,21 @@ impl Supervisor {
             };
             let settings_pipe = settings_pipe(&settings)?;
             let theirs: OwnedFd = theirs.into();
-            let child = if let Some((launcher, identity)) = launcher {
+            let child = if let Some((launcher, identity, cgroup)) = launcher {
                 use std::os::fd::AsFd;
-                match launcher.spawn(w.spec.role, identity, theirs.as_fd(), settings_pipe.as_fd()) {
+                let cgroup_dir = match &cgroup {
+                    Some(dir) => Some(std::fs::File::open(dir).map_err(|e| {
+                        std::io::Error::other(format!("cgroup {}: {e}", dir.display()))
+                    })?),
+                    None => None,
+                };
+                match launcher.spawn(
+                    w.spec.role,
+                    identity,
+                    theirs.as_fd(),
+                    settings_pipe.as_fd(),
+                    cgroup_dir.as_ref().map(|f| f.as_fd()),
+                ) {
                     Ok(pid) => WorkerChild::Adopted(pid),
                     Err(e) => {
                         if let Some(pid) = e.pid {

@@ -27,10 +27,13 @@ pub fn host(
         AgentHosting::Launcher(_) => match plan.identity(agent_user) {
             Some((index, identity)) => {
                 settings.agent.user = Some(identity.clone());
+                let cgroup = plan.cgroups.workspace(&settings.id);
+                settings.task_cgroups = task_cgroups(settings, cgroup);
                 (
                     WorkerHost::AgentUser {
                         identity: index,
                         uid: identity.uid,
+                        cgroup: cgroup.map(|c| c.worker_leaf.clone()),
                     },
                     Vec::new(),
                 )
@@ -62,4 +65,20 @@ pub fn host(
             Vec::new(),
         ),
     }
+}
+
+/// Where the worker makes its tasks' cgroups and with which limits, when it may.
+fn task_cgroups(
+    settings: &WorkspaceWorkerSettings,
+    cgroup: Option<&crate::launcher::cgroup_tree::WorkspaceCgroup>,
+) -> Option<super::settings::TaskCgroups> {
+    let dir = cgroup?.tasks.as_ref().ok()?.clone();
+    Some(super::settings::TaskCgroups {
+        dir,
+        limits: crate::sandbox::cgroup::CgroupLimits {
+            pids_max: Some(settings.workspace.task_max_processes),
+            memory_max_bytes: settings.workspace.task_memory_max_bytes,
+            cpu_weight: None,
+        },
+    })
 }

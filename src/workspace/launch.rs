@@ -39,6 +39,9 @@ pub const SHELL: &str = "/bin/sh";
 
 /// A command ready to start: everything the leader needs, prepared before the fork.
 pub struct LaunchSpec<'w> {
+    /// The task's `cgroup.procs`, when it has a cgroup of its own: the leader moves
+    /// itself there first.
+    pub cgroup_procs: Option<OwnedFd>,
     shell: CString,
     argv: Vec<CString>,
     envp: Vec<CString>,
@@ -69,6 +72,7 @@ impl<'w> LaunchSpec<'w> {
                 .collect::<Result<_, _>>()?,
             cwd: c(cwd.as_os_str().as_bytes(), "the root")?,
             walls,
+            cgroup_procs: None,
         })
     }
 }
@@ -138,7 +142,14 @@ pub fn launch(spec: &LaunchSpec, devnull: &OwnedFd) -> io::Result<Launched> {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         // SAFETY: in the forked child; see leader_main.
-        unsafe { leader_main(child_fds, &shell, spec.walls) }
+        unsafe {
+            leader_main(
+                child_fds,
+                &shell,
+                spec.walls,
+                spec.cgroup_procs.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            )
+        }
     }
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -227,9 +238,19 @@ unsafe fn write_all(fd: RawFd, bytes: &[u8]) {
 ///
 /// # Safety
 /// Only in the child of `fork`; makes only async-signal-safe calls (no allocation).
-unsafe fn leader_main(fds: [RawFd; 5], shell: &Exec, walls: &ProgramWalls) -> ! {
+unsafe fn leader_main(
+    fds: [RawFd; 5],
+    shell: &Exec,
+    walls: &ProgramWalls,
+    cgroup_procs: RawFd,
+) -> ! {
     // SAFETY (whole body): system calls on valid, pre-built arguments.
     unsafe {
+        // Into the task's cgroup first, so everything it starts is born there.
+        if cgroup_procs >= 0 && libc::write(cgroup_procs, b"0".as_ptr().cast(), 1) != 1 {
+            write_all(fds[2], b"toolwall: cannot enter the task's cgroup\n");
+            libc::_exit(EXIT_SETUP);
+        }
         // Fds 0..4 = /dev/null, stdout, stderr, control, status. Copy them above the range
         // first so no dup2 overwrites a source still needed.
         let mut high = [0; 5];

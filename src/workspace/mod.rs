@@ -24,6 +24,7 @@ pub mod paths;
 pub mod routing;
 pub mod settings;
 pub mod system_info;
+pub mod task_cgroup;
 pub mod tasks;
 pub mod tools;
 pub mod worker;

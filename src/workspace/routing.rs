@@ -126,6 +126,7 @@ pub fn worker_settings(
             forbidden_probe_dir: ledger_dir.clone(),
             agent: Default::default(),
             secrets: Vec::new(),
+            task_cgroups: None,
         });
     }
     Ok(out)

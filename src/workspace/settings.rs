@@ -35,6 +35,19 @@ pub struct WorkspaceWorkerSettings {
     /// then its files), and each tried by the attestation.
     #[serde(default)]
     pub secrets: Vec<crate::sandbox::SecretPath>,
+    /// Where each task gets a cgroup of its own, when cgroups are in force and the agent
+    /// user may make them.
+    #[serde(default)]
+    pub task_cgroups: Option<TaskCgroups>,
+}
+
+/// The parent of a workspace's task cgroups (writable by its agent user) and the limits
+/// of each task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskCgroups {
+    pub dir: PathBuf,
+    pub limits: crate::sandbox::cgroup::CgroupLimits,
 }
 
 /// The identity a host of agent programs must have, checked by the worker itself before
@@ -64,6 +77,11 @@ impl WorkspaceWorkerSettings {
     pub fn grant(&self) -> RoleGrant {
         let mut grant = role_grant_defaults(Role::Workspace);
         grant.write_paths = vec![self.workspace.root.clone()];
+        // The worker makes its tasks' cgroups there (and programs may change their own
+        // task's limits, never the workspace's).
+        grant
+            .write_paths
+            .extend(self.task_cgroups.iter().map(|t| t.dir.clone()));
         grant
             .execute_paths
             .extend(self.workspace.read_only_paths.iter().cloned());
@@ -154,6 +172,7 @@ mod tests {
             forbidden_probe_dir: "/var/lib/toolwall".into(),
             agent: AgentExpectation::default(),
             secrets: Vec::new(),
+            task_cgroups: None,
         };
         let g = s.grant();
         assert_eq!(g.write_paths, vec![PathBuf::from("/srv/ws")]);

@@ -258,6 +258,8 @@ fn new_task_id() -> String {
 /// A task's pipes, held by the loop while it runs.
 struct TaskPipes {
     id: String,
+    /// The task's own cgroup, removed once its leader is reaped.
+    cgroup: Option<std::path::PathBuf>,
     leader: libc::pid_t,
     streams: [Option<OwnedFd>; 3],
     control: OwnedFd,
@@ -309,7 +311,7 @@ struct Worker {
     report: ConfinementReport,
     tasks: Tasks,
     slots: Vec<Option<TaskPipes>>,
-    unreaped: Vec<libc::pid_t>,
+    unreaped: Vec<(libc::pid_t, Option<std::path::PathBuf>)>,
     out: Vec<u8>,
     /// File tool calls at the pool, and those of them the gateway cancelled.
     pending_jobs: HashSet<u64>,
@@ -685,15 +687,33 @@ impl Worker {
             return Err(WsError::invalid("command is empty"));
         }
         self.tasks.admit(now)?;
-        let spec = LaunchSpec::new(command, self.settings.root(), &self.env, &self.walls)
+        let mut spec = LaunchSpec::new(command, self.settings.root(), &self.env, &self.walls)
             .map_err(WsError::invalid)?;
+        let id = new_task_id();
+        let mut cgroup_dir = None;
+        if let Some(cfg) = &self.settings.task_cgroups {
+            match super::task_cgroup::make(cfg, &id) {
+                Ok(c) => {
+                    spec.cgroup_procs = Some(c.procs);
+                    cgroup_dir = Some(c.dir);
+                }
+                // The workspace's cgroup still holds the task; said once per failure.
+                Err(e) => crate::warn!(
+                    "workspace {}: task {id} runs without a cgroup of its own: {e}",
+                    self.settings.name
+                ),
+            }
+        }
         let launched = launch(&spec, &self.devnull).map_err(|e| {
+            if let Some(dir) = &cgroup_dir {
+                super::task_cgroup::remove(dir);
+            }
             WsError::new(WsErrorCode::IoError, format!("starting the command: {e}"))
         })?;
-        let id = new_task_id();
+        drop(spec);
         self.tasks
             .insert(id.clone(), command.to_owned(), now, now_ms(), runtime);
-        if let Err(e) = self.register(&id, launched) {
+        if let Err(e) = self.register(&id, launched, cgroup_dir) {
             crate::error!("workspace {}: task {id}: {e}", self.settings.name);
             self.tasks.on_exit(&id, Exit::Lost, now);
             for stream in [Stream::Stdout, Stream::Stderr] {
@@ -715,7 +735,12 @@ impl Worker {
         Ok(id)
     }
 
-    fn register(&mut self, id: &str, launched: Launched) -> std::io::Result<()> {
+    fn register(
+        &mut self,
+        id: &str,
+        launched: Launched,
+        cgroup: Option<std::path::PathBuf>,
+    ) -> std::io::Result<()> {
         let slot = match self.slots.iter().position(Option::is_none) {
             Some(i) => i,
             None => {
@@ -732,6 +757,7 @@ impl Worker {
         } = launched;
         let pipes = TaskPipes {
             id: id.to_owned(),
+            cgroup,
             leader,
             streams: [Some(stdout), Some(stderr), Some(status)],
             control,
@@ -862,7 +888,7 @@ impl Worker {
                                 .registry()
                                 .deregister(&mut SourceFd(&fd.as_raw_fd()));
                         }
-                        self.unreaped.push(pipes.leader);
+                        self.unreaped.push((pipes.leader, pipes.cgroup));
                     }
                     let mut detail = summary;
                     detail["workspace"] = json!(self.settings.id);
@@ -880,10 +906,15 @@ impl Worker {
 
     /// Collects leaders that exited.
     fn reap(&mut self) {
-        self.unreaped.retain(|&pid| {
+        self.unreaped.retain(|(pid, cgroup)| {
             let mut status = 0;
             // SAFETY: waiting for our own child without blocking.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            let r = unsafe { libc::waitpid(*pid, &mut status, libc::WNOHANG) };
+            if r != 0
+                && let Some(dir) = cgroup
+            {
+                super::task_cgroup::remove(dir);
+            }
             r == 0
         });
     }
