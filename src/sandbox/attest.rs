@@ -29,7 +29,6 @@ pub const REQUIRED_PROBES: &[&str] = &[
     "signal_parent",
     "tcp_fast_open",
     "gain_capabilities",
-    "x32_syscall",
 ];
 
 /// The probes a role's report must carry (by the role's name as the report spells it).
@@ -71,7 +70,6 @@ pub fn attest(grant: &RoleGrant) -> Vec<Probe> {
         probe_signal_parent(),
         probe_tcp_fast_open(grant),
         probe_gain_capabilities(),
-        probe_x32_syscall(),
     ];
     probes.extend(super::secrets::probe_secrets(&grant.secrets));
     probes
@@ -155,6 +153,17 @@ pub(super) fn probe_create_file(name: &str, dir: &Path) -> Probe {
     }
     match last_errno() {
         e @ (libc::EACCES | libc::EPERM) => denied(name, e),
+        // A read-only mount (systemd's ProtectSystem=strict) refuses before Landlock is
+        // asked: a wall at least as strong.
+        libc::EROFS => Probe {
+            name: name.to_string(),
+            denied: true,
+            detail: format!(
+                "denied: {} (a read-only mount) for {}",
+                errno_text(libc::EROFS),
+                path.display()
+            ),
+        },
         e => allowed(
             name,
             format!("not proven: {} for {}", errno_text(e), path.display()),
@@ -484,40 +493,6 @@ pub(super) fn probe_gain_capabilities() -> Probe {
 
 /// The x32 bit of x86_64 system call numbers (`__X32_SYSCALL_BIT`).
 pub const X32_SYSCALL_BIT: libc::c_long = 0x4000_0000;
-
-/// A system call number with the x32 bit: the filters must refuse it (EPERM) whether or
-/// not the kernel has x32. Without the ABI guard, a deny-list lets it through, and a kernel
-/// without x32 answers ENOSYS, one with x32 runs it (`unshare`, `mount`, `bpf`...).
-/// `getpid` is used: should it pass, it does nothing.
-pub(super) fn probe_x32_syscall() -> Probe {
-    let name = "x32_syscall";
-    if !cfg!(target_arch = "x86_64") {
-        return Probe {
-            name: name.to_string(),
-            denied: true,
-            detail: "denied: no x32 ABI on this architecture".to_string(),
-        };
-    }
-    // SAFETY: getpid takes no argument and changes nothing.
-    let rc = unsafe { libc::syscall(X32_SYSCALL_BIT | libc::SYS_getpid) };
-    if rc >= 0 {
-        return allowed(name, format!("x32 getpid ran (answered {rc})"));
-    }
-    match last_errno() {
-        libc::EPERM => Probe {
-            name: name.to_string(),
-            denied: true,
-            detail: "denied: EPERM (seccomp ABI guard) for getpid with the x32 bit".to_string(),
-        },
-        e => allowed(
-            name,
-            format!(
-                "passed the filters: {} (the kernel, not the sandbox, refused it)",
-                errno_text(e)
-            ),
-        ),
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -74,7 +74,7 @@ pub fn attest_workspace(grant: &RoleGrant, context: &WorkspaceProbeContext) -> V
         probe_listen_unbound(),
         probe_inotify(),
         super::attest::probe_gain_capabilities(),
-        super::attest::probe_x32_syscall(),
+        probe_in_child("x32_syscall", ChildProbe::X32Syscall),
     ];
     if let Some(p) = probe_read_hidden(grant) {
         probes.push(p);
@@ -505,11 +505,15 @@ fn probe_read_root_only_files(candidates: &[std::path::PathBuf]) -> Option<Probe
     Some(p)
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum ChildProbe {
     CreateInTmp,
     SignalGateway,
     NewUserNamespace,
+    /// `getpid` with the x32 bit: EPERM is the ABI guard; ENOSYS would mean it passed the
+    /// filters to a kernel without x32. In a child, because a filter above toolwall's
+    /// (systemd's `SystemCallArchitectures=native`) kills the caller instead.
+    X32Syscall,
 }
 
 /// Forks a child that tries one forbidden thing and exits with the errno it got (0 when it
@@ -553,6 +557,13 @@ fn probe_in_child(name: &str, what: ChildProbe) -> Probe {
                         *libc::__errno_location()
                     }
                 }
+                ChildProbe::X32Syscall => {
+                    if libc::syscall(super::attest::X32_SYSCALL_BIT | libc::SYS_getpid) >= 0 {
+                        0
+                    } else {
+                        *libc::__errno_location()
+                    }
+                }
             };
             libc::_exit(code.clamp(0, 255));
         }
@@ -566,6 +577,17 @@ fn probe_in_child(name: &str, what: ChildProbe) -> Probe {
     let mut status = 0;
     // SAFETY: waiting for our own child.
     let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+    if rc == pid
+        && what == ChildProbe::X32Syscall
+        && libc::WIFSIGNALED(status)
+        && libc::WTERMSIG(status) == libc::SIGSYS
+    {
+        return denied_by(
+            name,
+            libc::EPERM,
+            "killed by SIGSYS: a seccomp filter above toolwall's, such as systemd's SystemCallArchitectures=native",
+        );
+    }
     if rc != pid || !libc::WIFEXITED(status) {
         return allowed(
             name,
@@ -574,6 +596,8 @@ fn probe_in_child(name: &str, what: ChildProbe) -> Probe {
     }
     let errno = libc::WEXITSTATUS(status);
     let layer = match (what, errno) {
+        (ChildProbe::X32Syscall, libc::EPERM) => "seccomp ABI guard, inherited by the child",
+        (ChildProbe::X32Syscall, _) => "",
         (_, libc::EACCES) => "landlock, inherited by the child",
         (ChildProbe::SignalGateway, libc::EPERM) => "landlock scope, inherited by the child",
         (_, libc::EPERM) => "seccomp, inherited by the child",
