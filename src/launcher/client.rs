@@ -6,6 +6,7 @@ use nix::sys::socket::{
 use std::io::IoSlice;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -41,6 +42,16 @@ impl Launcher {
         identities: Vec<AgentIdentity>,
         sandbox: &SandboxConfig,
     ) -> Result<Launcher, String> {
+        Self::start_binary(Path::new("/proc/self/exe"), identities, sandbox)
+    }
+
+    /// As [`Launcher::start`], from the toolwall binary at `exe` (tests run it from
+    /// another executable).
+    pub fn start_binary(
+        exe: &Path,
+        identities: Vec<AgentIdentity>,
+        sandbox: &SandboxConfig,
+    ) -> Result<Launcher, String> {
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -58,7 +69,7 @@ impl Launcher {
         let stdin = crate::workers::supervisor::settings_pipe(&text)
             .map_err(|e| format!("settings pipe: {e}"))?;
         let mut prepare = crate::sandbox::child_pre_exec(theirs.as_raw_fd(), sandbox);
-        let mut cmd = Command::new("/proc/self/exe");
+        let mut cmd = Command::new(exe);
         cmd.arg("agent-launcher")
             .env_clear()
             .stdin(Stdio::from(stdin))
@@ -146,6 +157,20 @@ impl Launcher {
                 pid: (pid > 0).then_some(pid as u32),
             }),
         }
+    }
+
+    /// Sends raw bytes as one request packet (tests of the launcher's defences) and
+    /// returns the decoded answer.
+    pub fn raw_request(&mut self, packet: &[u8]) -> Result<SpawnAnswer, String> {
+        nix::sys::socket::send(self.channel.as_raw_fd(), packet, MsgFlags::MSG_NOSIGNAL)
+            .map_err(|e| e.to_string())?;
+        let mut buf = [0u8; protocol::MAX_PACKET];
+        let n = recv(self.channel.as_raw_fd(), &mut buf, MsgFlags::empty())
+            .map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("the agent launcher is gone".into());
+        }
+        protocol::decode_answer(&buf[..n])
     }
 
     /// Whether the launcher process exited (reaps it if so).
