@@ -311,6 +311,8 @@ fn run_confined_worker_in(role: Role, mode: SandboxMode) {
         "connect to a listening, ungranted port: {work}"
     );
     assert_eq!(work["netlink_socket"], libc::EPERM, "{work}");
+    // A raw system call number with the x32 bit, in every allow-list role.
+    assert_eq!(work["x32_getpid"], libc::EPERM, "{work}");
     // The https attempt produced a real ClientHello (rustls + ring ran) and failed on the
     // server's plain-text answer, not on the sandbox.
     let first = tls_first_bytes
