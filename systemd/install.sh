@@ -2,7 +2,7 @@
 # Builds toolwall and installs it as a system service:
 #   binary       PREFIX/bin/toolwall                (PREFIX defaults to /usr)
 #   units        /etc/systemd/system/toolwall{.service,.socket,-vsock.socket,-http.socket}
-#   user         toolwall (sysusers.d/toolwall.conf), if missing
+#   users        toolwall and toolwall-agent (sysusers.d/toolwall.conf), if missing
 #   config       /etc/toolwall/toolwall.toml from examples/toolwall.toml, if missing
 # then reloads systemd, enables the unix door (systemctl enable --now toolwall.socket) and
 # restarts the service if it runs (an upgrade).
@@ -87,6 +87,16 @@ elif command -v systemd-sysusers >/dev/null; then
 else
     run useradd --system --user-group --home-dir /var/lib/toolwall --no-create-home \
         --shell /usr/sbin/nologin --comment "toolwall MCP firewall" "$user"
+fi
+# The agent user: workspace commands run as it (never as toolwall or root).
+agent_user=toolwall-agent
+if getent passwd "$agent_user" >/dev/null; then
+    note "user $agent_user exists"
+elif command -v systemd-sysusers >/dev/null; then
+    run systemd-sysusers "$sysusers_file"
+else
+    run useradd --system --user-group --home-dir /nonexistent --no-create-home \
+        --shell /usr/sbin/nologin --comment "toolwall agent programs" "$agent_user"
 fi
 
 # 4. The units; ExecStart follows the prefix.

@@ -2,7 +2,8 @@
 # Runs the shipped units under a real service manager: a private systemd booted as PID 1 of
 # new pid, mount, network, uts, ipc and cgroup namespaces, with the built binary. Checks
 # socket activation (names, group access to the unix door), READY and STATUS, the workers'
-# confinement under the unit's sandbox, reload, the watchdog (pings, and a restart when the
+# confinement under the unit's sandbox, a workspace command running as the agent user with
+# the gateway holding no capability, reload, the watchdog (pings, and a restart when the
 # loop hangs), stop (exit 0, nothing left behind) and activation again after a stop.
 #
 # Usage: systemd/test-under-systemd.sh [--bin PATH] [--relay PATH]
@@ -67,12 +68,20 @@ cat >"$work/units/toolwall.service.d/test.conf" <<EOF
 StandardOutput=append:/run/toolwall-test.log
 StandardError=append:/run/toolwall-test.log
 WatchdogSec=4s
+ReadWritePaths=/var/lib/toolwall-ws
 EOF
 cat >"$work/units/test.target" <<EOF
 [Unit]
 Description=toolwall test target
 EOF
 sed -e "s/^vsock = 5002/vsock = $vsock_port/" examples/toolwall.toml >"$work/toolwall.toml"
+# One workspace, its root given to the agent user (as an operator must).
+cat >>"$work/toolwall.toml" <<EOF
+
+[workspaces.test]
+root = "/var/lib/toolwall-ws"
+owners = ["uid:*"]
+EOF
 
 # PID 1's side: a private view of the system, then systemd itself.
 cat >"$work/boot.sh" <<EOF
@@ -88,9 +97,12 @@ getent group toolwall >/dev/null || groupadd --system toolwall
 getent passwd toolwall >/dev/null || useradd --system -g toolwall -M -d /var/lib/toolwall -s /usr/sbin/nologin toolwall
 getent passwd tw-agent >/dev/null || useradd -M -G toolwall tw-agent
 getent passwd tw-outsider >/dev/null || useradd -M tw-outsider
+getent passwd toolwall-agent >/dev/null || useradd --system --user-group -M -d /nonexistent -s /usr/sbin/nologin toolwall-agent
 chgrp toolwall /etc/toolwall/toolwall.toml
 chmod 0640 /etc/toolwall/toolwall.toml
 mount -t tmpfs tmpfs /var/lib
+mkdir -p /var/lib/toolwall-ws
+chown toolwall-agent: /var/lib/toolwall-ws
 mount -t tmpfs tmpfs /run
 mkdir -p /run/systemd/system
 umount -l /sys/fs/cgroup 2>/dev/null || true
@@ -172,13 +184,31 @@ check "a user outside group toolwall is refused" refused "$(agent tw-outsider ||
 procs() { ns cat /sys/fs/cgroup/system.slice/toolwall.service/cgroup.procs 2>/dev/null | wc -l; }
 check "the gateway and its worker run in the unit's cgroup" [ "$(procs)" -ge 2 ]
 check "STATUS= set" [ -n "$(show toolwall.service StatusText)" ]
-check "the unix door came from systemd" grep -q 'fd 3 "mcp-unix"' <<<"$(log)"
+check "the unix door came from systemd" grep -Eq 'fd [0-9]+ "mcp-unix"' <<<"$(log)"
 check "the unused HTTP socket is explained" grep -q '"mcp-http".*not served' <<<"$(log)"
 
 # 3. The workers confined themselves inside the unit's sandbox.
 status="$(ns "$work/toolwall" status --config /etc/toolwall/toolwall.toml)"
 check "worker ready under the unit's sandbox" grep -q 'state ready' <<<"$status"
 check "Landlock fully enforced" grep -q 'fully_enforced' <<<"$status"
+
+# 3b. Agent programs run as the agent user; only the agent launcher keeps a capability.
+ws_requests='{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}
+{"jsonrpc":"2.0","method":"notifications/initialized"}
+{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"ws__shell_run","arguments":{"worker":"test","command":"id -un; chmod 0777 /var/lib/toolwall 2>&1; cat /var/lib/toolwall/ledger.db 2>&1 | head -c 200"}}}'
+ws_answers="$(printf '%s\n' "$ws_requests" | ns setpriv --reuid=tw-agent --regid=tw-agent --init-groups \
+    "$work/toolwall-relay" --connect unix:/run/toolwall/mcp.sock --drain-timeout 10 2>/dev/null || true)"
+check "a workspace command runs as toolwall-agent" grep -q 'toolwall-agent\\n' <<<"$ws_answers"
+check "it cannot chmod toolwall's state directory" grep -q 'Operation not permitted' <<<"$ws_answers"
+check "it cannot read the ledger" grep -q 'Permission denied' <<<"$ws_answers"
+check "status names the agent user" grep -q 'agent programs: run as toolwall-agent' <<<"$status"
+# /proc here is the host's: find the gateway by its command line.
+gateway_pid="$(pgrep -f "^$work/toolwall serve" | head -n 1)"
+check "the gateway holds no capability" \
+    [ "$(grep -E '^Cap(Prm|Eff|Bnd|Amb):' "/proc/$gateway_pid/status" | awk '{print $2}' | sort -u)" = 0000000000000000 ]
+launcher_pid="$(pgrep -P "$gateway_pid" -f "agent-launcher" | head -n 1 || true)"
+check "the agent launcher keeps CAP_SETUID, CAP_SETGID, CAP_SETPCAP only" \
+    [ "$(grep -E '^CapEff:' "/proc/$launcher_pid/status" | awk '{print $2}')" = 00000000000001c0 ]
 
 # 4. Reload.
 ns systemctl reload toolwall.service

@@ -203,6 +203,7 @@ impl Worker {
             threads: 4,
             queue: 16,
             http: HttpToolsConfig::default(),
+            secrets: Vec::new(),
         };
         let (ours, theirs) = UnixStream::pair().unwrap();
         let theirs: OwnedFd = theirs.into();

@@ -124,8 +124,10 @@ fn service_sandbox_settings() {
     let s = unit("toolwall.service");
     for (key, value) in [
         ("NoNewPrivileges", "yes"),
-        ("CapabilityBoundingSet", ""),
-        ("AmbientCapabilities", ""),
+        // Exactly what the agent launcher needs to switch to the agent user, and to empty
+        // the bounding set of what it starts; the gateway drops them at start.
+        ("CapabilityBoundingSet", "CAP_SETUID CAP_SETGID CAP_SETPCAP"),
+        ("AmbientCapabilities", "CAP_SETUID CAP_SETGID CAP_SETPCAP"),
         ("ProtectSystem", "strict"),
         ("ProtectHome", "yes"),
         ("PrivateTmp", "yes"),
@@ -160,6 +162,7 @@ fn service_sandbox_settings() {
         "landlock_restrict_self",
         "seccomp",
         "capset",
+        "@setuid",
     ] {
         assert!(
             filter.split_whitespace().any(|w| w == call),

@@ -21,6 +21,7 @@ use toolwall::workers::rpc::{self, Message, Op, RpcReader};
 use toolwall::workspace::WorkspaceWorkerSettings;
 use toolwall::workspace::config::{Network, WorkspaceConfig, WorkspacesConfig};
 use toolwall::workspace::routing::worker_settings;
+use toolwall::workspace::settings::AgentExpectation;
 
 use common::{BIN, PATIENCE};
 
@@ -46,6 +47,10 @@ impl Tree {
         let hello = base.join("tools/bin/hello");
         std::fs::write(&hello, "#!/bin/sh\necho hello from a tool\n").expect("script");
         std::fs::set_permissions(&hello, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        // The root belongs to the agent user, as an operator must set it up; the rest stays
+        // root's (toolwall's, another owner's).
+        common::give_to_agent(&base.join("ws"));
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         Tree { _dir: dir, base }
     }
 
@@ -78,9 +83,16 @@ impl Tree {
         ];
         let all = worker_settings(&cfg, &protected, &self.path("state"), SandboxMode::Enforce)
             .expect("worker settings");
-        all.into_iter()
+        let mut settings = all
+            .into_iter()
             .find(|s| s.name == "ws")
-            .expect("ws settings")
+            .expect("ws settings");
+        settings.agent = AgentExpectation {
+            user: Some(common::agent_user()),
+            // SAFETY: getuid cannot fail.
+            gateway_uid: unsafe { libc::getuid() },
+        };
+        settings
     }
 }
 
@@ -105,6 +117,11 @@ impl Worker {
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
+        // As the launcher starts it: the agent user first (that clears the parent-death
+        // signal), then the gateway's preparation.
+        if let Some(user) = &settings.agent.user {
+            common::run_as(&mut cmd, user);
+        }
         // SAFETY: child_pre_exec only makes async-signal-safe calls.
         unsafe {
             cmd.pre_exec(child_pre_exec(
@@ -132,7 +149,10 @@ impl Worker {
                 seccomp: false,
                 no_new_privs: false,
                 capabilities_cleared: false,
+                bounding_set_cleared: false,
                 mode: String::new(),
+                uid: None,
+                gid: None,
                 probes: Vec::new(),
                 notes: Vec::new(),
             },
@@ -807,6 +827,8 @@ owners = ["uid:4242424"]
         ),
     );
     std::fs::create_dir_all(dir.path().join("theirs")).expect("mkdir");
+    common::give_to_agent(&root);
+    common::give_to_agent(&dir.path().join("theirs"));
     (common::TestGateway::start_with(dir, &config), root)
 }
 

@@ -46,6 +46,8 @@ pub fn worker_spec(
             queue: servers.queue,
             // Unused by the aggregator; the settings type is shared with the builtin.
             http: HttpToolsConfig::default(),
+            // Filled in by the supervisor (`Supervisor::set_secrets`).
+            secrets: Vec::new(),
         },
     })
 }

@@ -254,6 +254,13 @@ pub const COMMANDS: &[Command] = &[
         group: "",
         summary: "Internal: started by the gateway only",
     },
+    Command {
+        words: &["agent-launcher"],
+        positional: &[],
+        flags: &[],
+        group: "",
+        summary: "Internal: started by the gateway only (agent programs' user switch)",
+    },
 ];
 
 /// What the command line asked for.
@@ -417,7 +424,8 @@ pub fn usage() -> String {
     out.push_str(
         "\nEvery command takes --config FILE (default /etc/toolwall/toolwall.toml if it exists,\n\
          else embedded defaults with state in ./toolwall-data/) and -h/--help.\n\
-         -V, --version prints the version. `toolwall worker ROLE` is internal.\n",
+         -V, --version prints the version. `toolwall worker ROLE` and `toolwall agent-launcher`\n\
+         are internal: only the gateway starts them.\n",
     );
     out
 }

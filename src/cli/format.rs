@@ -40,6 +40,7 @@ pub fn format_status(s: &serde_json::Value) -> String {
         "calls: {} (allowed {}, denied {}, error {})",
         c["calls_total"], c["calls_allowed"], c["calls_denied"], c["calls_error"]
     );
+    out.push_str(&crate::launcher::plan::format_status(&s["agents"]));
     for w in s["workers"].as_array().into_iter().flatten() {
         let conf = &w["confinement"];
         let _ = writeln!(
@@ -55,6 +56,16 @@ pub fn format_status(s: &serde_json::Value) -> String {
             conf["seccomp"],
             conf["no_new_privs"]
         );
+        if !conf.is_null() {
+            let _ = writeln!(
+                out,
+                "    uid {}  gid {}  capabilities cleared {}  bounding set cleared {}",
+                conf["uid"],
+                conf["gid"],
+                conf["capabilities_cleared"],
+                conf["bounding_set_cleared"]
+            );
+        }
         match w["gaps"].as_array() {
             Some(gaps) if gaps.is_empty() => {
                 let _ = writeln!(out, "    confined: yes");

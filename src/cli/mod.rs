@@ -50,6 +50,8 @@ fn run() -> Result<i32, String> {
             let role = role.parse().map_err(|e: String| e)?;
             Ok(crate::workers::worker_main::run(role))
         }
+        // Internal: the gateway starts it (agent programs' user switch).
+        ["agent-launcher"] => Ok(crate::launcher::server::run()),
         ["serve"] => serve(config_path, Mode::Serve),
         ["stdio"] => serve(config_path, Mode::Stdio),
         ["status"] => {

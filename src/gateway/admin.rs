@@ -149,6 +149,7 @@ fn status(gw: &Gateway, now: Instant) -> Value {
         "ledger": {"path": gw.config().ledger.path, "writable": core.ledger_ok()},
         "policy": {"rules": core.policy().rule_count(), "default": format!("{:?}", core.policy().default_verdict()).to_lowercase()},
         "sandbox_mode": format!("{:?}", gw.config().sandbox.mode).to_lowercase(),
+        "agents": gw.supervisor().agents.as_ref().map(|a| a.status_json()),
         "last_reload": gw.last_reload,
         "reloads": gw.reloads,
         "workers": workers,

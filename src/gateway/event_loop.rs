@@ -225,6 +225,9 @@ impl Gateway {
             .map_err(|e| format!("blocking signals: {e}"))?;
         let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
             .map_err(|e| format!("signalfd: {e}"))?;
+        // Agent users and the launcher, before any thread: a gateway that is not root then
+        // drops its capabilities (they are per thread).
+        let agents = crate::launcher::AgentPlan::prepare(&config);
 
         let origin = config
             .source
@@ -295,6 +298,7 @@ impl Gateway {
         };
 
         let mut supervisor = Supervisor::new(config.sandbox.clone());
+        supervisor.set_secrets(crate::sandbox::secrets::config_secrets(&config));
         let spec = builtin_spec(&config);
         let id = core.add_worker(&spec.name, &spec.server);
         supervisor.add(spec, id, Token(WORKER_BASE));
@@ -317,26 +321,36 @@ impl Gateway {
             ));
         }
         // One worker per workspace, all serving `ws`; calls are routed by the caller.
+        let mut protected = workspace_protected_paths(&config);
+        protected.extend(
+            crate::sandbox::secrets::secret_files(supervisor.secrets()).map(|p| p.to_path_buf()),
+        );
         let workspaces = crate::workspace::worker_settings(
             &config.workspaces,
-            &workspace_protected_paths(&config),
+            &protected,
             &config.state_dir(),
             config.sandbox.mode,
         )
         .map_err(|e| format!("workspaces: {e}"))?;
         let mut ws_workers = std::collections::HashMap::new();
-        for (n, ws) in workspaces.iter().enumerate() {
+        for (n, mut ws) in workspaces.into_iter().enumerate() {
             let spec = WorkerSpec {
                 name: format!("workspace:{}", ws.name),
                 role: Role::Workspace,
                 server: crate::workspace::tools::SERVER.into(),
                 settings: WorkerSettings::default(),
             };
-            let stdin = serde_json::to_vec(ws).map_err(|e| format!("workspaces: {e}"))?;
+            let user = ws.workspace.agent_user.clone();
+            let user = user.as_deref().unwrap_or(&config.sandbox.agent_user);
+            let (host, allowed) =
+                crate::workspace::hosting::host(&mut ws, user, &agents, supervisor.secrets());
+            let stdin = serde_json::to_vec(&ws).map_err(|e| format!("workspaces: {e}"))?;
             let id = core.add_worker(&spec.name, &spec.server);
             ws_workers.insert(ws.id.clone(), id);
-            supervisor.add_with_settings(spec, id, Token(WORKER_BASE + 2 + n), stdin);
+            let token = Token(WORKER_BASE + 2 + n);
+            supervisor.add_program_host(spec, id, token, stdin, host, allowed);
         }
+        supervisor.agents = Some(agents);
         if !ws_workers.is_empty() {
             let directory = crate::workspace::WorkspaceDirectory::new(&config.workspaces)
                 .map_err(|e| format!("workspaces: {e}"))?;
@@ -1627,6 +1641,8 @@ pub fn builtin_spec(config: &Config) -> WorkerSpec {
             threads: config.builtin.threads,
             queue: config.builtin.queue,
             http: config.builtin.http.clone(),
+            // Filled in by the supervisor (`Supervisor::set_secrets`).
+            secrets: Vec::new(),
         },
     }
 }

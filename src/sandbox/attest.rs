@@ -28,6 +28,7 @@ pub const REQUIRED_PROBES: &[&str] = &[
     "unix_socket",
     "signal_parent",
     "tcp_fast_open",
+    "gain_capabilities",
 ];
 
 /// The probes a role's report must carry (by the role's name as the report spells it).
@@ -55,7 +56,7 @@ pub fn probes_allowed_by_design(role: &str) -> &'static [&'static str] {
 /// report's `probes`). Run it right after [`super::confine`], before serving; it is safe
 /// with threads running too.
 pub fn attest(grant: &RoleGrant) -> Vec<Probe> {
-    vec![
+    let mut probes = vec![
         probe_create_file("create_file_tmp", Path::new("/tmp")),
         probe_create_file("create_file_probe_dir", &grant.forbidden_probe_dir),
         probe_read_dir(&grant.forbidden_probe_dir),
@@ -68,7 +69,10 @@ pub fn attest(grant: &RoleGrant) -> Vec<Probe> {
         probe_unix_socket(),
         probe_signal_parent(),
         probe_tcp_fast_open(grant),
-    ]
+        probe_gain_capabilities(),
+    ];
+    probes.extend(super::secrets::probe_secrets(&grant.secrets));
+    probes
 }
 
 pub(super) fn denied(name: &str, errno: i32) -> Probe {
@@ -79,7 +83,7 @@ pub(super) fn denied(name: &str, errno: i32) -> Probe {
     }
 }
 
-pub(super) fn allowed(name: &str, detail: String) -> Probe {
+pub(crate) fn allowed(name: &str, detail: String) -> Probe {
     Probe {
         name: name.to_string(),
         denied: false,
@@ -98,7 +102,7 @@ fn layer_of(name: &str, errno: i32) -> &'static str {
     }
 }
 
-pub(super) fn errno_text(errno: i32) -> String {
+pub(crate) fn errno_text(errno: i32) -> String {
     let name = match errno {
         libc::EPERM => "EPERM",
         libc::ENOENT => "ENOENT",
@@ -119,11 +123,12 @@ pub(super) fn errno_text(errno: i32) -> String {
     format!("{name} {}", io::Error::from_raw_os_error(errno))
 }
 
-pub(super) fn last_errno() -> i32 {
+pub(crate) fn last_errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-pub(super) fn c_path(path: &Path) -> Option<CString> {
+/// A path as a C string; None when it holds a NUL byte.
+pub fn c_path(path: &Path) -> Option<CString> {
     CString::new(path.as_os_str().as_bytes()).ok()
 }
 
@@ -148,6 +153,17 @@ pub(super) fn probe_create_file(name: &str, dir: &Path) -> Probe {
     }
     match last_errno() {
         e @ (libc::EACCES | libc::EPERM) => denied(name, e),
+        // A read-only mount (systemd's ProtectSystem=strict) refuses before Landlock is
+        // asked: a wall at least as strong.
+        libc::EROFS => Probe {
+            name: name.to_string(),
+            denied: true,
+            detail: format!(
+                "denied: {} (a read-only mount) for {}",
+                errno_text(libc::EROFS),
+                path.display()
+            ),
+        },
         e => allowed(
             name,
             format!("not proven: {} for {}", errno_text(e), path.display()),
@@ -429,6 +445,54 @@ pub(super) fn probe_signal_parent() -> Probe {
         e => allowed(name, format!("not proven: {}", errno_text(e))),
     }
 }
+
+/// No capability held, none ambient or inheritable, and none that execve could grant: the
+/// bounding set is empty, or no_new_privs keeps file capabilities and set-user-ID root
+/// programs from granting any.
+pub(super) fn probe_gain_capabilities() -> Probe {
+    let name = "gain_capabilities";
+    let sets = match super::capabilities::CapabilitySets::current() {
+        Ok(s) => s,
+        Err(e) => {
+            return allowed(
+                name,
+                format!("not proven: reading the capability sets: {e}"),
+            );
+        }
+    };
+    // SAFETY: prctl with integer arguments.
+    let no_new_privs = unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) } == 1;
+    if !sets.holds_none() {
+        return allowed(name, format!("capabilities held: {}", sets.describe()));
+    }
+    if sets.bounding == 0 {
+        return Probe {
+            name: name.to_string(),
+            denied: true,
+            detail: "denied: no capability held and the bounding set is empty".to_string(),
+        };
+    }
+    if no_new_privs {
+        return Probe {
+            name: name.to_string(),
+            denied: true,
+            detail: format!(
+                "denied: no capability held; the bounding set still names {} (toolwall had no CAP_SETPCAP to drop them) and no_new_privs keeps execve from granting any",
+                sets.bounding.count_ones()
+            ),
+        };
+    }
+    allowed(
+        name,
+        format!(
+            "no capability held, but {} in the bounding set and no no_new_privs",
+            sets.bounding.count_ones()
+        ),
+    )
+}
+
+/// The x32 bit of x86_64 system call numbers (`__X32_SYSCALL_BIT`).
+pub const X32_SYSCALL_BIT: libc::c_long = 0x4000_0000;
 
 #[cfg(test)]
 mod tests {

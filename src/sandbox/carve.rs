@@ -90,7 +90,14 @@ fn resolve_hidden(path: &Path) -> Option<PathBuf> {
 
 fn expand(dir: &Path, hidden: &[PathBuf], out: &mut Vec<PathBuf>) -> io::Result<()> {
     let mut entries: Vec<PathBuf> = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
+    let listing = match std::fs::read_dir(dir) {
+        Ok(l) => l,
+        // A directory this process may not list (an agent user's view of a root-only
+        // directory) cannot be read by it either: left out, which Landlock then refuses too.
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in listing {
         let entry = entry?;
         if entry.file_type()?.is_symlink() {
             continue;

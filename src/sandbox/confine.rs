@@ -3,6 +3,7 @@
 
 use std::io;
 
+use super::capabilities::{self, CapabilitySets};
 use super::report::LandlockState;
 use super::{
     ConfinementReport, Role, RoleGrant, SandboxError, SandboxMode, landlock_rules, profile,
@@ -30,6 +31,8 @@ pub fn confine(
     profile::landlock_profile(role).map_err(SandboxError::Profile)?;
 
     let mut notes = Vec::new();
+    // Before seccomp, whose allow-lists do not have getresuid.
+    let ids = own_ids();
     // Other threads would stay unconfined whatever the kernel offers: a bug in the worker,
     // not a kernel gap, so warn mode refuses it too.
     match running_threads() {
@@ -39,12 +42,12 @@ pub fn confine(
         Err(e) => notes.push(format!("thread count unknown: {e}")),
     }
 
-    let capabilities_cleared = match clear_capabilities() {
-        Ok(()) => true,
+    let (capabilities_cleared, bounding_set_cleared) = match clear_capabilities(&mut notes) {
+        Ok(bounding_empty) => (true, bounding_empty),
         Err(e) if enforce => return Err(SandboxError::Capabilities(e)),
         Err(e) => {
             notes.push(format!("capabilities not cleared: {e}"));
-            false
+            (false, false)
         }
     };
 
@@ -90,10 +93,35 @@ pub fn confine(
         seccomp,
         no_new_privs,
         capabilities_cleared,
+        bounding_set_cleared,
         mode: mode.to_string(),
+        uid: Some(ids.0),
+        gid: Some(ids.1),
         probes: Vec::new(),
         notes,
     })
+}
+
+/// (uid, gid) when real, effective and saved ids agree; else the first id that differs
+/// from the real one, so a report never hides a mixed identity.
+pub(crate) fn own_ids() -> (u32, u32) {
+    let (mut r, mut e, mut s) = (0, 0, 0);
+    let (mut gr, mut ge, mut gs) = (0, 0, 0);
+    // SAFETY: out-pointers to local integers.
+    unsafe {
+        libc::getresuid(&mut r, &mut e, &mut s);
+        libc::getresgid(&mut gr, &mut ge, &mut gs);
+    }
+    let pick = |a: u32, b: u32, c: u32| {
+        if b != a {
+            b
+        } else if c != a {
+            c
+        } else {
+            a
+        }
+    };
+    (pick(r, e, s), pick(gr, ge, gs))
 }
 
 /// Threads of this process, from /proc (read before Landlock hides it).
@@ -101,37 +129,32 @@ fn running_threads() -> io::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/task")?.count())
 }
 
-/// Empties the effective, permitted and inheritable sets (and with them the ambient set).
-/// A worker started by a root gateway otherwise keeps every capability.
-fn clear_capabilities() -> io::Result<()> {
-    #[repr(C)]
-    struct CapHeader {
-        version: u32,
-        pid: libc::c_int,
+/// Drops the bounding set when this process may (`CAP_SETPCAP`: a root gateway, or the
+/// agent launcher), then empties the ambient, effective, permitted and inheritable sets: a
+/// worker started by a root gateway otherwise keeps every capability. Returns whether the
+/// bounding set is empty now; a worker of an unprivileged gateway cannot empty it, and
+/// no_new_privs then keeps execve from granting any of it.
+fn clear_capabilities(notes: &mut Vec<String>) -> io::Result<bool> {
+    let before = CapabilitySets::current()?;
+    if before.bounding != 0 && before.effective & capabilities::bit(capabilities::CAP_SETPCAP) != 0
+    {
+        capabilities::drop_bounding_set()?;
     }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct CapData {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
+    capabilities::clear_held()?;
+    let after = CapabilitySets::current()?;
+    if !after.holds_none() {
+        return Err(io::Error::other(format!(
+            "capabilities still held: {}",
+            after.describe()
+        )));
     }
-    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    let header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let empty = [CapData {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: version 3 takes a header and two data structs, both valid for the call.
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, empty.as_ptr()) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
+    if after.bounding != 0 {
+        notes.push(format!(
+            "capability bounding set not empty ({} capabilities): this process had no CAP_SETPCAP to drop them; no_new_privs keeps execve from granting any",
+            after.bounding.count_ones()
+        ));
     }
-    Ok(())
+    Ok(after.bounding == 0)
 }
 
 fn set_no_new_privs() -> io::Result<()> {

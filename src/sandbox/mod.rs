@@ -11,30 +11,37 @@
 //! The rules are reviewed data in `sandbox-profiles/` (seccomp allow-lists in seccompiler's
 //! JSON, Landlock grants in TOML), compiled into the binary.
 
+mod abi_guard;
 mod attest;
+pub mod capabilities;
 mod carve;
+pub mod cgroup;
 mod confine;
 mod inherited_fds;
 mod landlock_rules;
 mod launch;
 mod observe;
 mod profile;
+pub mod program_walls;
 mod report;
 mod seccomp_filter;
+pub mod secrets;
 mod workspace_probes;
 
 #[cfg(test)]
 mod tests;
 
-pub use attest::{REQUIRED_PROBES, attest, probes_allowed_by_design, required_probes};
+pub use attest::{REQUIRED_PROBES, attest, c_path, probes_allowed_by_design, required_probes};
 pub use carve::carve_hidden;
 pub use confine::confine;
 pub use inherited_fds::{RPC_FD, scrub_inherited_fds};
-pub use launch::child_pre_exec;
+pub use launch::{MIN_OPEN_FILES, child_pre_exec};
 pub use observe::{ObservedProcess, observe_process};
 pub use profile::role_grant_defaults;
+pub use program_walls::{ProgramRlimits, ProgramWalls};
 pub use report::{ConfinementReport, LandlockState, Probe};
-pub use workspace_probes::{WORKSPACE_PROBES, attest_workspace};
+pub use secrets::SecretPath;
+pub use workspace_probes::{WORKSPACE_PROBES, WorkspaceProbeContext, attest_workspace};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -53,6 +60,27 @@ pub struct SandboxConfig {
     /// RLIMIT_AS of each worker in bytes; none by default (thread stacks reserve a lot of
     /// address space they never touch, so a tight value breaks the thread pool).
     pub max_address_space_bytes: Option<u64>,
+    /// The user agent programs (workspace commands) run as, unless a workspace names its
+    /// own `agent_user`. Never root, never toolwall's own user or group.
+    pub agent_user: String,
+    /// When toolwall cannot switch users (it runs as a user without `CAP_SETUID` and
+    /// `CAP_SETGID`): `false` keeps workspaces offline (fail closed); `true` runs agent
+    /// programs as toolwall's own user, loudly reported.
+    pub run_agents_as_gateway_user: bool,
+    /// cgroup v2 limits of workspaces: `auto` uses toolwall's delegated cgroup when it has
+    /// one (else rlimits only, and status says so); `required` keeps workspaces offline
+    /// without one; `off` never touches cgroups.
+    pub cgroups: CgroupMode,
+}
+
+/// `[sandbox] cgroups`.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupMode {
+    #[default]
+    Auto,
+    Required,
+    Off,
 }
 
 /// Default of `[sandbox] max_open_files`.
@@ -64,6 +92,9 @@ impl Default for SandboxConfig {
             mode: SandboxMode::Enforce,
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             max_address_space_bytes: None,
+            agent_user: crate::launcher::DEFAULT_AGENT_USER.to_string(),
+            run_agents_as_gateway_user: false,
+            cgroups: CgroupMode::Auto,
         }
     }
 }
@@ -184,6 +215,10 @@ pub struct RoleGrant {
     /// the admin socket, other workspaces).
     #[serde(default)]
     pub hidden_paths: Vec<PathBuf>,
+    /// Secrets the config names (also in `hidden_paths`): the attestation tries to read
+    /// each one (`read_secret:*`).
+    #[serde(default)]
+    pub secrets: Vec<SecretPath>,
 }
 
 /// Why a worker could not be confined. In enforce mode any of these is fatal.

@@ -29,22 +29,39 @@ pub(super) const ENOSYS_LIST: &str = "enosys_list";
 pub(super) const DENY_LIST: &str = "deny_list";
 /// Name of the filter a role that runs programs adds when it has no network.
 pub(super) const OFFLINE_LIST: &str = "offline_list";
+/// Name of the filter a role that runs programs installs in each program's process (the
+/// task leader), on top of its own: what programs may not do but the worker needs.
+pub(super) const PROGRAMS_ENOSYS_LIST: &str = "programs_enosys_list";
 
 /// The filter names a role's profile must hold, exactly.
 pub(super) fn filter_names(role: Role) -> &'static [&'static str] {
     if role.runs_programs() {
-        &[DENY_LIST, ENOSYS_LIST, OFFLINE_LIST]
+        &[DENY_LIST, ENOSYS_LIST, OFFLINE_LIST, PROGRAMS_ENOSYS_LIST]
     } else {
         &[ALLOW_LIST, ENOSYS_LIST]
     }
 }
 
 pub(super) struct RoleFilters {
+    /// Refuses x32 and out-of-table numbers, kills foreign architectures (see
+    /// [`super::abi_guard`]).
+    abi_guard: BpfProgram,
     /// The allow-list, or for a role that runs programs, the deny-list.
     allow_list: BpfProgram,
     enosys_list: BpfProgram,
     /// Only for roles that run programs: installed when the grant has no TCP port.
     offline_list: Option<BpfProgram>,
+    /// Only for roles that run programs: installed by each program's leader, not here.
+    pub(super) programs_list: Option<BpfProgram>,
+}
+
+/// The filter a program host (the workspace's task leader) installs in each program's
+/// process, on top of the worker's: compiled here, installed with
+/// [`super::program_walls::ProgramWalls`]. Errors for a role that runs no programs.
+pub fn programs_filter(role: Role) -> Result<BpfProgram, String> {
+    compile(role)?
+        .programs_list
+        .ok_or_else(|| format!("the {role} role runs no programs"))
 }
 
 /// Compiles the role's profile for the running architecture.
@@ -53,6 +70,7 @@ pub(super) fn compile(role: Role) -> Result<RoleFilters, String> {
         .map_err(|e| format!("architecture {}: {e}", std::env::consts::ARCH))?;
     let mut map = seccompiler::compile_from_json(seccomp_json(role).as_bytes(), arch)
         .map_err(|e| format!("sandbox-profiles/{role}.json: {e}"))?;
+    let abi_guard = super::abi_guard::program()?;
     let names = filter_names(role);
     if map.len() != names.len() {
         return Err(format!(
@@ -66,15 +84,19 @@ pub(super) fn compile(role: Role) -> Result<RoleFilters, String> {
     };
     if role.runs_programs() {
         Ok(RoleFilters {
+            abi_guard,
             allow_list: take(DENY_LIST)?,
             enosys_list: take(ENOSYS_LIST)?,
             offline_list: Some(take(OFFLINE_LIST)?),
+            programs_list: Some(take(PROGRAMS_ENOSYS_LIST)?),
         })
     } else {
         Ok(RoleFilters {
+            abi_guard,
             allow_list: take(ALLOW_LIST)?,
             enosys_list: take(ENOSYS_LIST)?,
             offline_list: None,
+            programs_list: None,
         })
     }
 }
@@ -83,6 +105,8 @@ pub(super) fn compile(role: Role) -> Result<RoleFilters, String> {
 /// created later); `offline` adds the role's offline filter when it has one. Also sets
 /// no_new_privs, which seccomp requires.
 pub(super) fn install(filters: &RoleFilters, offline: bool) -> Result<(), String> {
+    seccompiler::apply_filter(&filters.abi_guard)
+        .map_err(|e| format!("installing the ABI guard: {e}"))?;
     seccompiler::apply_filter(&filters.enosys_list)
         .map_err(|e| format!("installing {ENOSYS_LIST}: {e}"))?;
     if offline && let Some(offline_list) = &filters.offline_list {

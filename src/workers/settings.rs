@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-use crate::sandbox::{RoleGrant, SandboxMode};
+use crate::sandbox::{RoleGrant, SandboxMode, SecretPath};
 use crate::tools::http::HttpToolsConfig;
 
 /// `Default` is what a worker of a role that reads its own settings (the workspace role
@@ -19,6 +19,9 @@ pub struct WorkerSettings {
     pub threads: usize,
     pub queue: usize,
     pub http: HttpToolsConfig,
+    /// The secrets the config names: hidden, and each tried by the attestation.
+    #[serde(default)]
+    pub secrets: Vec<SecretPath>,
 }
 
 impl WorkerSettings {
@@ -27,6 +30,8 @@ impl WorkerSettings {
             tcp_connect_ports: self.tcp_connect_ports.clone(),
             read_paths: self.read_paths.clone(),
             forbidden_probe_dir: self.forbidden_probe_dir.clone(),
+            hidden_paths: crate::sandbox::secrets::hidden_for(&self.secrets, &self.read_paths),
+            secrets: self.secrets.clone(),
             ..RoleGrant::default()
         }
     }

@@ -27,6 +27,98 @@ pub const STABLE_AFTER: Duration = Duration::from_secs(30);
 /// Bytes queued for a worker before calls to it are refused as busy.
 pub const MAX_WORKER_BACKLOG: usize = 64 * 1024 * 1024;
 
+/// Who starts a worker, and as which user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerHost {
+    /// The gateway, as its own user (the builtin and aggregator; a host of agent programs
+    /// when `[sandbox] run_agents_as_gateway_user` allows it, see `allowed_probes`).
+    Gateway,
+    /// The agent launcher, as agent user number `identity`, in the cgroup `cgroup` when
+    /// cgroups are in force; its report must show `uid`.
+    AgentUser {
+        identity: usize,
+        uid: u32,
+        cgroup: Option<std::path::PathBuf>,
+    },
+    /// Never started, and why (toolwall cannot switch users): the worker stays down.
+    Refused(String),
+}
+
+/// A worker process: one the gateway spawned, or one the launcher started with the
+/// gateway as its parent (`CLONE_PARENT`), known by pid. Either way the gateway is the
+/// parent: it reaps it, and until then the pid cannot be reused.
+#[derive(Debug)]
+enum WorkerChild {
+    Spawned(Child),
+    Adopted(u32),
+}
+
+impl WorkerChild {
+    fn id(&self) -> u32 {
+        match self {
+            WorkerChild::Spawned(c) => c.id(),
+            WorkerChild::Adopted(pid) => *pid,
+        }
+    }
+
+    fn kill(&mut self) -> std::io::Result<()> {
+        match self {
+            WorkerChild::Spawned(c) => c.kill(),
+            WorkerChild::Adopted(pid) => {
+                // SAFETY: kill(2) on our own unreaped child.
+                if unsafe { libc::kill(*pid as libc::pid_t, libc::SIGKILL) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own unreaped child.
+        unsafe {
+            libc::kill(self.id() as libc::pid_t, sig);
+        }
+    }
+
+    fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        match self {
+            WorkerChild::Spawned(c) => c.try_wait(),
+            WorkerChild::Adopted(pid) => reap_pid(*pid, libc::WNOHANG),
+        }
+    }
+
+    fn wait(&mut self) {
+        match self {
+            WorkerChild::Spawned(c) => {
+                let _ = c.wait();
+            }
+            WorkerChild::Adopted(pid) => {
+                let _ = reap_pid(*pid, 0);
+            }
+        }
+    }
+}
+
+/// waitpid on a child the launcher created for us.
+fn reap_pid(pid: u32, flags: libc::c_int) -> std::io::Result<Option<std::process::ExitStatus>> {
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let rc = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, flags) };
+        if rc == 0 {
+            return Ok(None);
+        }
+        if rc > 0 {
+            return Ok(Some(std::process::ExitStatus::from_raw(status)));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
     /// Unique name, shown in status and errors (`builtin`).
@@ -72,7 +164,7 @@ pub struct WorkerProc {
     pub spec: WorkerSpec,
     pub id: WorkerId,
     pub token: Token,
-    child: Option<Child>,
+    child: Option<WorkerChild>,
     stream: Option<UnixStream>,
     /// Registered writable only while `out` holds bytes.
     write_interest: WriteInterest,
@@ -97,12 +189,19 @@ pub struct WorkerProc {
     /// What the worker reads on stdin instead of `spec.settings`, for a role with settings
     /// of its own (the workspace role).
     stdin_settings: Option<Vec<u8>>,
+    pub host: WorkerHost,
+    /// Probes this worker's report must carry beyond its role's (one per secret the
+    /// config names), each denied.
+    pub extra_probes: Vec<String>,
+    /// Probes allowed to succeed by the configuration, each a loud warning
+    /// (`run_agents_as_gateway_user`).
+    pub allowed_probes: Vec<String>,
 }
 
 /// A pipe already holding the worker's settings, its write end closed: the worker reads
 /// stdin to EOF before it confines itself. Bounded by [`MAX_SETTINGS_BYTES`]; the pipe is
 /// grown to hold them whole, so nothing here can block.
-fn settings_pipe(settings: &[u8]) -> std::io::Result<OwnedFd> {
+pub fn settings_pipe(settings: &[u8]) -> std::io::Result<OwnedFd> {
     use std::io::Write as _;
     if settings.len() > MAX_SETTINGS_BYTES {
         return Err(std::io::Error::other(format!(
@@ -137,6 +236,11 @@ pub struct Supervisor {
     pub workers: Vec<WorkerProc>,
     sandbox: SandboxConfig,
     exe: std::path::PathBuf,
+    /// How agent programs are hosted (the launcher, when toolwall can switch users).
+    pub agents: Option<crate::launcher::AgentPlan>,
+    /// The secrets the config names: every worker added hides them and must prove, one
+    /// probe each, that it cannot read them.
+    secrets: Vec<crate::sandbox::SecretPath>,
 }
 
 impl Supervisor {
@@ -146,10 +250,24 @@ impl Supervisor {
             sandbox,
             // The running binary's own inode, even if the file was replaced since.
             exe: std::path::PathBuf::from("/proc/self/exe"),
+            agents: None,
+            secrets: Vec::new(),
         }
     }
 
-    pub fn add(&mut self, spec: WorkerSpec, id: WorkerId, token: Token) {
+    /// The secrets every worker added from now on hides and probes.
+    pub fn set_secrets(&mut self, secrets: Vec<crate::sandbox::SecretPath>) {
+        self.secrets = secrets;
+    }
+
+    /// The secrets workers hide and probe.
+    pub fn secrets(&self) -> &[crate::sandbox::SecretPath] {
+        &self.secrets
+    }
+
+    pub fn add(&mut self, mut spec: WorkerSpec, id: WorkerId, token: Token) {
+        spec.settings.secrets = self.secrets.clone();
+        let extra_probes = self.secrets.iter().map(|s| s.probe_name()).collect();
         self.workers.push(WorkerProc {
             spec,
             id,
@@ -173,6 +291,9 @@ impl Supervisor {
             gone: true,
             retired: false,
             stdin_settings: None,
+            host: WorkerHost::Gateway,
+            extra_probes,
+            allowed_probes: Vec::new(),
         });
     }
 
@@ -188,6 +309,32 @@ impl Supervisor {
         self.add(spec, id, token);
         if let Some(w) = self.workers.last_mut() {
             w.stdin_settings = Some(stdin_settings);
+        }
+    }
+
+    /// Like [`Supervisor::add_with_settings`], for a worker that hosts agent programs:
+    /// started as `host` says; the probes of `allowed_probes` may succeed (a configured
+    /// exception, warned about). Its settings must carry the secrets too.
+    pub fn add_program_host(
+        &mut self,
+        spec: WorkerSpec,
+        id: WorkerId,
+        token: Token,
+        stdin_settings: Vec<u8>,
+        host: WorkerHost,
+        allowed_probes: Vec<String>,
+    ) {
+        self.add_with_settings(spec, id, token, stdin_settings);
+        if let Some(w) = self.workers.last_mut() {
+            if let WorkerHost::Refused(why) = &host {
+                // Never started: down for good, and settled (so the gateway serves the rest).
+                w.retired = true;
+                w.restart_at = None;
+                w.attempts = 1;
+                w.last_exit = Some(why.clone());
+            }
+            w.host = host;
+            w.allowed_probes = allowed_probes;
         }
     }
 
@@ -210,7 +357,23 @@ impl Supervisor {
         let w = &mut self.workers[i];
         w.restart_at = None;
         w.attempts += 1;
-        let result = (|| -> std::io::Result<(Child, UnixStream)> {
+        let launcher = match (&w.host, self.agents.as_mut().map(|a| &mut a.hosting)) {
+            (
+                WorkerHost::AgentUser {
+                    identity, cgroup, ..
+                },
+                Some(crate::launcher::AgentHosting::Launcher(l)),
+            ) => Some((l, *identity, cgroup.clone())),
+            (WorkerHost::AgentUser { .. }, _) => {
+                let why = format!("cannot start worker {}: no agent launcher", w.spec.name);
+                crate::error!("{why}");
+                w.last_exit = Some(why);
+                Self::schedule_restart(w, now);
+                return;
+            }
+            _ => None,
+        };
+        let result = (|| -> std::io::Result<(WorkerChild, UnixStream)> {
             let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
             let settings = match &w.stdin_settings {
                 Some(s) => s.clone(),
@@ -218,26 +381,52 @@ impl Supervisor {
             };
             let settings_pipe = settings_pipe(&settings)?;
             let theirs: OwnedFd = theirs.into();
-            let theirs_raw = theirs.as_raw_fd();
-            let mut confine_child = sandbox::child_pre_exec(theirs_raw, &self.sandbox);
-            let mut cmd = Command::new(&self.exe);
-            cmd.arg("worker")
-                .arg(w.spec.role.to_string())
-                .env_clear()
-                .stdin(Stdio::from(settings_pipe))
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit());
-            // SAFETY: only async-signal-safe calls run between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let mut empty: libc::sigset_t = std::mem::zeroed();
-                    libc::sigemptyset(&mut empty);
-                    // The gateway blocks signals for its signalfd; a worker must not inherit that.
-                    libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-                    confine_child()
-                });
-            }
-            let child = cmd.spawn()?;
+            let child = if let Some((launcher, identity, cgroup)) = launcher {
+                use std::os::fd::AsFd;
+                let cgroup_dir = match &cgroup {
+                    Some(dir) => Some(std::fs::File::open(dir).map_err(|e| {
+                        std::io::Error::other(format!("cgroup {}: {e}", dir.display()))
+                    })?),
+                    None => None,
+                };
+                match launcher.spawn(
+                    w.spec.role,
+                    identity,
+                    theirs.as_fd(),
+                    settings_pipe.as_fd(),
+                    cgroup_dir.as_ref().map(|f| f.as_fd()),
+                ) {
+                    Ok(pid) => WorkerChild::Adopted(pid),
+                    Err(e) => {
+                        if let Some(pid) = e.pid {
+                            // Created and failed before its exec: ours to reap.
+                            WorkerChild::Adopted(pid).wait();
+                        }
+                        return Err(std::io::Error::other(e.message));
+                    }
+                }
+            } else {
+                let theirs_raw = theirs.as_raw_fd();
+                let mut confine_child = sandbox::child_pre_exec(theirs_raw, &self.sandbox);
+                let mut cmd = Command::new(&self.exe);
+                cmd.arg("worker")
+                    .arg(w.spec.role.to_string())
+                    .env_clear()
+                    .stdin(Stdio::from(settings_pipe))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::inherit());
+                // SAFETY: only async-signal-safe calls run between fork and exec.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        let mut empty: libc::sigset_t = std::mem::zeroed();
+                        libc::sigemptyset(&mut empty);
+                        // The gateway blocks signals for its signalfd; a worker must not inherit that.
+                        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                        confine_child()
+                    });
+                }
+                WorkerChild::Spawned(cmd.spawn()?)
+            };
             drop(theirs);
             ours.set_nonblocking(true)?;
             let mut stream = UnixStream::from_std(ours);
@@ -368,7 +557,16 @@ impl Supervisor {
                             fault = Some(format!("sent a ready message for role {role} pid {pid}"));
                             break;
                         }
-                        match confinement.verdict(mode) {
+                        if let WorkerHost::AgentUser { uid, .. } = &w.host
+                            && confinement.uid != Some(*uid)
+                        {
+                            fault = Some(format!(
+                                "runs as uid {:?}, not as its agent user's uid {uid}",
+                                confinement.uid
+                            ));
+                            break;
+                        }
+                        match confinement.verdict_with(mode, &w.extra_probes, &w.allowed_probes) {
                             Ok(warnings) => {
                                 for warning in &warnings {
                                     crate::warn!(
@@ -474,6 +672,16 @@ impl Supervisor {
 
     /// After SIGCHLD: reap every worker that exited.
     pub fn reap(&mut self, registry: &Registry, now: Instant, events: &mut Vec<WorkerEvent>) {
+        if let Some(plan) = self.agents.as_mut()
+            && let crate::launcher::AgentHosting::Launcher(l) = &mut plan.hosting
+            && let Some(how) = l.exited()
+        {
+            let why = format!(
+                "the agent launcher exited ({how}): hosts of agent programs cannot start again"
+            );
+            crate::error!("{why}");
+            plan.hosting = crate::launcher::AgentHosting::Refused(why);
+        }
         for w in &mut self.workers {
             let Some(child) = w.child.as_mut() else {
                 continue;
@@ -562,10 +770,7 @@ impl Supervisor {
                 let _ = registry.deregister(&mut s);
             }
             if let Some(child) = &w.child {
-                // SAFETY: plain kill(2) on our own child's pid.
-                unsafe {
-                    libc::kill(child.id() as i32, libc::SIGTERM);
-                }
+                child.signal(libc::SIGTERM);
             }
         }
         let deadline = Instant::now() + grace;
@@ -576,7 +781,7 @@ impl Supervisor {
                         Ok(Some(_)) | Err(_) => break,
                         Ok(None) if Instant::now() >= deadline => {
                             let _ = child.kill();
-                            let _ = child.wait();
+                            child.wait();
                             break;
                         }
                         Ok(None) => std::thread::sleep(Duration::from_millis(5)),
@@ -592,7 +797,7 @@ impl Supervisor {
             w.retired = true;
             if let Some(mut child) = w.child.take() {
                 let _ = child.kill();
-                let _ = child.wait();
+                child.wait();
             }
         }
     }

@@ -21,6 +21,8 @@ pub const MAX_TRANSFER_BYTES: usize = 8 * 1024 * 1024;
 pub const MAX_TASKS: usize = 200;
 /// Largest `threads`.
 pub const MAX_THREADS: usize = 64;
+/// Smallest `memory_max_bytes` and `task_memory_max_bytes`: 16 MiB.
+pub const MIN_MEMORY_MAX_BYTES: u64 = 16 * 1024 * 1024;
 /// Longest workspace name.
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -87,6 +89,22 @@ pub struct WorkspaceConfig {
     pub threads: usize,
     /// File tool calls queued beyond busy threads (then `busy`).
     pub queue: usize,
+    /// cgroup v2 (where toolwall has a delegated cgroup): most processes of the whole
+    /// workspace (`pids.max`).
+    pub pids_max: u64,
+    /// cgroup v2: most memory of the whole workspace in bytes (`memory.max`, swap closed);
+    /// unset: no limit.
+    pub memory_max_bytes: Option<u64>,
+    /// cgroup v2: the workspace's CPU share against the others and toolwall (`cpu.weight`,
+    /// 1 to 10000; the kernel's default is 100).
+    pub cpu_weight: Option<u64>,
+    /// cgroup v2: most memory of one task in bytes; unset: the workspace's limit only.
+    /// (A task's `pids.max` is `task_max_processes`.)
+    pub task_memory_max_bytes: Option<u64>,
+    /// The user this workspace's worker and commands run as; `[sandbox] agent_user` when
+    /// unset. Workspaces sharing a user can change the metadata (mode, times) of each
+    /// other's files; give each its own user to separate them.
+    pub agent_user: Option<String>,
 }
 
 impl Default for WorkspaceConfig {
@@ -117,6 +135,11 @@ impl Default for WorkspaceConfig {
             scan_time_limit_ms: 10_000,
             threads: 4,
             queue: 64,
+            pids_max: 4096,
+            memory_max_bytes: None,
+            cpu_weight: None,
+            task_memory_max_bytes: None,
+            agent_user: None,
         }
     }
 }
@@ -251,6 +274,11 @@ impl WorkspacesConfig {
                     return Err(format!("{at} env: {key:?} is not a valid variable"));
                 }
             }
+            if let Some(user) = &ws.agent_user
+                && (user.is_empty() || user.len() > 32 || user.contains(['\0', ':', '/']))
+            {
+                return Err(format!("{at} agent_user: {user:?} is not a user name"));
+            }
             ws.validate_limits().map_err(|e| format!("{at} {e}"))?;
         }
         Ok(())
@@ -272,7 +300,8 @@ impl WorkspaceConfig {
     }
 
     fn validate_limits(&self) -> Result<(), String> {
-        let positive: [(&str, u64); 12] = [
+        let positive: [(&str, u64); 13] = [
+            ("pids_max", self.pids_max),
             ("max_tasks", self.max_tasks as u64),
             ("output_cap_bytes", self.output_cap_bytes as u64),
             ("task_max_runtime_secs", self.task_max_runtime_secs),
@@ -312,6 +341,22 @@ impl WorkspaceConfig {
         }
         if self.threads > MAX_THREADS {
             return Err(format!("threads: at most {MAX_THREADS}"));
+        }
+        if let Some(w) = self.cpu_weight
+            && !(crate::sandbox::cgroup::CPU_WEIGHT_MIN..=crate::sandbox::cgroup::CPU_WEIGHT_MAX)
+                .contains(&w)
+        {
+            return Err("cpu_weight: 1 to 10000".into());
+        }
+        for (key, value) in [
+            ("memory_max_bytes", self.memory_max_bytes),
+            ("task_memory_max_bytes", self.task_memory_max_bytes),
+        ] {
+            if value.is_some_and(|v| v < MIN_MEMORY_MAX_BYTES) {
+                return Err(format!(
+                    "{key}: at least {MIN_MEMORY_MAX_BYTES} (a shell and the task's leader need that much)"
+                ));
+            }
         }
         if self.max_search_file_bytes > MAX_TRANSFER_BYTES as u64 {
             return Err(format!(

@@ -23,6 +23,8 @@ pub enum WsErrorCode {
     NotFound,
     IsDirectory,
     NotDirectory,
+    /// A FIFO, device or socket: the file tools read and write regular files only.
+    NotRegularFile,
     /// `file_edit` on a file that is not UTF-8 text.
     NotText,
     TooLarge,
@@ -50,6 +52,7 @@ impl WsErrorCode {
             WsErrorCode::NotFound => "not_found",
             WsErrorCode::IsDirectory => "is_directory",
             WsErrorCode::NotDirectory => "not_directory",
+            WsErrorCode::NotRegularFile => "not_regular_file",
             WsErrorCode::NotText => "not_text",
             WsErrorCode::TooLarge => "too_large",
             WsErrorCode::EditMismatch => "edit_mismatch",
@@ -74,6 +77,7 @@ impl WsErrorCode {
             | WsErrorCode::NotFound
             | WsErrorCode::IsDirectory
             | WsErrorCode::NotDirectory
+            | WsErrorCode::NotRegularFile
             | WsErrorCode::NotText
             | WsErrorCode::TooLarge
             | WsErrorCode::EditMismatch

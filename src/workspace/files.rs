@@ -110,25 +110,62 @@ fn as_text(bytes: &[u8]) -> Option<(&str, usize)> {
     }
 }
 
-/// Opens a file beneath the root for reading (`file_read`, `file_edit`); a directory is
-/// refused.
+/// Opens a file beneath the root for reading (`file_read`, `file_edit`). Only a regular
+/// file: it is opened without blocking (a FIFO with no writer would hold a thread of the
+/// file tools until one appears) and without becoming a controlling terminal, then
+/// checked; a directory, FIFO, device or socket is refused, saying which it is.
 fn open_to_read(
     root: &WorkspaceRoot,
     path: &CheckedPath,
     shown: &str,
 ) -> Result<(std::fs::File, std::fs::Metadata), WsError> {
     let fd = root
-        .open_beneath(path, libc::O_RDONLY, 0)
+        .open_beneath(path, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY, 0)
         .map_err(|e| WsError::io(shown, &e))?;
     let file = std::fs::File::from(fd);
     let meta = file.metadata().map_err(|e| WsError::io(shown, &e))?;
+    require_regular(&meta, shown)?;
+    Ok((file, meta))
+}
+
+/// What a file that is not regular is, for the refusal.
+fn special_kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Refuses anything but a regular file: a directory as `is_directory`, the rest as
+/// `not_regular_file`.
+pub fn require_regular(meta: &std::fs::Metadata, shown: &str) -> Result<(), WsError> {
     if meta.is_dir() {
         return Err(WsError::new(
             WsErrorCode::IsDirectory,
             format!("{shown} is a directory (ws__file_list lists it)"),
         ));
     }
-    Ok((file, meta))
+    if !meta.is_file() {
+        return Err(WsError::new(
+            WsErrorCode::NotRegularFile,
+            format!(
+                "{shown} is {}: the file tools read and write regular files only (use ws__shell_run for anything else)",
+                special_kind(meta)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `file_read`: `limit` bytes from `offset`, as text, or base64 when the bytes are not
@@ -215,11 +252,8 @@ fn write_whole(
     }
     // Writing to a link inside the workspace writes its target.
     let existing = std::fs::metadata(&path.abs).ok();
-    if existing.as_ref().is_some_and(|m| m.is_dir()) {
-        return Err(WsError::new(
-            WsErrorCode::IsDirectory,
-            format!("{shown} is a directory"),
-        ));
+    if let Some(meta) = &existing {
+        require_regular(meta, &shown)?;
     }
     let target = match std::fs::symlink_metadata(&path.abs) {
         Ok(m) if m.file_type().is_symlink() => {
@@ -417,6 +451,49 @@ mod tests {
                 WsErrorCode::PathOutsideWorkspace
             );
         }
+    }
+
+    /// A FIFO without a writer used to hold a file-tool thread until one appeared.
+    #[test]
+    fn a_fifo_is_refused_at_once_by_read_edit_and_write() {
+        let (_d, root, cfg) = setup();
+        let fifo = root.path().join("pipe");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let read_err = read(
+            &root,
+            &cfg,
+            &ReadArgs {
+                worker: None,
+                path: "pipe".into(),
+                offset: None,
+                limit: None,
+            },
+        )
+        .expect_err("a FIFO");
+        assert_eq!(read_err.code, WsErrorCode::NotRegularFile);
+        assert!(read_err.message.contains("FIFO"), "{read_err:?}");
+        let write_err = write(
+            &root,
+            &cfg,
+            &WriteArgs {
+                worker: None,
+                path: "pipe".into(),
+                content: "x".into(),
+                encoding: Encoding::Utf8,
+                create_dirs: false,
+            },
+        )
+        .expect_err("a FIFO");
+        assert_eq!(write_err.code, WsErrorCode::NotRegularFile);
+        // Still a FIFO: nothing replaced it.
+        use std::os::unix::fs::FileTypeExt;
+        assert!(
+            std::fs::symlink_metadata(&fifo)
+                .expect("stat")
+                .file_type()
+                .is_fifo()
+        );
     }
 
     #[test]

@@ -242,15 +242,22 @@ pub fn search(
         if filter.as_ref().is_some_and(|f| !f.is_match(e.rel)) {
             return false;
         }
-        // A file swapped for a link since the listing is not followed.
+        // A file swapped for a link since the listing is not followed, nor one swapped
+        // for a FIFO or device (opened without blocking, then checked).
         let Ok(file) = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
             .open(e.abs)
         else {
             return false;
         };
-        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let Ok(meta) = file.metadata() else {
+            return false;
+        };
+        if !meta.is_file() {
+            return false;
+        }
+        let size = meta.len();
         if size > cfg.max_search_file_bytes {
             skipped_large += 1;
             return false;

@@ -10,7 +10,8 @@
 //! 3. enters a new Landlock domain that only scopes signals: from there `kill(-1, sig)`
 //!    reaches exactly the processes of this task, and nothing else (not the worker, not
 //!    other tasks, not the gateway);
-//! 4. sets the task's rlimits and forks the shell, which joins a process group of its own,
+//! 4. applies the program walls ([`ProgramWalls`]: the task's rlimits, the programs'
+//!    seccomp filter) and forks the shell, which joins a process group of its own,
 //!    enters one more scoped domain (so the task cannot signal its leader), and execs
 //!    `/bin/sh -c COMMAND` in the workspace root with the configured environment;
 //! 5. waits: a byte `T` on its control pipe sends SIGTERM to every process of the task, `K`
@@ -31,38 +32,31 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use crate::sandbox::ProgramWalls;
+
 /// The shell every command runs in.
 pub const SHELL: &str = "/bin/sh";
 
 /// A command ready to start: everything the leader needs, prepared before the fork.
-pub struct LaunchSpec {
+pub struct LaunchSpec<'w> {
+    /// The task's `cgroup.procs`, when it has a cgroup of its own: the leader moves
+    /// itself there first.
+    pub cgroup_procs: Option<OwnedFd>,
     shell: CString,
     argv: Vec<CString>,
     envp: Vec<CString>,
     cwd: CString,
-    /// (resource, soft, hard)
-    rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    walls: &'w ProgramWalls,
 }
 
-/// Per-task resource limits.
-#[derive(Debug, Clone, Copy)]
-pub struct TaskRlimits {
-    pub cpu_secs: u64,
-    pub max_processes: u64,
-    pub max_file_size_bytes: u64,
-}
-
-/// Grace between SIGXCPU (soft limit) and SIGKILL (hard limit) for CPU time.
-const CPU_HARD_EXTRA_SECS: u64 = 5;
-
-impl LaunchSpec {
+impl<'w> LaunchSpec<'w> {
     /// `env`: `NAME=value` entries. Fails on a NUL byte anywhere.
     pub fn new(
         command: &str,
         cwd: &Path,
         env: &[String],
-        limits: TaskRlimits,
-    ) -> Result<LaunchSpec, String> {
+        walls: &'w ProgramWalls,
+    ) -> Result<LaunchSpec<'w>, String> {
         let c =
             |s: &[u8], what: &str| CString::new(s).map_err(|_| format!("{what} holds a NUL byte"));
         Ok(LaunchSpec {
@@ -77,23 +71,8 @@ impl LaunchSpec {
                 .map(|e| c(e.as_bytes(), "the environment"))
                 .collect::<Result<_, _>>()?,
             cwd: c(cwd.as_os_str().as_bytes(), "the root")?,
-            rlimits: vec![
-                (
-                    libc::RLIMIT_CPU,
-                    limits.cpu_secs,
-                    limits.cpu_secs.saturating_add(CPU_HARD_EXTRA_SECS),
-                ),
-                (
-                    libc::RLIMIT_NPROC,
-                    limits.max_processes,
-                    limits.max_processes,
-                ),
-                (
-                    libc::RLIMIT_FSIZE,
-                    limits.max_file_size_bytes,
-                    limits.max_file_size_bytes,
-                ),
-            ],
+            walls,
+            cgroup_procs: None,
         })
     }
 }
@@ -163,7 +142,14 @@ pub fn launch(spec: &LaunchSpec, devnull: &OwnedFd) -> io::Result<Launched> {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         // SAFETY: in the forked child; see leader_main.
-        unsafe { leader_main(child_fds, &shell, &spec.rlimits) }
+        unsafe {
+            leader_main(
+                child_fds,
+                &shell,
+                spec.walls,
+                spec.cgroup_procs.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            )
+        }
     }
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -255,10 +241,16 @@ unsafe fn write_all(fd: RawFd, bytes: &[u8]) {
 unsafe fn leader_main(
     fds: [RawFd; 5],
     shell: &Exec,
-    rlimits: &[(libc::__rlimit_resource_t, u64, u64)],
+    walls: &ProgramWalls,
+    cgroup_procs: RawFd,
 ) -> ! {
     // SAFETY (whole body): system calls on valid, pre-built arguments.
     unsafe {
+        // Into the task's cgroup first, so everything it starts is born there.
+        if cgroup_procs >= 0 && libc::write(cgroup_procs, b"0".as_ptr().cast(), 1) != 1 {
+            write_all(fds[2], b"toolwall: cannot enter the task's cgroup\n");
+            libc::_exit(EXIT_SETUP);
+        }
         // Fds 0..4 = /dev/null, stdout, stderr, control, status. Copy them above the range
         // first so no dup2 overwrites a source still needed.
         let mut high = [0; 5];
@@ -290,21 +282,10 @@ unsafe fn leader_main(
             libc::_exit(EXIT_SETUP);
         }
         let scoped = restrict_scoped() == 0;
-        for &(resource, soft, hard) in rlimits {
-            let mut current: libc::rlimit = std::mem::zeroed();
-            if libc::getrlimit(resource, &mut current) != 0 {
-                libc::_exit(EXIT_SETUP);
-            }
-            // Only lower: an unprivileged process cannot raise a hard limit.
-            let hard = (hard as libc::rlim_t).min(current.rlim_max);
-            let soft = (soft as libc::rlim_t).min(hard);
-            let limit = libc::rlimit {
-                rlim_cur: soft,
-                rlim_max: hard,
-            };
-            if libc::setrlimit(resource, &limit) != 0 {
-                libc::_exit(EXIT_SETUP);
-            }
+        if let Err((step, errno)) = walls.apply() {
+            write_all(2, step.message());
+            let _ = errno;
+            libc::_exit(EXIT_SETUP);
         }
         let leader = libc::getpid();
         let child = libc::fork();

@@ -119,6 +119,9 @@ pub fn worker_settings(
             workspace,
             hidden_paths: hidden,
             forbidden_probe_dir: ledger_dir.clone(),
+            agent: Default::default(),
+            secrets: Vec::new(),
+            task_cgroups: None,
         });
     }
     Ok(out)

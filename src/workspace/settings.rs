@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::config::WorkspaceConfig;
-use super::launch::TaskRlimits;
 use super::paths::TMP_DIR_NAME;
 use super::tasks::TaskLimits;
+use crate::sandbox::ProgramRlimits;
 use crate::sandbox::{Role, RoleGrant, SandboxMode, role_grant_defaults};
 
 /// `PATH` of commands unless the workspace's `env` sets one.
@@ -28,6 +28,38 @@ pub struct WorkspaceWorkerSettings {
     pub hidden_paths: Vec<PathBuf>,
     /// The ledger's directory: the attestation proves it can be neither read nor written.
     pub forbidden_probe_dir: PathBuf,
+    /// Who the worker and its programs must run as.
+    #[serde(default)]
+    pub agent: AgentExpectation,
+    /// The secrets the config names: hidden (unless a directory holds a granted path,
+    /// then its files), and each tried by the attestation.
+    #[serde(default)]
+    pub secrets: Vec<crate::sandbox::SecretPath>,
+    /// Where each task gets a cgroup of its own, when cgroups are in force and the agent
+    /// user may make them.
+    #[serde(default)]
+    pub task_cgroups: Option<TaskCgroups>,
+}
+
+/// The parent of a workspace's task cgroups (writable by its agent user) and the limits
+/// of each task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskCgroups {
+    pub dir: PathBuf,
+    pub limits: crate::sandbox::cgroup::CgroupLimits,
+}
+
+/// The identity a host of agent programs must have, checked by the worker itself before
+/// it does anything and reported in its attestation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentExpectation {
+    /// The agent user. `None`: the worker runs as toolwall's own user, which the
+    /// configuration allowed (`[sandbox] run_agents_as_gateway_user`).
+    pub user: Option<crate::launcher::AgentIdentity>,
+    /// The uid toolwall runs as.
+    pub gateway_uid: u32,
 }
 
 impl WorkspaceWorkerSettings {
@@ -45,11 +77,26 @@ impl WorkspaceWorkerSettings {
     pub fn grant(&self) -> RoleGrant {
         let mut grant = role_grant_defaults(Role::Workspace);
         grant.write_paths = vec![self.workspace.root.clone()];
+        // The worker makes its tasks' cgroups there (and programs may change their own
+        // task's limits, never the workspace's).
+        grant
+            .write_paths
+            .extend(self.task_cgroups.iter().map(|t| t.dir.clone()));
         grant
             .execute_paths
             .extend(self.workspace.read_only_paths.iter().cloned());
         grant.tcp_connect_ports = self.workspace.network.ports().to_vec();
         grant.hidden_paths.extend(self.hidden_paths.iter().cloned());
+        let granted: Vec<PathBuf> = grant
+            .read_paths
+            .iter()
+            .chain(&grant.execute_paths)
+            .cloned()
+            .collect();
+        grant
+            .hidden_paths
+            .extend(crate::sandbox::secrets::hidden_for(&self.secrets, &granted));
+        grant.secrets = self.secrets.clone();
         grant.forbidden_probe_dir = self.forbidden_probe_dir.clone();
         grant
     }
@@ -88,8 +135,8 @@ impl WorkspaceWorkerSettings {
         }
     }
 
-    pub fn rlimits(&self) -> TaskRlimits {
-        TaskRlimits {
+    pub fn rlimits(&self) -> ProgramRlimits {
+        ProgramRlimits {
             cpu_secs: self.workspace.task_cpu_secs,
             max_processes: self.workspace.task_max_processes,
             max_file_size_bytes: self.workspace.task_max_file_size_bytes,
@@ -123,6 +170,9 @@ mod tests {
             workspace,
             hidden_paths: vec!["/etc/toolwall".into()],
             forbidden_probe_dir: "/var/lib/toolwall".into(),
+            agent: AgentExpectation::default(),
+            secrets: Vec::new(),
+            task_cgroups: None,
         };
         let g = s.grant();
         assert_eq!(g.write_paths, vec![PathBuf::from("/srv/ws")]);

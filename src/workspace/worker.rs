@@ -56,6 +56,14 @@ pub fn run() -> i32 {
         }
     };
     let name = settings.name.clone();
+    // Who we are, before anything else: a host of agent programs never runs as root or as
+    // toolwall's own user unless the configuration allowed the latter.
+    if let Err(e) = check_identity(&settings)
+        && settings.sandbox_mode == sandbox::SandboxMode::Enforce
+    {
+        crate::error!("workspace {name}: {e}");
+        return 3;
+    }
     match settings.workspace.canonical_root() {
         Ok(root) if root == settings.workspace.root => {}
         Ok(root) => {
@@ -71,6 +79,17 @@ pub fn run() -> i32 {
             return 2;
         }
     }
+    if let Err(e) = check_root_writable(&settings) {
+        crate::error!("workspace {name}: {e}");
+        return 2;
+    }
+    let walls = match sandbox::ProgramWalls::new(role, settings.rlimits()) {
+        Ok(w) => w,
+        Err(e) => {
+            crate::error!("workspace {name}: the programs' walls: {e}");
+            return 3;
+        }
+    };
     // Before confinement: the private temp dir and the stdin of every command.
     if let Err(e) = make_tmp_dir(&settings) {
         crate::error!(
@@ -91,6 +110,7 @@ pub fn run() -> i32 {
         }
     };
     let grant = settings.grant();
+    let probe_context = sandbox::WorkspaceProbeContext::gather(settings.agent.gateway_uid);
     let mut report = match sandbox::confine(role, &grant, settings.sandbox_mode) {
         Ok(r) => r,
         Err(e) => {
@@ -98,7 +118,7 @@ pub fn run() -> i32 {
             return 3;
         }
     };
-    report.probes = sandbox::attest_workspace(&grant);
+    report.probes = sandbox::attest_workspace(&grant, &probe_context);
     // SAFETY: fd 3 is the RPC socket the gateway placed there; nothing else owns it.
     let std_stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(RPC_FD) };
     // Programs must never inherit the RPC socket (the leaders close it too).
@@ -116,7 +136,7 @@ pub fn run() -> i32 {
     if crate::workers::worker_main::say_ready(role, &report, &std_stream).is_err() {
         return 4;
     }
-    let worker = Worker::new(settings, root, devnull, report);
+    let worker = Worker::new(settings, root, devnull, report, walls, probe_context);
     match worker.and_then(|w| w.serve(UnixStream::from_std(std_stream))) {
         Ok(()) => 0,
         Err(e) => {
@@ -124,6 +144,79 @@ pub fn run() -> i32 {
             5
         }
     }
+}
+
+/// The worker must run as its agent user (real, effective and saved ids, no other group),
+/// or, when the configuration allowed it, as toolwall's own user; never as root.
+fn check_identity(settings: &WorkspaceWorkerSettings) -> Result<(), String> {
+    let (mut r, mut e, mut s) = (0, 0, 0);
+    let (mut gr, mut ge, mut gs) = (0, 0, 0);
+    // SAFETY: out-pointers to local integers.
+    unsafe {
+        libc::getresuid(&mut r, &mut e, &mut s);
+        libc::getresgid(&mut gr, &mut ge, &mut gs);
+    }
+    if [r, e, s].contains(&0) {
+        return Err(
+            "refusing to run agent programs as root: the gateway starts this worker as the agent user"
+                .into(),
+        );
+    }
+    match &settings.agent.user {
+        Some(user) => {
+            if [r, e, s] != [user.uid; 3] || [gr, ge, gs] != [user.gid; 3] {
+                return Err(format!(
+                    "running as uid {r}/{e}/{s} gid {gr}/{ge}/{gs}, not as the agent user {user}"
+                ));
+            }
+            // SAFETY: a zero-length query returns the count only.
+            let groups = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+            let mut list = vec![0; groups.max(0) as usize];
+            // SAFETY: a buffer of the size the kernel gave.
+            let n = unsafe { libc::getgroups(list.len() as i32, list.as_mut_ptr()) };
+            list.truncate(n.max(0) as usize);
+            if list.iter().any(|g| *g != user.gid) {
+                return Err(format!(
+                    "supplementary groups {list:?} beyond the agent user's group {}",
+                    user.gid
+                ));
+            }
+        }
+        None => {
+            if r != settings.agent.gateway_uid {
+                return Err(format!(
+                    "running as uid {r}, neither an agent user nor toolwall's uid {}",
+                    settings.agent.gateway_uid
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The agent user must be able to work in the root: a clear error here beats every
+/// command failing with `Permission denied`.
+fn check_root_writable(settings: &WorkspaceWorkerSettings) -> Result<(), String> {
+    let Some(c) = crate::sandbox::c_path(settings.root()) else {
+        return Err("the root holds a NUL byte".into());
+    };
+    // SAFETY: a valid C string; access() checks with the real ids, which are ours.
+    if unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK | libc::X_OK) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let user = settings
+            .agent
+            .user
+            .as_ref()
+            .map_or_else(|| format!("uid {uid}"), |u| u.name.clone());
+        return Err(format!(
+            "root {}: the user agent programs run as ({user}, uid {uid}) cannot read, write and enter it ({e}); give it to that user: chown -R {user}: {}",
+            settings.root().display(),
+            settings.root().display()
+        ));
+    }
+    Ok(())
 }
 
 fn make_tmp_dir(settings: &WorkspaceWorkerSettings) -> std::io::Result<()> {
@@ -165,6 +258,8 @@ fn new_task_id() -> String {
 /// A task's pipes, held by the loop while it runs.
 struct TaskPipes {
     id: String,
+    /// The task's own cgroup, removed once its leader is reaped.
+    cgroup: Option<std::path::PathBuf>,
     leader: libc::pid_t,
     streams: [Option<OwnedFd>; 3],
     control: OwnedFd,
@@ -207,12 +302,16 @@ impl FileTools {
 
 struct Worker {
     settings: Arc<WorkspaceWorkerSettings>,
+    /// What every task's leader applies to the programs it runs.
+    walls: sandbox::ProgramWalls,
+    /// What the attestation needs from before confinement, for re-runs.
+    probe_context: sandbox::WorkspaceProbeContext,
     env: Vec<String>,
     devnull: OwnedFd,
     report: ConfinementReport,
     tasks: Tasks,
     slots: Vec<Option<TaskPipes>>,
-    unreaped: Vec<libc::pid_t>,
+    unreaped: Vec<(libc::pid_t, Option<std::path::PathBuf>)>,
     out: Vec<u8>,
     /// File tool calls at the pool, and those of them the gateway cancelled.
     pending_jobs: HashSet<u64>,
@@ -237,6 +336,8 @@ impl Worker {
         root: WorkspaceRoot,
         devnull: OwnedFd,
         report: ConfinementReport,
+        walls: sandbox::ProgramWalls,
+        probe_context: sandbox::WorkspaceProbeContext,
     ) -> std::io::Result<Worker> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
@@ -251,6 +352,8 @@ impl Worker {
             env: settings.task_env(),
             tasks: Tasks::new(settings.task_limits()),
             settings,
+            walls,
+            probe_context,
             devnull,
             report,
             slots: Vec::new(),
@@ -386,7 +489,8 @@ impl Worker {
                 None
             }
             Op::Attest => {
-                self.report.probes = sandbox::attest_workspace(&self.settings.grant());
+                self.report.probes =
+                    sandbox::attest_workspace(&self.settings.grant(), &self.probe_context);
                 Some(response(
                     id,
                     Some(serde_json::to_string(&self.report).unwrap_or_default()),
@@ -585,20 +689,33 @@ impl Worker {
             return Err(WsError::invalid("command is empty"));
         }
         self.tasks.admit(now)?;
-        let spec = LaunchSpec::new(
-            command,
-            self.settings.root(),
-            &self.env,
-            self.settings.rlimits(),
-        )
-        .map_err(WsError::invalid)?;
+        let mut spec = LaunchSpec::new(command, self.settings.root(), &self.env, &self.walls)
+            .map_err(WsError::invalid)?;
+        let id = new_task_id();
+        let mut cgroup_dir = None;
+        if let Some(cfg) = &self.settings.task_cgroups {
+            match super::task_cgroup::make(cfg, &id) {
+                Ok(c) => {
+                    spec.cgroup_procs = Some(c.procs);
+                    cgroup_dir = Some(c.dir);
+                }
+                // The workspace's cgroup still holds the task; said once per failure.
+                Err(e) => crate::warn!(
+                    "workspace {}: task {id} runs without a cgroup of its own: {e}",
+                    self.settings.name
+                ),
+            }
+        }
         let launched = launch(&spec, &self.devnull).map_err(|e| {
+            if let Some(dir) = &cgroup_dir {
+                super::task_cgroup::remove(dir);
+            }
             WsError::new(WsErrorCode::IoError, format!("starting the command: {e}"))
         })?;
-        let id = new_task_id();
+        drop(spec);
         self.tasks
             .insert(id.clone(), command.to_owned(), now, now_ms(), runtime);
-        if let Err(e) = self.register(&id, launched) {
+        if let Err(e) = self.register(&id, launched, cgroup_dir) {
             crate::error!("workspace {}: task {id}: {e}", self.settings.name);
             self.tasks.on_exit(&id, Exit::Lost, now);
             for stream in [Stream::Stdout, Stream::Stderr] {
@@ -620,7 +737,12 @@ impl Worker {
         Ok(id)
     }
 
-    fn register(&mut self, id: &str, launched: Launched) -> std::io::Result<()> {
+    fn register(
+        &mut self,
+        id: &str,
+        launched: Launched,
+        cgroup: Option<std::path::PathBuf>,
+    ) -> std::io::Result<()> {
         let slot = match self.slots.iter().position(Option::is_none) {
             Some(i) => i,
             None => {
@@ -637,6 +759,7 @@ impl Worker {
         } = launched;
         let pipes = TaskPipes {
             id: id.to_owned(),
+            cgroup,
             leader,
             streams: [Some(stdout), Some(stderr), Some(status)],
             control,
@@ -767,7 +890,7 @@ impl Worker {
                                 .registry()
                                 .deregister(&mut SourceFd(&fd.as_raw_fd()));
                         }
-                        self.unreaped.push(pipes.leader);
+                        self.unreaped.push((pipes.leader, pipes.cgroup));
                     }
                     let mut detail = summary;
                     detail["workspace"] = json!(self.settings.id);
@@ -785,10 +908,15 @@ impl Worker {
 
     /// Collects leaders that exited.
     fn reap(&mut self) {
-        self.unreaped.retain(|&pid| {
+        self.unreaped.retain(|(pid, cgroup)| {
             let mut status = 0;
             // SAFETY: waiting for our own child without blocking.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            let r = unsafe { libc::waitpid(*pid, &mut status, libc::WNOHANG) };
+            if r != 0
+                && let Some(dir) = cgroup
+            {
+                super::task_cgroup::remove(dir);
+            }
             r == 0
         });
     }

@@ -104,6 +104,8 @@ impl HttpGateway {
             };
             if ready {
                 let gw = TestGateway {
+                    run_as: None,
+                    ready_line: "info: ready",
                     sock: dir.path().join("mcp.sock"),
                     admin: dir.path().join("admin.sock"),
                     ledger: dir.path().join("state/ledger.db"),

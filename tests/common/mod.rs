@@ -18,10 +18,30 @@ use toolwall_relay::frame::{self, Decoded};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_toolwall");
 
+/// Set to a user name, the gateways of the tests run as that user with the capabilities
+/// the shipped unit grants (`tests/walls-as-service-user.sh`); unset, as this process.
+pub const SERVICE_USER_ENV: &str = "TOOLWALL_TEST_SERVICE_USER";
+/// What `systemd/toolwall.service` grants (CapabilityBoundingSet=, AmbientCapabilities=).
+pub const SERVICE_CAPS: &str = "+setuid,+setgid,+setpcap";
+
+/// The service user the gateways run as, when [`SERVICE_USER_ENV`] names one (created
+/// when missing).
+pub fn service_user() -> Option<toolwall::launcher::AgentIdentity> {
+    let name = std::env::var(SERVICE_USER_ENV)
+        .ok()
+        .filter(|n| !n.is_empty())?;
+    Some(ensure_user(&name))
+}
+
 /// How long a test waits for anything before failing (never asserted as a speed).
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
 pub struct TestGateway {
+    /// The log line `spawn` waits for (`info: ready`, or what a test expects instead).
+    pub ready_line: &'static str,
+    /// The user the gateway runs as and the capabilities it holds (setpriv syntax), when
+    /// not this process's.
+    pub run_as: Option<(toolwall::launcher::AgentIdentity, String)>,
     pub dir: tempfile::TempDir,
     pub child: Option<Child>,
     pub config_path: PathBuf,
@@ -59,9 +79,33 @@ impl TestGateway {
     }
 
     pub fn start_with(dir: tempfile::TempDir, config: &str) -> TestGateway {
+        let run_as = service_user().map(|u| (u, SERVICE_CAPS.to_string()));
+        Self::start_as(dir, config, run_as)
+    }
+
+    /// As [`TestGateway::start_with`], the gateway run as `run_as`: a user and the
+    /// capabilities it keeps (`+setuid,+setgid`, or empty for none), ambient, as a unit's
+    /// `AmbientCapabilities=` gives them.
+    pub fn start_as(
+        dir: tempfile::TempDir,
+        config: &str,
+        run_as: Option<(toolwall::launcher::AgentIdentity, String)>,
+    ) -> TestGateway {
+        Self::start_until(dir, config, run_as, "info: ready")
+    }
+
+    /// As [`TestGateway::start_as`], waiting for the log line `ready_line`.
+    pub fn start_until(
+        dir: tempfile::TempDir,
+        config: &str,
+        run_as: Option<(toolwall::launcher::AgentIdentity, String)>,
+        ready_line: &'static str,
+    ) -> TestGateway {
         let config_path = dir.path().join("toolwall.toml");
         std::fs::write(&config_path, config).expect("write config");
         let mut gw = TestGateway {
+            ready_line,
+            run_as,
             sock: dir.path().join("mcp.sock"),
             admin: dir.path().join("admin.sock"),
             ledger: dir.path().join("state/ledger.db"),
@@ -75,7 +119,35 @@ impl TestGateway {
     }
 
     pub fn spawn(&mut self) {
-        let mut child = Command::new(BIN)
+        let mut command = match &self.run_as {
+            Some((user, caps)) => {
+                // As a unit runs it: a service user holding only the given capabilities
+                // (ambient), owning its state directory (what is in it keeps its owner:
+                // workspace roots belong to their agent users).
+                for p in [self.dir.path(), self.config_path.as_path()] {
+                    std::os::unix::fs::chown(p, Some(user.uid), Some(user.gid))
+                        .expect("chown to the service user");
+                }
+                searchable_above(self.dir.path());
+                let caps = if caps.is_empty() {
+                    String::new()
+                } else {
+                    format!(",{caps}")
+                };
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={}", user.uid))
+                    .arg(format!("--regid={}", user.gid))
+                    .arg("--init-groups")
+                    .arg(format!("--inh-caps=-all{caps}"))
+                    .arg(format!("--ambient-caps=-all{caps}"))
+                    .arg(format!("--bounding-set=-all{caps}"))
+                    .arg("--no-new-privs")
+                    .arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let mut child = command
             .arg("serve")
             .arg("--config")
             .arg(&self.config_path)
@@ -96,7 +168,7 @@ impl TestGateway {
             }
         });
         self.child = Some(child);
-        self.wait_for_log("info: ready");
+        self.wait_for_log(self.ready_line);
     }
 
     pub fn pid(&self) -> u32 {
@@ -445,4 +517,101 @@ pub fn stdio_session(
         })
         .collect();
     (values, status, err)
+}
+
+/// The default agent user (`toolwall-agent`), created as `serve` would create it when this
+/// machine has none yet. The tests run as root, like CI.
+pub fn agent_user() -> toolwall::launcher::AgentIdentity {
+    use toolwall::launcher::identity;
+    static AGENT: std::sync::OnceLock<toolwall::launcher::AgentIdentity> =
+        std::sync::OnceLock::new();
+    AGENT
+        .get_or_init(|| match identity::lookup(identity::DEFAULT_AGENT_USER) {
+            Ok(Some(i)) => i,
+            _ => identity::create_default_user().expect("create the agent user"),
+        })
+        .clone()
+}
+
+/// A system user for tests (created when missing), as an operator would make one for a
+/// workspace that gets its own agent user.
+pub fn ensure_user(name: &str) -> toolwall::launcher::AgentIdentity {
+    use toolwall::launcher::identity;
+    for _ in 0..20 {
+        if let Ok(Some(i)) = identity::lookup(name) {
+            return i;
+        }
+        // Another test may hold the passwd lock: look again, then retry.
+        let _ = Command::new("useradd")
+            .args([
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ])
+            .stderr(Stdio::null())
+            .status();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("cannot create the test user {name}");
+}
+
+/// Hands `path` (and everything under it) to the agent user, as an operator must for a
+/// workspace root, and makes every directory above it searchable.
+pub fn give_to_agent(path: &Path) {
+    give_to(path, &agent_user());
+}
+
+/// Hands `path` (and everything under it) to `agent`; every directory above it searchable.
+pub fn give_to(path: &Path, agent: &toolwall::launcher::AgentIdentity) {
+    fn walk(p: &Path, uid: u32, gid: u32) {
+        std::os::unix::fs::lchown(p, Some(uid), Some(gid)).expect("chown to the agent user");
+        if p.is_dir() && !p.is_symlink() {
+            for e in std::fs::read_dir(p).expect("read_dir") {
+                walk(&e.expect("entry").path(), uid, gid);
+            }
+        }
+    }
+    walk(path, agent.uid, agent.gid);
+    searchable_above(path);
+}
+
+/// Makes every directory above `path` searchable by others (tempdirs are 0700).
+pub fn searchable_above(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut dir = path.parent();
+    while let Some(d) = dir {
+        if let Ok(meta) = std::fs::metadata(d) {
+            let mode = meta.permissions().mode();
+            if mode & 0o011 != 0o011 {
+                let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode | 0o011));
+            }
+        }
+        dir = d.parent();
+    }
+}
+
+/// Makes `cmd` run as `who` (its uid and gid, no other group), the way the agent
+/// launcher starts a host of agent programs. Register before any other pre_exec closure:
+/// a credential change clears the parent-death signal those may arm.
+pub fn run_as(cmd: &mut Command, who: &toolwall::launcher::AgentIdentity) {
+    use std::os::unix::process::CommandExt;
+    let (uid, gid) = (who.uid, who.gid);
+    // SAFETY: only async-signal-safe system calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let groups = [gid];
+            if libc::setgroups(1, groups.as_ptr()) != 0
+                || libc::setresgid(gid, gid, gid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }

@@ -168,6 +168,18 @@ fn worker_workload(role: Role) -> Value {
             },
         );
     }
+    // getpid by its x32 number: the ABI guard answers EPERM (outside any filter this
+    // kernel, without x32, answers ENOSYS).
+    // SAFETY: getpid changes nothing, whatever ABI runs it.
+    let x32 = unsafe { libc::syscall(0x4000_0000 | libc::SYS_getpid) };
+    out.insert(
+        "x32_getpid".into(),
+        if x32 >= 0 {
+            json!("ran")
+        } else {
+            errno_of(&std::io::Error::last_os_error())
+        },
+    );
     // SAFETY: plain socket call; closed if it was created.
     let netlink = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
     out.insert(

@@ -311,6 +311,8 @@ fn run_confined_worker_in(role: Role, mode: SandboxMode) {
         "connect to a listening, ungranted port: {work}"
     );
     assert_eq!(work["netlink_socket"], libc::EPERM, "{work}");
+    // A raw system call number with the x32 bit, in every allow-list role.
+    assert_eq!(work["x32_getpid"], libc::EPERM, "{work}");
     // The https attempt produced a real ClientHello (rustls + ring ran) and failed on the
     // server's plain-text answer, not on the sandbox.
     let first = tls_first_bytes
@@ -451,6 +453,7 @@ fn pre_exec_sets_session_deathsig_rpc_fd_and_limits_and_scrub_closes_leaks() {
         mode: SandboxMode::Enforce,
         max_open_files: 64,
         max_address_space_bytes: Some(64 * 1024 * 1024 * 1024),
+        ..SandboxConfig::default()
     };
     let mut child = ChildProcess::spawn_with("pre_exec_state", &[], &cfg, Some(leaked.as_raw_fd()));
     let state = child.message();

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::super::profile::{landlock_profile, parse_landlock_profile, seccomp_json};
 use super::super::seccomp_filter::{
-    ALLOW_LIST, DENY_LIST, ENOSYS_LIST, OFFLINE_LIST, compile, filter_names,
+    ALLOW_LIST, DENY_LIST, ENOSYS_LIST, OFFLINE_LIST, PROGRAMS_ENOSYS_LIST, compile, filter_names,
 };
 use super::super::{Role, SandboxConfig, SandboxMode, role_grant_defaults};
 
@@ -359,12 +359,26 @@ const WORKSPACE_MUST_DENY: &[&str] = &[
     "open_by_handle_at",
     "fsopen",
     "open_tree",
+    "listen",
+    "shmget",
+    "shmat",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "semget",
+    "semop",
+    "semtimedop",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
+    "fanotify_init",
+    "fanotify_mark",
 ];
 
 #[test]
 fn workspace_profile_is_a_deny_list_of_what_no_program_may_do() {
     let p = profile(Role::Workspace);
-    assert_eq!(p.as_object().map(|o| o.len()), Some(3));
+    assert_eq!(p.as_object().map(|o| o.len()), Some(4));
     for filter in [DENY_LIST, OFFLINE_LIST] {
         assert_eq!(p[filter]["mismatch_action"], "allow", "{filter}");
         assert_eq!(
@@ -424,7 +438,43 @@ fn workspace_profile_is_a_deny_list_of_what_no_program_may_do() {
         offline,
         vec![i64::from(libc::AF_INET), i64::from(libc::AF_INET6)]
     );
-    // What a role that runs programs needs is never refused outright.
+    // Set-user-ID and set-group-ID bits are refused on every call that sets a mode:
+    // one rule per call and bit.
+    for (call, index) in [
+        ("chmod", 1),
+        ("fchmod", 1),
+        ("fchmodat", 2),
+        ("fchmodat2", 2),
+        ("creat", 1),
+        ("open", 2),
+        ("openat", 3),
+        ("mknod", 1),
+        ("mknodat", 2),
+    ] {
+        for bit in [libc::S_ISUID, libc::S_ISGID] {
+            assert!(
+                deny.iter().any(|r| r["syscall"] == call
+                    && r["args"].as_array().is_some_and(|args| args
+                        .iter()
+                        .any(|a| a["index"] == index
+                            && a["op"]["masked_eq"] == bit
+                            && a["val"] == bit))),
+                "{call} with mode bit {bit:o} is not refused"
+            );
+        }
+    }
+    // Programs alone lose openat2 (its mode hides behind a pointer), with ENOSYS.
+    assert_eq!(
+        p[PROGRAMS_ENOSYS_LIST]["match_action"],
+        serde_json::json!({"errno": libc::ENOSYS})
+    );
+    let programs: Vec<&str> = rules(&p, PROGRAMS_ENOSYS_LIST)
+        .iter()
+        .filter_map(|r| r["syscall"].as_str())
+        .collect();
+    assert_eq!(programs, vec!["openat2"]);
+    // What a role that runs programs needs is never refused outright (chmod +x, creating
+    // files, git and npm inside the root).
     for needed in [
         "execve",
         "fork",
@@ -432,6 +482,13 @@ fn workspace_profile_is_a_deny_list_of_what_no_program_may_do() {
         "landlock_create_ruleset",
         "landlock_restrict_self",
         "socketpair",
+        "chmod",
+        "fchmod",
+        "fchmodat",
+        "openat",
+        "utimensat",
+        "mkdir",
+        "rename",
     ] {
         assert!(
             !deny

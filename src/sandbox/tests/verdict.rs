@@ -10,7 +10,10 @@ fn confined_report() -> ConfinementReport {
         seccomp: true,
         no_new_privs: true,
         capabilities_cleared: true,
+        bounding_set_cleared: true,
         mode: "enforce".to_string(),
+        uid: None,
+        gid: None,
         probes: REQUIRED_PROBES
             .iter()
             .map(|name| Probe {

@@ -1,0 +1,433 @@
+//! Building the cgroup tree of [`crate::sandbox::cgroup`] at the gateway's start, before it
+//! starts any other process or thread, when toolwall's cgroup is delegated to it.
+//!
+//! Delegated means: a cgroup v2 directory that is not the root of the hierarchy, that
+//! this process may write, holding the `pids` and `memory` controllers, and that was handed
+//! to toolwall: owned by its user (systemd's `Delegate=` chowns it to a service's `User=`),
+//! or, for root, marked delegated by systemd (`trusted.delegate` or `user.delegate`
+//! extended attribute). Root's session or service cgroup that systemd did not delegate is
+//! left alone. Anything missing: the limits are not in force, and the reason is kept for
+//! `toolwall status`.
+
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::identity::AgentIdentity;
+use crate::config::Config;
+use crate::sandbox::CgroupMode;
+use crate::sandbox::cgroup::{
+    self, CgroupLayout, CgroupLimits, missing_controllers, subtree_control_line, usable_controllers,
+};
+
+/// The cgroup of one workspace.
+#[derive(Debug, Clone)]
+pub struct WorkspaceCgroup {
+    pub dir: PathBuf,
+    /// Where its worker goes (the launcher places it there).
+    pub worker_leaf: PathBuf,
+    pub limits: CgroupLimits,
+    /// Where the worker makes its tasks' cgroups, when its agent user may: else why not.
+    pub tasks: Result<PathBuf, String>,
+}
+
+/// What was built, or why nothing was.
+#[derive(Debug)]
+pub enum CgroupTree {
+    InForce {
+        layout: CgroupLayout,
+        controllers: Vec<&'static str>,
+        /// By workspace id.
+        workspaces: BTreeMap<String, WorkspaceCgroup>,
+    },
+    Off(String),
+}
+
+impl CgroupTree {
+    pub fn in_force(&self) -> bool {
+        matches!(self, CgroupTree::InForce { .. })
+    }
+
+    pub fn workspace(&self, id: &str) -> Option<&WorkspaceCgroup> {
+        match self {
+            CgroupTree::InForce { workspaces, .. } => workspaces.get(id),
+            CgroupTree::Off(_) => None,
+        }
+    }
+
+    pub fn controllers(&self) -> &[&'static str] {
+        match self {
+            CgroupTree::InForce { controllers, .. } => controllers,
+            CgroupTree::Off(_) => &[],
+        }
+    }
+
+    /// For `toolwall status`.
+    pub fn status_json(&self) -> Value {
+        match self {
+            CgroupTree::Off(reason) => json!({
+                "in_force": false,
+                "reason": reason,
+            }),
+            CgroupTree::InForce {
+                layout,
+                controllers,
+                workspaces,
+            } => json!({
+                "in_force": true,
+                "path": layout.service,
+                "controllers": controllers,
+                "workspaces": workspaces.iter().map(|(id, w)| json!({
+                    "id": id,
+                    "path": w.dir,
+                    "pids_max": w.limits.pids_max,
+                    "memory_max_bytes": w.limits.memory_max_bytes,
+                    "cpu_weight": w.limits.cpu_weight,
+                    "task_cgroups": w.tasks.is_ok(),
+                    "task_cgroups_reason": w.tasks.as_ref().err(),
+                })).collect::<Vec<_>>(),
+            }),
+        }
+    }
+}
+
+/// One workspace to give a cgroup: its id, its limits, and the agent user its worker runs
+/// as (who must be able to make task cgroups).
+pub struct WorkspaceRequest {
+    pub id: String,
+    pub limits: CgroupLimits,
+    pub agent: Option<AgentIdentity>,
+}
+
+/// Builds the tree when `[sandbox] cgroups` allows and toolwall's cgroup is delegated.
+/// Moves this process into the gateway's leaf. Call before starting any process.
+pub fn build(config: &Config, workspaces: &[WorkspaceRequest]) -> CgroupTree {
+    if config.sandbox.cgroups == CgroupMode::Off {
+        return CgroupTree::Off("[sandbox] cgroups = \"off\"".into());
+    }
+    if workspaces.is_empty() {
+        return CgroupTree::Off("no workspace".into());
+    }
+    match try_build(workspaces) {
+        Ok(tree) => tree,
+        Err(reason) => CgroupTree::Off(reason),
+    }
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    crate::config::read_bounded(path, 1024 * 1024).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn write(path: &Path, value: &str) -> Result<(), String> {
+    std::fs::write(path, value).map_err(|e| format!("writing {value:?} to {}: {e}", path.display()))
+}
+
+fn mkdir(path: &Path) -> Result<(), String> {
+    match std::fs::create_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(format!("creating {}: {e}", path.display())),
+    }
+}
+
+/// Whether systemd marked `dir` delegated (an extended attribute `*.delegate` = `1`).
+fn marked_delegated(dir: &Path) -> bool {
+    let Some(c) = crate::sandbox::c_path(dir) else {
+        return false;
+    };
+    [c"trusted.delegate", c"user.delegate"].iter().any(|name| {
+        let mut buf = [0u8; 8];
+        // SAFETY: valid C strings and a buffer of the size given.
+        let n = unsafe {
+            libc::getxattr(
+                c.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        n > 0 && buf[0] == b'1'
+    })
+}
+
+fn writable(path: &Path) -> bool {
+    crate::sandbox::c_path(path)
+        // SAFETY: a valid C string.
+        .is_some_and(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0)
+}
+
+fn try_build(workspaces: &[WorkspaceRequest]) -> Result<CgroupTree, String> {
+    use std::os::unix::fs::MetadataExt;
+    let mount = cgroup::cgroup2_mount(&read(Path::new("/proc/self/mountinfo"))?)
+        .ok_or("no cgroup v2 hierarchy is mounted")?;
+    let own = cgroup::own_cgroup_path(&read(Path::new("/proc/self/cgroup"))?)
+        .ok_or("this process is in no cgroup v2 (a cgroup v1 only host)")?;
+    if own == Path::new("/") {
+        return Err(
+            "toolwall runs in the root cgroup, which it does not take over (run it with systemd's Delegate=yes)"
+                .into(),
+        );
+    }
+    let service = cgroup::dir_of(&mount, &own);
+    let meta = std::fs::metadata(&service).map_err(|e| format!("{}: {e}", service.display()))?;
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let delegated = if euid == 0 {
+        marked_delegated(&service)
+    } else {
+        meta.uid() == euid
+    };
+    if !delegated
+        || !writable(&service.join("cgroup.procs"))
+        || !writable(&service.join("cgroup.subtree_control"))
+    {
+        return Err(format!(
+            "toolwall's cgroup {} is not delegated to it (systemd: Delegate=yes in the unit)",
+            service.display()
+        ));
+    }
+    let controllers = usable_controllers(&read(&service.join("cgroup.controllers"))?);
+    if let Some(why) = missing_controllers(&controllers) {
+        return Err(format!("{why} ({})", service.display()));
+    }
+    let layout = CgroupLayout { service };
+    let ops = tree_ops(
+        &layout,
+        &controllers,
+        workspaces,
+        std::process::id(),
+        euid == 0,
+    )?;
+    let mut handed: BTreeMap<String, Result<(), String>> = BTreeMap::new();
+    for op in &ops {
+        match op {
+            TreeOp::Mkdir(path) => mkdir(path)?,
+            TreeOp::Write {
+                path,
+                value,
+                optional,
+            } => {
+                if *optional && !path.exists() {
+                    continue;
+                }
+                write(path, value)?;
+            }
+            TreeOp::Hand {
+                workspace,
+                path,
+                uid,
+                gid,
+                mode,
+            } => {
+                let entry = handed.entry(workspace.clone()).or_insert(Ok(()));
+                if entry.is_err() {
+                    continue;
+                }
+                if let Err(e) = hand(path, *uid, *gid, *mode) {
+                    *entry = Err(e);
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for ws in workspaces {
+        let tasks = match handed.get(&ws.id) {
+            Some(Err(e)) => Err(e.clone()),
+            _ => Ok(layout.tasks(&ws.id)),
+        };
+        out.insert(
+            ws.id.clone(),
+            WorkspaceCgroup {
+                dir: layout.workspace(&ws.id),
+                worker_leaf: layout.worker_leaf(&ws.id),
+                limits: ws.limits,
+                tasks,
+            },
+        );
+    }
+    Ok(CgroupTree::InForce {
+        layout,
+        controllers,
+        workspaces: out,
+    })
+}
+
+/// One step of building the tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TreeOp {
+    Mkdir(PathBuf),
+    /// `optional`: skipped when the file does not exist (`memory.swap.max` without swap
+    /// accounting).
+    Write {
+        path: PathBuf,
+        value: String,
+        optional: bool,
+    },
+    /// Give a file or directory to a workspace's agent user (`uid` when toolwall is root,
+    /// else only the group) with `mode`.
+    Hand {
+        workspace: String,
+        path: PathBuf,
+        uid: Option<u32>,
+        gid: u32,
+        mode: u32,
+    },
+}
+
+/// Every step, in order: the gateway's leaf and this process (`pid`) in it before the
+/// controllers are handed down (only leaves hold processes), then each workspace's
+/// cgroup with its limits, its worker's leaf and its tasks' parent, handed to its agent
+/// user. Pure.
+pub fn tree_ops(
+    layout: &CgroupLayout,
+    controllers: &[&str],
+    workspaces: &[WorkspaceRequest],
+    pid: u32,
+    root: bool,
+) -> Result<Vec<TreeOp>, String> {
+    let control = subtree_control_line(controllers);
+    let write = |path: PathBuf, value: String| TreeOp::Write {
+        path,
+        value,
+        optional: false,
+    };
+    let mut ops = vec![
+        TreeOp::Mkdir(layout.gateway_leaf()),
+        write(layout.gateway_leaf().join("cgroup.procs"), pid.to_string()),
+        write(
+            layout.service.join("cgroup.subtree_control"),
+            control.clone(),
+        ),
+        TreeOp::Mkdir(layout.workspaces()),
+        write(
+            layout.workspaces().join("cgroup.subtree_control"),
+            control.clone(),
+        ),
+    ];
+    for ws in workspaces {
+        if !cgroup::valid_leaf_name(&ws.id) {
+            return Err(format!("workspace id {:?} is no cgroup name", ws.id));
+        }
+        let dir = layout.workspace(&ws.id);
+        ops.push(TreeOp::Mkdir(dir.clone()));
+        for (file, value) in ws.limits.writes(controllers) {
+            ops.push(TreeOp::Write {
+                path: dir.join(file),
+                value,
+                optional: file == "memory.swap.max",
+            });
+        }
+        ops.push(write(dir.join("cgroup.subtree_control"), control.clone()));
+        ops.push(TreeOp::Mkdir(layout.worker_leaf(&ws.id)));
+        let tasks = layout.tasks(&ws.id);
+        ops.push(TreeOp::Mkdir(tasks.clone()));
+        ops.push(write(tasks.join("cgroup.subtree_control"), control.clone()));
+        if let Some(agent) = &ws.agent {
+            // The agent user makes task cgroups under tasks/ and moves its leaders from
+            // the worker's leaf into them: writing cgroup.procs needs write access there
+            // and at the common ancestor, the workspace's cgroup. Its limits stay ours.
+            for (path, mode) in [
+                (tasks.clone(), 0o770),
+                (tasks.join("cgroup.procs"), 0o660),
+                (tasks.join("cgroup.subtree_control"), 0o660),
+                (dir.join("cgroup.procs"), 0o660),
+                (layout.worker_leaf(&ws.id).join("cgroup.procs"), 0o660),
+            ] {
+                ops.push(TreeOp::Hand {
+                    workspace: ws.id.clone(),
+                    path,
+                    uid: root.then_some(agent.uid),
+                    gid: agent.gid,
+                    mode,
+                });
+            }
+        }
+    }
+    Ok(ops)
+}
+
+/// Root hands a file over; a service user gives it to the agent's group, which works when
+/// it belongs to that group.
+fn hand(path: &Path, uid: Option<u32>, gid: u32, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::os::unix::fs::chown(path, uid, Some(gid)).map_err(|e| {
+        format!(
+            "handing {} to the agent user: {e} (task cgroups need toolwall's user in the agent's group, or root)",
+            path.display()
+        )
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateway_leaves_its_cgroup_before_controllers_go_down_and_limits_land_in_place() {
+        let layout = CgroupLayout {
+            service: PathBuf::from("/cg/toolwall.service"),
+        };
+        let agent = AgentIdentity {
+            name: "toolwall-agent".into(),
+            uid: 990,
+            gid: 980,
+        };
+        let ws = WorkspaceRequest {
+            id: "wrk_0123456789ab".into(),
+            limits: CgroupLimits {
+                pids_max: Some(100),
+                memory_max_bytes: Some(64 << 20),
+                cpu_weight: Some(50),
+            },
+            agent: Some(agent),
+        };
+        let ops = tree_ops(&layout, &["pids", "memory", "cpu"], &[ws], 4242, false).expect("ops");
+        let pos = |want: &TreeOp| {
+            ops.iter()
+                .position(|o| o == want)
+                .unwrap_or_else(|| panic!("{want:?} missing from {ops:#?}"))
+        };
+        let w = |p: &str, v: &str| TreeOp::Write {
+            path: PathBuf::from(p),
+            value: v.into(),
+            optional: false,
+        };
+        let moved = pos(&w("/cg/toolwall.service/gateway/cgroup.procs", "4242"));
+        let handed_down = pos(&w(
+            "/cg/toolwall.service/cgroup.subtree_control",
+            "+pids +memory +cpu",
+        ));
+        assert!(moved < handed_down, "only leaves hold processes");
+        let ws = "/cg/toolwall.service/workspaces/wrk_0123456789ab";
+        pos(&w(&format!("{ws}/pids.max"), "100"));
+        pos(&w(&format!("{ws}/memory.max"), "67108864"));
+        pos(&w(&format!("{ws}/cpu.weight"), "50"));
+        pos(&TreeOp::Write {
+            path: PathBuf::from(format!("{ws}/memory.swap.max")),
+            value: "0".into(),
+            optional: true,
+        });
+        pos(&TreeOp::Mkdir(PathBuf::from(format!("{ws}/worker"))));
+        // A service user hands the group only; the limits are never handed.
+        let hands: Vec<&TreeOp> = ops
+            .iter()
+            .filter(|o| matches!(o, TreeOp::Hand { .. }))
+            .collect();
+        assert_eq!(hands.len(), 5);
+        for h in hands {
+            let TreeOp::Hand { path, uid, gid, .. } = h else {
+                unreachable!()
+            };
+            assert_eq!((*uid, *gid), (None, 980));
+            assert!(!path.to_string_lossy().contains(".max"), "{path:?}");
+        }
+        let bad = WorkspaceRequest {
+            id: "../x".into(),
+            limits: CgroupLimits::default(),
+            agent: None,
+        };
+        assert!(tree_ops(&layout, &["pids", "memory"], &[bad], 1, true).is_err());
+    }
+}
