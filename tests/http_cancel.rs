@@ -150,22 +150,23 @@ fn a_modern_call_is_cancelled_when_its_client_closes_the_connection() {
 }
 
 #[test]
-fn a_legacy_call_outlives_its_connection() {
-    // Legacy era: a disconnect is not a cancel; the call stays until decided.
+fn a_legacy_held_call_ends_with_its_connection() {
+    // Legacy era: a disconnect is not a cancel for a call already running (the spec), but
+    // a call held for approval has nobody left to answer: it ends as cancelled and can no
+    // longer be approved (an approval would run the tool for an answer nobody gets).
     let gw = HttpGateway::start("", ASK_ECHO);
     let token = gw.client_token("alice");
     let mut http = gw.http();
     let session = open_session(&mut http, gw.port, Some(&token));
     http.send(&echo_in_session(gw.port, 5, &session, "still here").bearer(&token));
     wait_pending(&gw, 1);
-    drop(http);
-    std::thread::sleep(Duration::from_millis(500));
     let p = pending(&gw);
-    assert_eq!(p.len(), 1, "the legacy call waits for its decision");
+    drop(http);
+    wait_pending(&gw, 0);
     let out = gw.cli(&["approve", &p[0]["id"].to_string()]);
-    assert!(out.status.success());
-    gw.wait_rows("an allowed row", |rows| {
-        rows.len() == 1 && rows[0]["decision"] == "allowed"
+    assert!(!out.status.success(), "approved after its agent left");
+    gw.wait_rows("a cancelled row", |rows| {
+        rows.len() == 1 && rows[0]["decision"] == "cancelled"
     });
 }
 

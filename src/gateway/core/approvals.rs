@@ -275,7 +275,7 @@ impl<R: Recorder> Core<R> {
             );
             let refusal = Refusal {
                 code: ToolErrorCode::AskDenied,
-                message: "cancelled: the agent closed its connection while the call was held for approval",
+                message: "cancelled: the agent closed the connection while the call was held for approval",
                 rule: None,
                 decision: decision::CANCELLED,
             };

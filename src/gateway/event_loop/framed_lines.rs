@@ -1,0 +1,174 @@
+//! The servicer of framed (unix, vsock) and line (stdio) connections: read, decode, hand
+//! each message to the core while the in-flight and output bounds allow.
+
+use super::*;
+
+impl Gateway {
+    /// Read and hand messages to the core while the bounds allow.
+    pub(super) fn service_conn(&mut self, slot: usize, now: Instant) {
+        let limits = self.config.gateway.clone();
+        let Some(Some(c)) = self.conns.get_mut(slot) else {
+            return;
+        };
+        let conn = ConnRef {
+            slot,
+            generation: c.generation,
+        };
+        let is_stdio = matches!(c.io, ConnIo::Stdio);
+        // Lingering, or kept only to be refused: nothing it sends is served.
+        if c.guard.lingering_since.is_some()
+            || (c.guard.close_when_drained && !matches!(c.wire, Wire::Http(_)))
+        {
+            self.discard_input(slot);
+            return;
+        }
+        if matches!(c.wire, Wire::Admin(_)) {
+            self.service_admin(slot);
+            return;
+        }
+        if matches!(c.wire, Wire::Http(_)) {
+            self.service_http(slot, now);
+            return;
+        }
+        loop {
+            let Some(Some(c)) = self.conns.get_mut(slot) else {
+                return;
+            };
+            if !self.serving {
+                c.paused = true;
+                return;
+            }
+            // Bounds: in flight here, in flight everywhere, and output not drained.
+            let queued = if is_stdio {
+                self.stdio.as_ref().map_or(0, StdioSide::pending)
+            } else {
+                c.queued()
+            };
+            if self.core.in_flight(conn) >= limits.max_in_flight_per_connection
+                || self.core.in_flight_total() >= limits.max_in_flight_total
+                || queued > limits.max_write_buffer_bytes
+            {
+                c.paused = true;
+                return;
+            }
+            c.paused = false;
+            // Hand over one buffered message, if there is one.
+            match &mut c.wire {
+                Wire::Framed(inb) => match inb.next_inbound() {
+                    Some(Inbound::Message {
+                        stream,
+                        expect,
+                        process,
+                        payload,
+                    }) => {
+                        let peer = &c.peer;
+                        let process = if process.is_empty() {
+                            peer.process.as_str()
+                        } else {
+                            process
+                        };
+                        self.core
+                            .on_message(conn, peer, process, expect, stream, payload, now);
+                        continue;
+                    }
+                    Some(Inbound::Refuse { stream, bytes }) => {
+                        framed::encode_reply(&mut c.out, stream, false, &bytes);
+                        self.flush_conn(slot);
+                        continue;
+                    }
+                    Some(Inbound::Close(why)) => {
+                        crate::warn!(
+                            "closing {} connection of {}: {why}",
+                            c.peer.transport.as_str(),
+                            c.peer.principal
+                        );
+                        c.broken = true;
+                        return;
+                    }
+                    None => {}
+                },
+                Wire::Lines(inb) => match inb.next_line() {
+                    Some(Line::Message(payload)) => {
+                        let peer = &c.peer;
+                        self.core.on_message(
+                            conn,
+                            peer,
+                            &peer.process,
+                            Expect::Any,
+                            0,
+                            payload,
+                            now,
+                        );
+                        continue;
+                    }
+                    Some(Line::Refuse(bytes)) => {
+                        self.core.push_raw(conn, bytes);
+                        continue;
+                    }
+                    None => {}
+                },
+                Wire::Admin(_) | Wire::Http(_) => return,
+            }
+            // Nothing whole is buffered: read more.
+            if c.read_closed || c.broken {
+                return;
+            }
+            if is_stdio {
+                let Some(side) = self.stdio.as_mut() else {
+                    return;
+                };
+                match side.try_input() {
+                    Some(chunk) if chunk.is_empty() => {
+                        c.read_closed = true;
+                        return;
+                    }
+                    Some(chunk) => {
+                        if let Wire::Lines(inb) = &mut c.wire {
+                            inb.push(&chunk);
+                        }
+                    }
+                    None => return,
+                }
+                continue;
+            }
+            let Wire::Framed(inb) = &mut c.wire else {
+                return;
+            };
+            if inb.is_closed() {
+                return;
+            }
+            let spare = inb.spare();
+            match c.io.read(spare) {
+                Ok(0) => {
+                    inb.filled(0);
+                    c.read_closed = true;
+                    return;
+                }
+                Ok(n) => {
+                    inb.filled(n);
+                    c.guard.on_read(n, now);
+                    if inb.has_partial() {
+                        if c.partial_since.is_none() {
+                            c.partial_since = Some(now);
+                        }
+                    } else {
+                        c.partial_since = None;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    inb.filled(0);
+                    if !inb.has_partial() {
+                        c.partial_since = None;
+                    }
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => inb.filled(0),
+                Err(_) => {
+                    inb.filled(0);
+                    c.broken = true;
+                    return;
+                }
+            }
+        }
+    }
+}
