@@ -176,7 +176,7 @@ fn slow_heads_are_cut_off_and_never_hold_the_door() {
 
 #[test]
 fn slow_bodies_of_one_principal_leave_room_for_others() {
-    // One principal may hold a quarter of the door's connections by default.
+    // One principal may hold half the door's connections by default.
     let gw = HttpGateway::start(
         "",
         "[http]\nmax_connections = 8\nrequest_timeout_secs = 3\n",
@@ -226,7 +226,7 @@ fn slow_bodies_of_one_principal_leave_room_for_others() {
         }
     }
     assert!(
-        busy >= 6,
+        busy >= 4,
         "the principal's connections beyond its share get 503: {busy}"
     );
 }
