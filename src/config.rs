@@ -149,7 +149,7 @@ impl Default for GatewayConfig {
             max_connections: 1024,
             max_connections_per_peer: None,
             accept_timeout_secs: 10,
-            idle_timeout_secs: 600,
+            idle_timeout_secs: 3600,
             write_stall_secs: 60,
             linger_secs: 2,
             max_lingering: 64,
