@@ -145,10 +145,13 @@ impl Gateway {
     pub(super) fn accept(&mut self, index: usize) {
         loop {
             let now = Instant::now();
+            // A unix peer's pid: its process name is read only once it is admitted.
+            let mut process_of = None;
             let accepted = match self.listeners.get_mut(index) {
                 Some(Listener::Unix { socket, .. }) => match socket.accept() {
                     Ok((stream, _)) => {
-                        let peer = unix_peer(&stream);
+                        let (peer, pid) = unix_peer(&stream);
+                        process_of = pid;
                         Ok((ConnIo::Unix(stream), peer))
                     }
                     Err(e) => Err(e),
@@ -186,7 +189,7 @@ impl Gateway {
                 },
                 None => return,
             };
-            let (io, peer) = match accepted {
+            let (io, mut peer) = match accepted {
                 Ok(a) => a,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -211,6 +214,9 @@ impl Gateway {
             let key = (door == Door::Framed).then(|| peer.principal.clone());
             match self.admit_agent(door, key.as_deref(), now) {
                 Ok(seat) => {
+                    if let Some(name) = process_of.and_then(listeners::process_name) {
+                        peer.process = name;
+                    }
                     let wire = match &io {
                         ConnIo::Tcp(_) => match self.http.as_ref().map(HttpDoor::new_conn) {
                             Some(Ok(h)) => Wire::Http(Box::new(h)),
@@ -437,12 +443,12 @@ impl Gateway {
             Wire::Framed(_) => c.out.extend_from_slice(&framed_refusal(full, retry)),
             _ => {}
         }
+        // It lingers once its refusal is written (close_finished); its seat is free now.
         c.guard.close_when_drained = true;
         if let Some(seat) = c.guard.seat.take() {
             self.doors.budgets.release(seat);
         }
         self.flush_conn(slot);
-        self.begin_linger(slot, now);
     }
 
     /// A new connection beyond a limit: told so in its own protocol, then closed after a
@@ -826,20 +832,15 @@ impl Gateway {
     }
 }
 
-/// Who a unix peer is: `uid:N` and its process name, from SO_PEERCRED.
-fn unix_peer(stream: &mio::net::UnixStream) -> Peer {
-    let (principal, process) = match listeners::unix_peer(stream) {
-        Some((uid, pid)) => (
-            format!("uid:{uid}"),
-            listeners::process_name(pid).unwrap_or_else(|| "unknown".into()),
-        ),
-        None => ("unknown".into(), "unknown".into()),
-    };
-    Peer {
+/// Who a unix peer is (`uid:N`, from SO_PEERCRED), and its pid.
+fn unix_peer(stream: &mio::net::UnixStream) -> (Peer, Option<i32>) {
+    let cred = listeners::unix_peer(stream);
+    let peer = Peer {
         transport: Transport::Unix,
-        principal,
-        process,
-    }
+        principal: cred.map_or_else(|| "unknown".into(), |(uid, _)| format!("uid:{uid}")),
+        process: "unknown".into(),
+    };
+    (peer, cred.map(|(_, pid)| pid))
 }
 
 #[cfg(test)]
