@@ -3,7 +3,8 @@
 #
 #   fuzz/run.sh TARGET [RUNS]   one target for RUNS executions (default 10000000), at the
 #                               lowest priority and one job, so others can build meanwhile
-#   fuzz/run.sh --smoke         every target for a few seconds (CI)
+#   fuzz/run.sh --smoke         every target for a few seconds (CI; installs cargo-fuzz
+#                               when it is missing)
 #   fuzz/run.sh --list          the targets
 #
 # cargo-fuzz needs a nightly compiler (-Zsanitizer). With a nightly toolchain installed it
@@ -51,8 +52,8 @@ case "${1:-}" in
     --list) printf '%s\n' "${TARGETS[@]}" ;;
     --smoke)
         if ! cargo fuzz --version >/dev/null 2>&1; then
-            echo "fuzz smoke skipped: cargo-fuzz is not installed (cargo install cargo-fuzz)"
-            exit 0
+            echo "installing cargo-fuzz"
+            cargo install cargo-fuzz --locked
         fi
         for t in "${TARGETS[@]}"; do
             echo "-- $t"
@@ -60,7 +61,7 @@ case "${1:-}" in
         done
         ;;
     "" | -h | --help)
-        sed -n '2,10p' "$0"
+        sed -n '2,11p' "$0"
         ;;
     *)
         nice -n 19 env CARGO_BUILD_JOBS=1 bash -c "$(declare -f max_len cargo_fuzz run_target); run_target '$1' '${2:-10000000}'"

@@ -106,7 +106,7 @@ pub struct GatewayConfig {
     /// its own reserve). When full, a new connection takes the place of one that has not
     /// sent a byte yet; else it is refused with an error it can read.
     pub max_connections: usize,
-    /// Framed connections of one peer (unix uid, vsock cid); default a quarter of
+    /// Framed connections of one peer (unix uid, vsock cid); default half of
     /// `max_connections`.
     pub max_connections_per_peer: Option<usize>,
     /// Seconds from accept to a framed connection's first byte; a silent one is closed.
@@ -129,11 +129,11 @@ pub struct GatewayConfig {
 }
 
 impl GatewayConfig {
-    /// `max_connections_per_peer`, or its default: a quarter of `max_connections`, at
+    /// `max_connections_per_peer`, or its default: half of `max_connections`, at
     /// least 1.
     pub fn connections_per_peer(&self) -> usize {
         self.max_connections_per_peer
-            .unwrap_or(self.max_connections / 4)
+            .unwrap_or(self.max_connections / 2)
             .max(1)
     }
 }
@@ -149,7 +149,7 @@ impl Default for GatewayConfig {
             max_connections: 1024,
             max_connections_per_peer: None,
             accept_timeout_secs: 10,
-            idle_timeout_secs: 600,
+            idle_timeout_secs: 3600,
             write_stall_secs: 60,
             linger_secs: 2,
             max_lingering: 64,

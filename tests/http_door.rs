@@ -945,7 +945,7 @@ fn other_refusals_411_417_431_505_and_503() {
     // 503 with Retry-After beyond max_connections, while /health is still answered.
     // Connections with an accepted head whose body is still arriving hold their seats
     // (connections that said nothing, whose head is still trickling in, or that sit idle
-    // between requests would make room); one principal may hold a quarter of the door, so
+    // between requests would make room); one principal may hold half the door, so
     // four principals take its four seats as the connections above free theirs.
     let busy_probe = gw.post(&rpc(9, "tools/list", json!({}))).bearer(&token);
     let mut held = Vec::new();

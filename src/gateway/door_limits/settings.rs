@@ -147,9 +147,9 @@ mod tests {
     fn defaults_give_every_door_its_own_limits() {
         let l = DoorLimits::from_config(&Config::default());
         assert_eq!(l.agents, 1024);
-        assert_eq!(l.framed_per_peer, 256, "a quarter of the agents' budget");
+        assert_eq!(l.framed_per_peer, 512, "half the agents' budget");
         assert_eq!(l.http, 256);
-        assert_eq!(l.http_per_principal, 64, "a quarter of the door");
+        assert_eq!(l.http_per_principal, 128, "half the door");
         assert_eq!(l.admin, 8);
         assert!(l.framed_stages.accept <= l.framed_stages.idle);
         assert!(l.http_stages.head.unwrap() <= l.http_stages.auth.unwrap());

@@ -43,7 +43,7 @@ pub struct HttpConfig {
     /// `Retry-After` (while `/health` is still answered).
     pub max_connections: usize,
     /// Open HTTP connections of one principal (counted from its first accepted head);
-    /// beyond it, 503. Default: a quarter of `max_connections`.
+    /// beyond it, 503. Default: half of `max_connections`.
     pub max_connections_per_principal: Option<usize>,
     /// The `Retry-After` seconds of a 503 for a full door.
     pub retry_after_secs: u64,
@@ -88,10 +88,10 @@ impl Default for HttpConfig {
 }
 
 impl HttpConfig {
-    /// `max_connections_per_principal`, or its default: a quarter of the door, at least 1.
+    /// `max_connections_per_principal`, or its default: half the door, at least 1.
     pub fn connections_per_principal(&self) -> usize {
         self.max_connections_per_principal
-            .unwrap_or(self.max_connections / 4)
+            .unwrap_or(self.max_connections / 2)
             .max(1)
     }
 
@@ -193,7 +193,7 @@ mod tests {
         // The older name of body_timeout_secs is still read.
         let c: HttpConfig = toml::from_str("request_timeout_secs = 7").unwrap();
         assert_eq!(c.body_timeout_secs, 7);
-        assert_eq!(c.connections_per_principal(), 64);
+        assert_eq!(c.connections_per_principal(), 128);
         let c: HttpConfig = toml::from_str("max_connections_per_principal = 0").unwrap();
         assert!(c.validate("t").unwrap_err().contains("per_principal"));
         let c: HttpConfig = toml::from_str("head_timeout_secs = 0").unwrap();

@@ -1,0 +1,152 @@
+//! Stage deadlines the floods do not reach, against the real binary: a framed connection
+//! idle too long is closed while pings or a call in flight keep another alive; a reader
+//! that stops reading is closed at the write stall; the admin socket's own reserve and
+//! deadline. Each close is counted in `/metrics`.
+
+mod common;
+
+use common::flood::{Ended, wait_end};
+use common::http::{HttpGateway, Req};
+use common::{FramedClient, PATIENCE};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+fn metrics(gw: &HttpGateway) -> String {
+    let admin = gw.token("ops", "admin", "never");
+    let mut http = gw.http();
+    let r = http.call(&Req::new("GET", "/metrics", gw.port).bearer(&admin));
+    assert_eq!(r.status, 200);
+    r.text()
+}
+
+fn counted(text: &str, line_prefix: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(line_prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn idle_framed_connections_close_but_pings_and_calls_in_flight_keep_them() {
+    let gw = HttpGateway::start(
+        "",
+        r#"
+[gateway]
+idle_timeout_secs = 2
+
+[[policy.rules]]
+id = "ask-echo"
+action = "ask"
+tool = "local__echo"
+"#,
+    );
+    // Quiet after one exchange: closed.
+    let mut quiet = gw.connect();
+    assert_eq!(quiet.call("ping", json!({}))["result"], json!({}));
+    // A held call keeps its connection alive past the idle deadline.
+    let mut busy = gw.connect();
+    let sid = busy.request(
+        json!("held"),
+        "tools/call",
+        Some(json!({"name": "local__echo", "arguments": {"text": "wait"}})),
+    );
+    // Pings every half second keep this one alive.
+    let mut pinging = gw.connect();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        assert_eq!(pinging.call("ping", json!({}))["result"], json!({}));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(quiet.closed_by_peer(), "an idle connection is closed");
+    assert_eq!(pinging.call("ping", json!({}))["result"], json!({}));
+    // The held call is still there to approve, and its agent gets the answer.
+    let out = gw.cli(&["approvals", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = v["pending"][0]["id"].to_string();
+    assert!(gw.cli(&["approve", &id]).status.success());
+    let r = busy.recv().expect("the held call is answered");
+    assert_eq!(r.stream, sid);
+    let m = metrics(&gw);
+    assert!(
+        counted(
+            &m,
+            "toolwall_connections_closed_total{door=\"framed\",reason=\"idle_timeout\"}"
+        ) >= 1,
+        "{m}"
+    );
+}
+
+#[test]
+fn a_reader_that_stops_reading_is_closed_at_the_write_stall() {
+    let gw = HttpGateway::start("", "[gateway]\nwrite_stall_secs = 2\n");
+    let mut c = gw.connect();
+    // Ask for far more output than the socket buffers hold, and never read it.
+    let text = "x".repeat(512 * 1024);
+    for i in 0..40 {
+        let msg = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                         "params": {"name": "local__echo", "arguments": {"text": text}}});
+        let mut frame = Vec::new();
+        toolwall_relay::frame::encode(&mut frame, i + 1, 0, "agent", msg.to_string().as_bytes())
+            .unwrap();
+        if c.stream.write_all(&frame).is_err() {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_secs(4));
+    let m = metrics(&gw);
+    assert!(
+        counted(
+            &m,
+            "toolwall_connections_closed_total{door=\"framed\",reason=\"write_stall\"}"
+        ) >= 1,
+        "{m}"
+    );
+    // The stalled connection is gone: reading now ends at EOF after what was queued.
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_ne!(wait_end(&mut c.stream), Ended::Open);
+    // Everyone else is served.
+    let mut other = gw.connect();
+    assert_eq!(other.call("ping", json!({}))["result"], json!({}));
+}
+
+#[test]
+fn the_admin_socket_has_its_own_reserve_and_deadline() {
+    // The base config ends inside its [admin] table: these keys land there.
+    let gw = HttpGateway::start("", "max_connections = 2\ntimeout_secs = 2\n");
+    // Two silent admin connections take the reserve; a third is told so, in a line.
+    let silent: Vec<UnixStream> = (0..2)
+        .map(|_| UnixStream::connect(&gw.admin).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let third = UnixStream::connect(&gw.admin).unwrap();
+    third.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut line = String::new();
+    BufReader::new(&third).read_line(&mut line).unwrap();
+    let v: Value = serde_json::from_str(&line).expect("a JSON error line");
+    assert_eq!(v["ok"], false);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("admin.max_connections")
+    );
+    // Agents never take the admin reserve, and the silent ones are closed at the deadline.
+    let mut agent = FramedClient::connect(&gw.sock);
+    assert_eq!(agent.call("ping", json!({}))["result"], json!({}));
+    for mut s in silent {
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        assert_ne!(wait_end(&mut s), Ended::Open, "admin.timeout_secs");
+    }
+    let out = gw.cli(&["status"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("seats: agents "), "{text}");
+}
