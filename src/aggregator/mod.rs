@@ -7,6 +7,8 @@
 //! connection), [`exchange`] (one HTTP exchange), and the sans-IO cores [`sse`], [`era`],
 //! [`message`].
 
+pub mod call_link;
+pub mod call_relay;
 pub mod config;
 pub mod era;
 pub mod error;

@@ -59,6 +59,7 @@ pub fn configure_request(id: u64, setup: &AggregatorSetup) -> Message {
         name: None,
         args: Some(serde_json::to_string(setup).unwrap_or_else(|_| "{}".into())),
         target: None,
+        meta: None,
     }
 }
 
@@ -70,6 +71,7 @@ pub fn listing_request(id: u64, op: Op, server: &str) -> Message {
         name: Some(server.to_owned()),
         args: None,
         target: None,
+        meta: None,
     }
 }
 
@@ -81,6 +83,7 @@ pub fn call_tool_request(id: u64, server: &str, tool: &str, arguments: String) -
         name: Some(format!("{server}{NAMESPACE_SEP}{tool}")),
         args: Some(arguments),
         target: None,
+        meta: None,
     }
 }
 
@@ -92,6 +95,7 @@ pub fn get_prompt_request(id: u64, server: &str, prompt: &str, params: &Value) -
         name: Some(format!("{server}{NAMESPACE_SEP}{prompt}")),
         args: Some(params.to_string()),
         target: None,
+        meta: None,
     }
 }
 
@@ -104,6 +108,7 @@ pub fn read_resource_request(id: u64, server: &str, params: &Value) -> Message {
         name: Some(server.to_owned()),
         args: Some(params.to_string()),
         target: None,
+        meta: None,
     }
 }
 

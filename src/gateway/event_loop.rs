@@ -32,6 +32,7 @@ use crate::workers::settings::WorkerSettings;
 use crate::workers::supervisor::{Supervisor, WorkerEvent, WorkerSpec};
 
 mod doors;
+mod relay;
 
 const SIGNALS: Token = Token(0);
 const WAKE: Token = Token(1);
@@ -241,6 +242,10 @@ impl Gateway {
             Instant::now(),
             crate::ledger::now_ms(),
         );
+        core.set_relay_config(config.relay.clone());
+        let state_key = crate::gateway::state_key::load_or_create(&state_dir)
+            .map_err(|e| format!("request state key: {e}"))?;
+        core.set_state_key(state_key, crate::gateway::state_key::instance_name());
 
         let poll = Poll::new().map_err(|e| format!("poll: {e}"))?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKE).map_err(|e| format!("waker: {e}"))?);
@@ -617,6 +622,12 @@ impl Gateway {
                 bytes,
             } => self.deliver(conn, Outgoing::Reply(stream, &bytes)),
             Action::Notify { conn, bytes } => self.deliver(conn, Outgoing::Notification(&bytes)),
+            Action::Relay {
+                conn,
+                bytes,
+                request_id,
+                ..
+            } => self.deliver_relay(conn, &bytes, request_id.as_deref()),
             Action::ToWorker { worker, call, msg } => {
                 if let Err(why) = self.supervisor.send(worker, &msg)
                     && let Some(key) = call
@@ -1216,6 +1227,7 @@ impl Gateway {
                 }
                 self.core.refresh_upstreams(now);
                 let rules = policy.rule_count();
+                self.core.set_relay_config(config.relay.clone());
                 self.core.set_policy(Rc::new(policy), now);
                 let mut summary = format!("policy reloaded: {rules} rules");
                 // The HTTP door's settings and certificate follow; on error they stay.

@@ -109,8 +109,14 @@ impl<R: Recorder> Core<R> {
                 }
                 self.on_notification(conn, &method, params);
             }
-            Message::Response { .. } => {
-                // toolwall sends agents no requests, so no response is awaited.
+            Message::Response { id, result, error } => {
+                // The answer to a server's request toolwall relayed to this agent.
+                self.on_agent_response(
+                    conn,
+                    id.get(),
+                    result.map(RawValue::get),
+                    error.map(RawValue::get),
+                );
             }
         }
     }
@@ -166,6 +172,12 @@ impl<R: Recorder> Core<R> {
                 let version = protocol::negotiate(asked.as_deref());
                 if let Some(s) = self.sessions.get_mut(&ctx.conn) {
                     s.protocol_version = Some(version);
+                    s.facts.caps = crate::mcp::client_caps::ClientCaps::from_value(
+                        params
+                            .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                            .as_ref()
+                            .and_then(|p| p.get("capabilities")),
+                    );
                 }
                 let client = params
                     .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())

@@ -101,6 +101,14 @@ impl<R: Recorder> Core<R> {
         routed: Routed,
         params: Option<&RawValue>,
     ) {
+        // A retry carrying a requestState resumes the call it names (or is refused).
+        if let Some(p) = params.filter(|p| p.get().contains("\"requestState\""))
+            && let Ok(p) = serde_json::from_str::<Value>(p.get())
+            && let Some(state) = super::input_retry::request_state(&p).cloned()
+        {
+            self.resume_with_state(ctx, routed, &p, &state);
+            return;
+        }
         self.counters.calls_total += 1;
         let ledger_id = self.records.new_call_id();
         let from = Requester {
@@ -152,6 +160,7 @@ impl<R: Recorder> Core<R> {
             rewritten: false,
             forwarded: None,
             approved: None,
+            relay: Default::default(),
         });
         // Malformed params: still a row, then a JSON-RPC error.
         let fault = match (&parsed, &target_name) {
@@ -177,6 +186,7 @@ impl<R: Recorder> Core<R> {
         if routed != Routed::ReadResource && params.get("arguments").is_none() {
             params["arguments"] = json!({});
         }
+        x.relay = self.call_relay(ctx.conn, routed, &params);
         x.params = params;
         let name = x.target.name.clone();
         // Where it goes; a tool hidden by a changed pin is refused before anything else.
@@ -435,6 +445,9 @@ impl<R: Recorder> Core<R> {
         let timeout_key = x.routed.timeout_key();
         let deadline = self.now + self.timeout(timeout_key);
         let args = x.forward_text();
+        let meta = self
+            .is_aggregator(worker)
+            .then(|| self.call_meta(key, &x, deadline));
         self.actions.push(super::Action::ToWorker {
             worker,
             call: Some(key),
@@ -444,6 +457,7 @@ impl<R: Recorder> Core<R> {
                 name: Some(name),
                 args: Some(args),
                 target: None,
+                meta,
             },
         });
         self.calls.insert(
@@ -627,6 +641,7 @@ impl<R: Recorder> Core<R> {
         error: Option<&str>,
         original: Option<&str>,
     ) {
+        self.end_relay(&x);
         let (text, bytes) = answer.encode(&x.from.id);
         match decision {
             decision::ALLOWED => self.counters.calls_allowed += 1,

@@ -166,6 +166,7 @@ impl<R: Recorder> Core<R> {
                 name: None,
                 args: None,
                 target: Some(target),
+                meta: None,
             },
         });
     }

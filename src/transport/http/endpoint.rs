@@ -91,6 +91,8 @@ pub struct Call {
     pub keep_alive: bool,
     /// A legacy `initialize`: a successful answer opens a session.
     opens_session: bool,
+    /// Legacy era: the client capabilities of its session (or of this `initialize`).
+    pub caps: crate::mcp::client_caps::ClientCaps,
 }
 
 /// What the loop does with a request.
@@ -677,6 +679,7 @@ impl Endpoint {
                 id: id.to_owned(),
                 keep_alive: keep,
                 opens_session: false,
+                caps: Default::default(),
             },
             message: message_range,
         }
@@ -720,6 +723,12 @@ impl Endpoint {
                     id: id.get().to_owned(),
                     keep_alive: keep,
                     opens_session: true,
+                    caps: crate::mcp::client_caps::ClientCaps::from_value(
+                        params
+                            .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                            .as_ref()
+                            .and_then(|p| p.get("capabilities")),
+                    ),
                 },
                 message: message_range,
             };
@@ -747,11 +756,11 @@ impl Endpoint {
             let id = String::from_utf8_lossy(session_id).into_owned();
             self.sessions
                 .touch(&id, &principal, now)
-                .map(|s| (id, s.version))
+                .map(|s| (id, s.version, s.caps))
         } else {
             None
         };
-        let Some((session_id, version)) = session else {
+        let Some((session_id, version, caps)) = session else {
             return refusal(
                 404,
                 "unknown or expired session; start a new one with initialize",
@@ -780,6 +789,7 @@ impl Endpoint {
                     id: id.get().to_owned(),
                     keep_alive: keep,
                     opens_session: false,
+                    caps,
                 },
                 message: message_range,
             },
@@ -836,7 +846,10 @@ impl Endpoint {
                 let negotiated = result_protocol_version(answer)
                     .and_then(|v| era::legacy_version(&v))
                     .unwrap_or(version);
-                match self.sessions.open(&call.principal, negotiated, now) {
+                match self
+                    .sessions
+                    .open_with(&call.principal, negotiated, call.caps, now)
+                {
                     Ok(session) => ResponseBuilder::new(200)
                         .header("Mcp-Session-Id", session)
                         .keep_alive(keep)

@@ -38,6 +38,9 @@ pub struct Session {
     pub version: &'static str,
     pub created: Instant,
     pub last_seen: Instant,
+    /// The client capabilities its `initialize` declared (what server requests may reach
+    /// it).
+    pub caps: crate::mcp::client_caps::ClientCaps,
 }
 
 /// Why a session could not be opened.
@@ -108,6 +111,17 @@ impl Sessions {
         version: &'static str,
         now: Instant,
     ) -> Result<String, OpenError> {
+        self.open_with(principal, version, Default::default(), now)
+    }
+
+    /// [`Sessions::open`] remembering the client's declared capabilities.
+    pub fn open_with(
+        &mut self,
+        principal: &str,
+        version: &'static str,
+        caps: crate::mcp::client_caps::ClientCaps,
+        now: Instant,
+    ) -> Result<String, OpenError> {
         if self.count_of(principal) >= self.limits.max_per_principal {
             let oldest = self
                 .by_id
@@ -133,6 +147,7 @@ impl Sessions {
                 version,
                 created: now,
                 last_seen: now,
+                caps,
             },
         );
         Ok(id)
