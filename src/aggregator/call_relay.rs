@@ -28,6 +28,8 @@ use crate::workers::relay_wire::{
     ServerRequest, required_capability,
 };
 
+/// `_meta` key of a modern request's log level.
+const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 /// Rounds of `input_required` answered for one call before it fails (a server that keeps
 /// asking).
 pub const MAX_INPUT_ROUNDS: usize = 10;
@@ -78,7 +80,8 @@ impl CallContext {
     pub fn apply_meta(&self, era: &Era, params: &mut Map<String, Value>) {
         let modern = era.is_modern();
         let caps = self.meta.client_capabilities.as_ref().filter(|_| modern);
-        if self.meta.progress_token.is_none() && caps.is_none() {
+        let log_level = self.meta.log_level.as_ref().filter(|_| modern);
+        if self.meta.progress_token.is_none() && caps.is_none() && log_level.is_none() {
             return;
         }
         let meta = params
@@ -95,6 +98,9 @@ impl CallContext {
         }
         if let Some(caps) = caps {
             meta.insert(META_CLIENT_CAPABILITIES.into(), caps.clone());
+        }
+        if let Some(level) = log_level {
+            meta.insert(META_LOG_LEVEL.into(), Value::String(level.clone()));
         }
     }
 

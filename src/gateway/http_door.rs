@@ -443,6 +443,7 @@ impl HttpDoor {
                     ConnFacts {
                         modern: call.era.is_modern(),
                         caps: call.caps,
+                        log_level: call.log_level,
                     },
                 );
                 h.pending = Some(call);
@@ -586,13 +587,28 @@ impl HttpDoor {
     }
 
     /// The call this connection held was cancelled from another connection of its session:
-    /// no answer is owed (the MCP rule), so the connection closes without one.
-    pub fn abandon(&mut self, h: &mut HttpConn) {
-        if let Some(call) = h.pending.take() {
-            self.forget_waiting(&call);
-            self.forget_relayed(h, &call);
+    /// no answer is owed (the MCP rule). Its response is an event stream that ends without
+    /// one (the stream already under way, or an empty one), so the client's request ends
+    /// cleanly and the connection may carry the next.
+    pub fn abandon(&mut self, h: &mut HttpConn, out: &mut Vec<u8>) {
+        let Some(call) = h.pending.take() else {
+            return;
+        };
+        self.forget_waiting(&call);
+        self.forget_relayed(h, &call);
+        let mut bytes = Vec::new();
+        if !std::mem::take(&mut h.streaming) {
+            self.count_response(200);
+            bytes.extend_from_slice(&sse_writer::head(call.keep_alive));
         }
-        h.closing = true;
+        sse_writer::end(&mut bytes);
+        write(h, out, &bytes);
+        let now = Instant::now();
+        h.request_started = if buffered(h) > 0 { Some(now) } else { None };
+        h.idle_since = now;
+        if !call.keep_alive {
+            h.closing = true;
+        }
     }
 
     /// The connection is closing. A modern-era call still with the core is cancelled by

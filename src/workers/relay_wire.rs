@@ -35,6 +35,10 @@ pub struct CallMeta {
     pub notifications_per_sec: u32,
     #[serde(default)]
     pub notification_burst: u32,
+    /// The lowest log level the agent wants (a modern upstream sends log messages only
+    /// when a request asks for them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
 }
 
 /// A notification met during a call. `call` is None when it came on a server's listening

@@ -200,6 +200,7 @@ impl<R: Recorder> Core<R> {
                 self.answer(ctx, method, &result);
             }
             "ping" => self.answer(ctx, method, "{}"),
+            "logging/setLevel" => self.set_log_level(ctx, method, params),
             "tools/list" => self.list(ctx, Kind::Tools, method, params),
             "resources/list" => self.list(ctx, Kind::Resources, method, params),
             "prompts/list" => self.list(ctx, Kind::Prompts, method, params),
@@ -217,7 +218,7 @@ impl<R: Recorder> Core<R> {
 
     /// The request phase for a method the gateway answers itself (lists): `ask` is for
     /// requests that reach a server, so here it refuses like a block.
-    fn method_allowed(&mut self, ctx: &RequestCtx, method: &str) -> bool {
+    pub(super) fn method_allowed(&mut self, ctx: &RequestCtx, method: &str) -> bool {
         let subject = Subject {
             method,
             server: None,
@@ -284,7 +285,7 @@ impl<R: Recorder> Core<R> {
     }
 
     /// The answer to a request the gateway serves itself.
-    fn answer(&mut self, ctx: &RequestCtx, method: &str, result: &str) {
+    pub(super) fn answer(&mut self, ctx: &RequestCtx, method: &str, result: &str) {
         self.observed.request(method, "ok");
         let bytes = jsonrpc::result_response(ctx.id, result);
         self.reply(ctx.conn, ctx.stream, ctx.id, None, bytes);

@@ -34,6 +34,7 @@ use crate::log::Level;
 use crate::mcp::catalog::WorkerId;
 use crate::mcp::client_caps::ClientCaps;
 use crate::mcp::jsonrpc;
+use crate::mcp::log_level::LogLevel;
 use crate::mcp::token_bucket::TokenBucket;
 use crate::policy::{Phase, Subject, Verdict};
 use crate::workers::relay_wire::{
@@ -48,6 +49,9 @@ pub const ID_PREFIX: &str = "toolwall-";
 pub const MAX_PROGRESS_TOKEN_BYTES: usize = 256;
 /// `_meta` key of a modern request's client capabilities.
 const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+/// `_meta` key of a modern request's log level (log messages are opt-in per request).
+pub const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+
 /// Characters of a relayed message's params kept in its ledger event.
 const EVENT_PREVIEW_CHARS: usize = 512;
 
@@ -58,6 +62,8 @@ const EVENT_PREVIEW_CHARS: usize = 512;
 pub struct ConnFacts {
     pub modern: bool,
     pub caps: ClientCaps,
+    /// The lowest log level the client asked for (`logging/setLevel`, legacy era).
+    pub log_level: Option<LogLevel>,
 }
 
 /// One call's relay state, on its [`Exchange`].
@@ -81,6 +87,9 @@ pub struct CallRelay {
     pub round: u64,
     /// SHA-256 of the arguments as they arrived (a retry must carry the same).
     pub arrived_args: String,
+    /// The lowest level of log messages the agent wants (None: none asked for; a legacy
+    /// upstream's messages are relayed all the same, a modern one sends none).
+    pub log_level: Option<LogLevel>,
 }
 
 impl Default for CallRelay {
@@ -98,6 +107,7 @@ impl Default for CallRelay {
             queued: Vec::new(),
             round: 0,
             arrived_args: String::new(),
+            log_level: None,
         }
     }
 }
@@ -201,6 +211,13 @@ impl<R: Recorder> Core<R> {
         } else {
             facts.caps
         };
+        let log_level = if facts.modern {
+            meta.and_then(|m| m.get(META_LOG_LEVEL))
+                .and_then(Value::as_str)
+                .and_then(LogLevel::parse)
+        } else {
+            facts.log_level
+        };
         let agent_token = meta
             .and_then(|m| m.get("progressToken"))
             .filter(|t| t.is_string() || t.is_i64() || t.is_u64())
@@ -213,6 +230,7 @@ impl<R: Recorder> Core<R> {
             modern: facts.modern,
             bucket: TokenBucket::new(c.notifications_per_sec, c.notification_burst),
             arrived_args: super::input_retry::arrived_arguments_hash(routed, params),
+            log_level,
             ..CallRelay::default()
         }
     }
@@ -227,8 +245,43 @@ impl<R: Recorder> Core<R> {
                 .unwrap_or(u64::MAX),
             notifications_per_sec: c.notifications_per_sec,
             notification_burst: c.notification_burst,
+            log_level: x.relay.log_level.map(|l| l.as_str().to_owned()),
         };
         serde_json::to_string(&meta).unwrap_or_default()
+    }
+
+    /// `logging/setLevel` (legacy era): the lowest level of the log messages relayed to
+    /// this client's calls from now on.
+    pub(super) fn set_log_level(
+        &mut self,
+        ctx: &super::dispatch::RequestCtx,
+        method: &str,
+        params: Option<&serde_json::value::RawValue>,
+    ) {
+        if !self.method_allowed(ctx, method) {
+            return;
+        }
+        let level = params
+            .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+            .and_then(|p| {
+                p.get("level")
+                    .and_then(Value::as_str)
+                    .and_then(LogLevel::parse)
+            });
+        let Some(level) = level else {
+            self.answer_error(
+                ctx,
+                method,
+                jsonrpc::INVALID_PARAMS,
+                "invalid params: level must be one of debug, info, notice, warning, error, critical, alert, emergency",
+                None,
+            );
+            return;
+        };
+        if let Some(s) = self.sessions.get_mut(&ctx.conn) {
+            s.facts.log_level = Some(level);
+        }
+        self.answer(ctx, method, "{}");
     }
 
     /// A worker event of the relay's; false for any other kind.
@@ -347,6 +400,19 @@ impl<R: Recorder> Core<R> {
             };
             if let Some(p) = params.as_mut().and_then(Value::as_object_mut) {
                 p.insert("progressToken".into(), agent);
+            }
+        }
+        if n.method == "notifications/message"
+            && let Some(wanted) = x.relay.log_level
+        {
+            let level = params
+                .as_ref()
+                .and_then(|p| p.get("level"))
+                .and_then(Value::as_str)
+                .and_then(LogLevel::parse);
+            if level.is_none_or(|l| l < wanted) {
+                x.relay.dropped += 1;
+                return;
             }
         }
         let size = params.as_ref().map_or(0, |p| p.to_string().len());

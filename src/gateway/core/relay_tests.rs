@@ -345,6 +345,7 @@ fn modern(h: &mut Harness) {
         ConnFacts {
             modern: true,
             caps: ClientCaps::default(),
+            log_level: None,
         },
     );
 }

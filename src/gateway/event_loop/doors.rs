@@ -540,9 +540,10 @@ impl Gateway {
         }
     }
 
-    /// A legacy cancel arrived on one connection for a call another connection of the same
-    /// session holds: the core hears it as from that connection. If it cancelled the call,
-    /// that connection owes no answer and closes.
+    /// A legacy cancel (or an answer to a relayed request) arrived on one connection for a
+    /// call another connection of the same session holds: the core hears it as from that
+    /// connection. If it cancelled the call, that connection owes no answer: its event
+    /// stream ends without one.
     pub(super) fn cancel_elsewhere(
         &mut self,
         target: ConnRef,
@@ -567,7 +568,10 @@ impl Gateway {
             && let Wire::Http(h) = &mut c.wire
             && let Some(door) = self.http.as_mut()
         {
-            door.abandon(h);
+            door.abandon(h, &mut c.out);
+            // The connection may carry the next request.
+            c.paused = true;
+            self.flush_conn(target.slot);
         }
     }
 

@@ -93,6 +93,8 @@ pub struct Call {
     opens_session: bool,
     /// Legacy era: the client capabilities of its session (or of this `initialize`).
     pub caps: crate::mcp::client_caps::ClientCaps,
+    /// Legacy era: the log level its session asked for.
+    pub log_level: Option<crate::mcp::log_level::LogLevel>,
 }
 
 /// What the loop does with a request.
@@ -680,6 +682,7 @@ impl Endpoint {
                 keep_alive: keep,
                 opens_session: false,
                 caps: Default::default(),
+                log_level: None,
             },
             message: message_range,
         }
@@ -729,6 +732,7 @@ impl Endpoint {
                             .as_ref()
                             .and_then(|p| p.get("capabilities")),
                     ),
+                    log_level: None,
                 },
                 message: message_range,
             };
@@ -756,11 +760,11 @@ impl Endpoint {
             let id = String::from_utf8_lossy(session_id).into_owned();
             self.sessions
                 .touch(&id, &principal, now)
-                .map(|s| (id, s.version, s.caps))
+                .map(|s| (id, s.version, s.caps, s.log_level))
         } else {
             None
         };
-        let Some((session_id, version, caps)) = session else {
+        let Some((session_id, version, caps, mut log_level)) = session else {
             return refusal(
                 404,
                 "unknown or expired session; start a new one with initialize",
@@ -776,6 +780,19 @@ impl Endpoint {
                 ),
             );
         }
+        // The session's log level counts for every later call, on any connection.
+        if let Message::Request { method, params, .. } = &message
+            && method == "logging/setLevel"
+            && let Some(level) = params
+                .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                .as_ref()
+                .and_then(|p| p.get("level"))
+                .and_then(Value::as_str)
+                .and_then(crate::mcp::log_level::LogLevel::parse)
+        {
+            self.sessions.set_log_level(&session_id, level);
+            log_level = Some(level);
+        }
         let era = Era::Legacy {
             version,
             session: Some(session_id),
@@ -790,6 +807,7 @@ impl Endpoint {
                     keep_alive: keep,
                     opens_session: false,
                     caps,
+                    log_level,
                 },
                 message: message_range,
             },

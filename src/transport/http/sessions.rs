@@ -41,6 +41,8 @@ pub struct Session {
     /// The client capabilities its `initialize` declared (what server requests may reach
     /// it).
     pub caps: crate::mcp::client_caps::ClientCaps,
+    /// The level its `logging/setLevel` asked for.
+    pub log_level: Option<crate::mcp::log_level::LogLevel>,
 }
 
 /// Why a session could not be opened.
@@ -148,6 +150,7 @@ impl Sessions {
                 created: now,
                 last_seen: now,
                 caps,
+                log_level: None,
             },
         );
         Ok(id)
@@ -155,6 +158,13 @@ impl Sessions {
 
     /// The live session `id` of `principal`, marked as used now. An expired session is
     /// removed and reported as unknown, like one that never existed.
+    /// A session's `logging/setLevel`.
+    pub fn set_log_level(&mut self, id: &str, level: crate::mcp::log_level::LogLevel) {
+        if let Some(s) = self.by_id.get_mut(id) {
+            s.log_level = Some(level);
+        }
+    }
+
     pub fn touch(&mut self, id: &str, principal: &str, now: Instant) -> Option<&Session> {
         let expired = match self.by_id.get(id) {
             None => return None,
