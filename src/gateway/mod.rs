@@ -9,3 +9,4 @@ pub mod listeners;
 pub mod relay_config;
 pub mod state_key;
 pub mod stdio;
+pub mod used_approvals;

@@ -9,7 +9,9 @@ exit with the traceback on stderr.
 
 Scenarios: count (progress and log messages), greet (an elicitation the user accepts),
 decline (one the user declines), nocap (a client without the elicitation capability),
-sample (sampling), roots (roots/list), cancel (a call abandoned after 1.5 s).
+sample (sampling), roots (roots/list), cancel (a call abandoned after 1.5 s), approve and
+deny (the `note` tool, which an ask rule holds for the human at the client: the question
+is answered yes or no), operator (the same without the elicitation capability).
 """
 
 import json
@@ -25,7 +27,9 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 TOOLS = {"count": ("count", {"n": 3}), "greet": ("greet", {}), "decline": ("greet", {}),
          "nocap": ("greet", {}), "sample": ("sample", {}), "roots": ("roots", {}),
-         "cancel": ("wait", {"secs": 30})}
+         "cancel": ("wait", {"secs": 30}), "approve": ("note", {"text": "from the client"}),
+         "deny": ("note", {"text": "from the client"}),
+         "operator": ("note", {"text": "from the client"})}
 
 
 class Seen:
@@ -41,6 +45,9 @@ class Seen:
 
     async def elicit(self, context, params):
         self.out["elicited"].append(params.message)
+        if params.message.startswith("toolwall asks"):
+            return types.ElicitResult(action="accept",
+                                      content={"approve": self.scenario == "approve"})
         if self.scenario == "decline":
             return types.ElicitResult(action="decline")
         return types.ElicitResult(action="accept", content={"name": "Ada"})
@@ -56,7 +63,7 @@ class Seen:
 
     def callbacks(self):
         cb = {"logging_callback": self.log}
-        if self.scenario != "nocap":
+        if self.scenario not in ("nocap", "operator"):
             cb["elicitation_callback"] = self.elicit
         if self.scenario == "sample":
             cb["sampling_callback"] = self.sample

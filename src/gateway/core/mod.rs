@@ -24,6 +24,8 @@ mod approvals;
 mod barrier;
 mod calls;
 mod client_ask;
+#[cfg(test)]
+mod client_ask_tests;
 mod dispatch;
 mod exchange;
 mod input_retry;
@@ -53,6 +55,7 @@ use crate::policy::{Policy, Transport};
 use crate::workers::rpc;
 
 pub use approvals::PendingApproval;
+pub use client_ask::MAX_USED_APPROVALS;
 pub use observed::{Counters, Observed};
 pub use recorder::Recorder;
 pub use relay::ConnFacts;
@@ -67,6 +70,7 @@ pub fn test_claims() -> Claims {
         tool: "t".into(),
         args: String::new(),
         policy: String::new(),
+        rule: String::new(),
         expires_ms: 1,
         call: 1,
         round: 1,
@@ -213,6 +217,8 @@ pub struct Core<R: Recorder = Ledger> {
     upstreams: Option<UpstreamsState>,
     /// Server-to-client messages relayed during calls (`relay.rs`).
     relay: relay::RelayHub,
+    /// Asks answered at the agent's client (`client_ask.rs`).
+    client_asks: client_ask::ClientAsks,
 }
 
 impl<R: Recorder> Core<R> {
@@ -249,6 +255,7 @@ impl<R: Recorder> Core<R> {
             page_size: 200,
             upstreams: None,
             relay: relay::RelayHub::default(),
+            client_asks: client_ask::ClientAsks::default(),
         }
     }
 

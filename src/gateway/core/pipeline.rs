@@ -154,6 +154,7 @@ impl<R: Recorder> Core<R> {
                 rule: None,
                 reason: None,
                 matched: Vec::new(),
+                ask_via: Default::default(),
             },
             response_decision: None,
             arrived_differs: false,
@@ -262,6 +263,22 @@ impl<R: Recorder> Core<R> {
         );
         self.stage_rules(x.ledger_id, "request", &x.request_decision);
         let verdict = x.request_decision.verdict;
+        // A client's approval for an ask this policy no longer makes is refused.
+        if verdict != Verdict::Ask
+            && let Some(message) = self.stale_client_approval()
+            && verdict == Verdict::Allow
+            && !unknown
+        {
+            let rule = x.request_decision.rule.clone();
+            let refusal = Refusal {
+                code: ToolErrorCode::AskDenied,
+                message: &message,
+                rule: rule.as_deref(),
+                decision: decision::DENIED,
+            };
+            self.refuse(x, self.now, &refusal);
+            return;
+        }
         match verdict {
             Verdict::Block => self.refuse_by_policy(x, self.now, Phase::Request),
             _ if unknown => {
@@ -347,7 +364,12 @@ impl<R: Recorder> Core<R> {
 
     /// Hold a call for a human (`ask`), or refuse it where no human can answer safely.
     fn hold(&mut self, x: Box<Exchange>) {
-        if self.ask_route == AskRoute::Refuse {
+        // A client's approval carried by this request, or an ask answered at the client.
+        let Some(x) = self.ask_at_client_or_apply(x) else {
+            return;
+        };
+        let at_client = self.client_can_be_asked(&x);
+        if self.ask_route == AskRoute::Refuse && !at_client {
             let message = "an ask rule holds this call, but no operator can answer it here: the \
                            admin socket is reachable by the agent's own uid (toolwall stdio), so \
                            the call is refused";
@@ -363,10 +385,11 @@ impl<R: Recorder> Core<R> {
         }
         let key = self.calls.new_key();
         let deadline = self.now + self.policy.ask_timeout();
+        let via = if at_client { "client" } else { "operator" };
         self.event(
             "ask_pending",
             json!({"approval_id": key, "call_id": x.ledger_id, "method": x.routed.method(),
-                   "tool": x.display_name(), "principal": x.from.principal}),
+                   "tool": x.display_name(), "principal": x.from.principal, "via": via}),
         );
         self.calls.insert(
             key,
@@ -379,6 +402,9 @@ impl<R: Recorder> Core<R> {
                 timeout_key: "policy.ask_timeout_secs",
             },
         );
+        if at_client {
+            self.ask_client(key);
+        }
     }
 
     /// An allowed call goes to its worker (released once the commit holds its row).

@@ -90,6 +90,8 @@ pub struct CallRelay {
     /// The lowest level of log messages the agent wants (None: none asked for; a legacy
     /// upstream's messages are relayed all the same, a modern one sends none).
     pub log_level: Option<LogLevel>,
+    /// The approval question asked of a legacy client (its relay key), if any.
+    pub client_ask: Option<u64>,
 }
 
 impl Default for CallRelay {
@@ -108,6 +110,7 @@ impl Default for CallRelay {
             round: 0,
             arrived_args: String::new(),
             log_level: None,
+            client_ask: None,
         }
     }
 }
@@ -665,6 +668,7 @@ impl<R: Recorder> Core<R> {
             tool: x.display_name(),
             args: x.relay.arrived_args.clone(),
             policy: String::new(),
+            rule: String::new(),
             expires_ms,
             call: key,
             round: x.relay.round,
@@ -701,6 +705,9 @@ impl<R: Recorder> Core<R> {
         else {
             return;
         };
+        if self.on_client_approval(conn, rk, result) {
+            return;
+        }
         let owned = self.relay.relayed.get(&rk).is_some_and(|r| {
             self.calls
                 .get(r.call)
@@ -855,6 +862,9 @@ impl<R: Recorder> Core<R> {
         let r = &x.relay;
         for rk in r.pending.iter().chain(&r.queued) {
             self.relay.relayed.remove(rk);
+        }
+        if let Some(rk) = r.client_ask {
+            self.client_asks.asked.remove(&rk);
         }
         if r.relayed + r.dropped + r.blocked + r.requests > 0 {
             self.records.stage_event(

@@ -114,8 +114,11 @@ pub struct Claims {
     pub tool: String,
     /// SHA-256 (hex) of the arguments as judged.
     pub args: String,
-    /// The policy the state was issued under (see `Core::policy_fingerprint`).
+    /// The policy the state was issued under (`Policy::fingerprint`), and the rule that
+    /// asked (an approval).
     pub policy: String,
+    #[serde(default)]
+    pub rule: String,
     /// Wall-clock expiry, ms since the epoch.
     pub expires_ms: i64,
     /// `input`: the call waiting for the input, and which round of it.
@@ -154,6 +157,7 @@ mod tests {
             tool: "local__echo".into(),
             args: "ab".repeat(32),
             policy: "p1".into(),
+            rule: "r".into(),
             expires_ms: 1_700_000_000_000,
             call: 0,
             round: 0,

@@ -32,6 +32,7 @@ pub(super) enum Rec {
         response: String,
         forwarded: Option<String>,
         original: Option<String>,
+        approved_by: Option<String>,
     },
     Rule {
         call_id: i64,
@@ -57,6 +58,7 @@ pub(super) struct Row {
     pub(super) arguments: String,
     pub(super) forwarded: Option<String>,
     pub(super) original: Option<String>,
+    pub(super) approved_by: Option<String>,
 }
 
 #[derive(Default)]
@@ -94,6 +96,7 @@ impl Recorder for Memory {
             response: text(e.response),
             forwarded: e.rewritten_arguments.map(text),
             original: e.original_response.map(text),
+            approved_by: e.approved_by.map(Into::into),
         });
     }
     fn stage_rule_event(
@@ -165,8 +168,12 @@ impl Memory {
                     response,
                     forwarded,
                     original,
+                    approved_by,
                 } => {
                     let row = rows.entry(*id).or_default();
+                    if approved_by.is_some() {
+                        row.approved_by = approved_by.clone();
+                    }
                     row.decision = decision.clone();
                     if rule.is_some() {
                         row.rule = rule.clone();

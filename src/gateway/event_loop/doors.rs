@@ -563,7 +563,13 @@ impl Gateway {
         };
         self.core
             .on_message(target, &peer, "http", Expect::Notification, 0, payload, now);
-        if self.core.in_flight(target) < before
+        let cancel = matches!(
+            crate::mcp::jsonrpc::parse(payload),
+            Ok(crate::mcp::jsonrpc::Message::Notification { ref method, .. })
+                if method == "notifications/cancelled"
+        );
+        if cancel
+            && self.core.in_flight(target) < before
             && let Some(Some(c)) = self.conns.get_mut(target.slot)
             && let Wire::Http(h) = &mut c.wire
             && let Some(door) = self.http.as_mut()
