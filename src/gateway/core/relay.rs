@@ -232,7 +232,12 @@ impl<R: Recorder> Core<R> {
             caps,
             modern: facts.modern,
             bucket: TokenBucket::new(c.notifications_per_sec, c.notification_burst),
-            arrived_args: super::input_retry::arrived_arguments_hash(routed, params),
+            // Only a 2026-07-28 client retries with a requestState bound to the arguments.
+            arrived_args: if facts.modern {
+                super::input_retry::arrived_arguments_hash(routed, params)
+            } else {
+                String::new()
+            },
             log_level,
             ..CallRelay::default()
         }
