@@ -37,6 +37,8 @@ pub const MAX_INPUT_ROUNDS: usize = 10;
 pub const MAX_INPUT_REQUESTS: usize = 16;
 /// How long a relayed request waits when the gateway named no bound (older gateways).
 const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+/// Largest relayed message when the gateway named no bound.
+const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// Notifications relayed per call when the gateway named no bound.
 const DEFAULT_RATE: (u32, u32) = (20, 50);
 
@@ -110,7 +112,7 @@ impl CallContext {
         if !relayed_notification(method) {
             return false;
         }
-        if !self.bucket.take(Instant::now()) {
+        if too_large(&params, self.meta.max_message_bytes) || !self.bucket.take(Instant::now()) {
             self.dropped += 1;
             return false;
         }
@@ -134,13 +136,27 @@ impl CallContext {
         requests: Vec<(String, Option<Value>)>,
     ) -> Result<Vec<RequestAnswer>, NoAnswer> {
         let mut numbered = Vec::with_capacity(requests.len());
+        // Too large to relay: refused here, never sent over the RPC channel.
+        let mut refused = Vec::new();
         for (method, params) in requests {
             self.next_request += 1;
+            if too_large(&params, self.meta.max_message_bytes) {
+                refused.push(RequestAnswer::error(
+                    self.next_request,
+                    crate::mcp::jsonrpc::INTERNAL_ERROR,
+                    "the request is too large to relay (relay.max_message_bytes)",
+                    None,
+                ));
+                continue;
+            }
             numbered.push(ServerRequest {
                 id: self.next_request,
                 method,
                 params,
             });
+        }
+        if numbered.is_empty() {
+            return Ok(refused);
         }
         let ids: Vec<u64> = numbered.iter().map(|r| r.id).collect();
         let event = CallRequests {
@@ -156,7 +172,7 @@ impl CallContext {
             ms => Duration::from_millis(ms),
         };
         let deadline = Instant::now() + wait;
-        let mut answers = Vec::with_capacity(ids.len());
+        let mut answers = refused;
         for id in ids {
             match self.link.wait_answer(id, deadline) {
                 Ok(a) => answers.push(a),
@@ -169,8 +185,21 @@ impl CallContext {
                 )),
             }
         }
+        // In the order asked (ids were given in that order).
+        answers.sort_by_key(|a| a.id);
         Ok(answers)
     }
+}
+
+/// Whether `params` exceed `max` bytes as JSON (a `max` of 0, from an older gateway,
+/// means the default).
+fn too_large(params: &Option<Value>, max: usize) -> bool {
+    let max = if max == 0 {
+        DEFAULT_MAX_MESSAGE_BYTES
+    } else {
+        max
+    };
+    params.as_ref().is_some_and(|p| p.to_string().len() > max)
 }
 
 /// Whether the server asks the client something toolwall relays.
@@ -299,6 +328,31 @@ mod tests {
         ] {
             assert!(input_required(bad).unwrap().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn oversized_messages_never_cross_the_rpc_channel() {
+        let sent = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = Arc::clone(&sent);
+        let events: EventSink = Arc::new(move |kind: &str, _: Value| {
+            seen.lock().unwrap().push(kind.to_owned());
+        });
+        let meta = CallMeta {
+            max_message_bytes: 64,
+            notification_burst: 10,
+            notifications_per_sec: 10,
+            ..CallMeta::default()
+        };
+        let mut ctx = CallContext::new(CallLink::new(1), meta, events, "up");
+        let big = Some(json!({"data": "x".repeat(100)}));
+        assert!(!ctx.notification("notifications/message", big.clone()));
+        assert!(ctx.notification("notifications/message", Some(json!({"data": "ok"}))));
+        assert_eq!(ctx.dropped, 1);
+        let answers = ctx
+            .relay(vec![("elicitation/create".into(), big)])
+            .expect("answered at once");
+        assert!(answers[0].error.is_some(), "refused here");
+        assert_eq!(*sent.lock().unwrap(), vec![CALL_NOTIFICATION.to_owned()]);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 
 use serde::Deserialize;
 
-/// Largest `relay.max_notification_bytes`: a relayed message must fit one agent frame.
-pub const MAX_NOTIFICATION_BYTES: usize = 1024 * 1024;
+/// Largest `relay.max_message_bytes`: a relayed message must fit one agent frame.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Largest `relay.max_requests_per_call`.
 pub const MAX_REQUESTS_PER_CALL: u32 = 1024;
 
@@ -16,8 +16,9 @@ pub struct RelayConfig {
     pub notifications_per_sec: u32,
     /// Notifications a call may relay at once before the rate applies.
     pub notification_burst: u32,
-    /// A notification whose params are larger is dropped (counted).
-    pub max_notification_bytes: usize,
+    /// A relayed message (notification or server request) whose params are larger is
+    /// dropped (a notification, counted) or refused (a request: the server gets an error).
+    pub max_message_bytes: usize,
     /// Server requests (elicitation, sampling, roots) relayed per call; beyond, the server
     /// gets an error.
     pub max_requests_per_call: u32,
@@ -33,7 +34,7 @@ impl Default for RelayConfig {
         RelayConfig {
             notifications_per_sec: 20,
             notification_burst: 50,
-            max_notification_bytes: 64 * 1024,
+            max_message_bytes: 256 * 1024,
             max_requests_per_call: 16,
             input_state_ttl_secs: 600,
             unrouted_logs_per_sec: 5,
@@ -46,10 +47,9 @@ impl RelayConfig {
         if self.notification_burst == 0 {
             return Err("relay.notification_burst must be greater than 0".into());
         }
-        if self.max_notification_bytes == 0 || self.max_notification_bytes > MAX_NOTIFICATION_BYTES
-        {
+        if self.max_message_bytes == 0 || self.max_message_bytes > MAX_MESSAGE_BYTES {
             return Err(format!(
-                "relay.max_notification_bytes must be between 1 and {MAX_NOTIFICATION_BYTES}"
+                "relay.max_message_bytes must be between 1 and {MAX_MESSAGE_BYTES}"
             ));
         }
         if self.max_requests_per_call == 0 || self.max_requests_per_call > MAX_REQUESTS_PER_CALL {

@@ -35,6 +35,10 @@ pub struct CallMeta {
     pub notifications_per_sec: u32,
     #[serde(default)]
     pub notification_burst: u32,
+    /// The gateway's bound on one relayed message's params (`relay.max_message_bytes`):
+    /// larger ones are dropped (notifications) or refused (requests) here already.
+    #[serde(default)]
+    pub max_message_bytes: usize,
     /// The lowest log level the agent wants (a modern upstream sends log messages only
     /// when a request asks for them).
     #[serde(default, skip_serializing_if = "Option::is_none")]

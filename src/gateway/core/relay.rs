@@ -254,6 +254,7 @@ impl<R: Recorder> Core<R> {
             notifications_per_sec: c.notifications_per_sec,
             notification_burst: c.notification_burst,
             log_level: x.relay.log_level.map(|l| l.as_str().to_owned()),
+            max_message_bytes: c.max_message_bytes,
         };
         serde_json::to_string(&meta).unwrap_or_default()
     }
@@ -424,7 +425,7 @@ impl<R: Recorder> Core<R> {
             }
         }
         let size = params.as_ref().map_or(0, |p| p.to_string().len());
-        if size > self.relay.config.max_notification_bytes
+        if size > self.relay.config.max_message_bytes
             || x.from.conn.is_none()
             || !x.relay.bucket.take(self.now)
         {
@@ -528,6 +529,19 @@ impl<R: Recorder> Core<R> {
                     format!("toolwall does not relay {}", request.method),
                     "refused",
                 )),
+                Some(_)
+                    if params.as_ref().map_or(0, |p| p.to_string().len())
+                        > self.relay.config.max_message_bytes =>
+                {
+                    Some(Refused::new(
+                        jsonrpc::INTERNAL_ERROR,
+                        format!(
+                            "the request is larger than {} bytes (relay.max_message_bytes)",
+                            self.relay.config.max_message_bytes
+                        ),
+                        "refused",
+                    ))
+                }
                 Some(_) if x.relay.requests > max => Some(Refused::new(
                     jsonrpc::INTERNAL_ERROR,
                     format!("more than {max} requests in one call (relay.max_requests_per_call)"),

@@ -140,7 +140,7 @@ fn notifications_are_bounded_per_call() {
     h.core.set_relay_config(RelayConfig {
         notifications_per_sec: 0,
         notification_burst: 3,
-        max_notification_bytes: 200,
+        max_message_bytes: 200,
         ..RelayConfig::default()
     });
     let call = call_echo(&mut h, json!({"progressToken": 7}));
@@ -265,6 +265,24 @@ fn server_requests_reach_legacy_agents_that_declared_the_capability() {
         refused.len(),
         2,
         "roots (not declared) and a method never relayed"
+    );
+    // Larger than relay.max_message_bytes: refused, not relayed.
+    worker_event(
+        &mut h,
+        CALL_REQUESTS,
+        json!({"call": call, "server": "local", "requests": [
+            {"id": 9, "method": "elicitation/create", "params": {"message": "y".repeat(300_000)}}]}),
+    );
+    let big = h.turn();
+    assert!(relays(&big).is_empty());
+    assert!(
+        answers(&big)[0]
+            .1
+            .error
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("max_message_bytes")
     );
     let roots = refused.iter().find(|(_, a)| a.id == 2).unwrap();
     let e = roots.1.error.as_ref().unwrap();
