@@ -516,14 +516,15 @@ impl HttpDoor {
                 .unwrap_or_else(|_| answer.to_vec()),
                 Era::Legacy { .. } => answer.to_vec(),
             };
+            let framing = framing_of(&call);
             let mut bytes = Vec::with_capacity(body.len() + 64);
-            sse_writer::event(&mut bytes, &body);
-            sse_writer::end(&mut bytes);
+            sse_writer::event(&mut bytes, &body, framing);
+            sse_writer::end(&mut bytes, framing);
             write(h, out, &bytes);
             let now = Instant::now();
             h.request_started = if buffered(h) > 0 { Some(now) } else { None };
             h.idle_since = now;
-            if !call.keep_alive {
+            if !call.keep_alive || framing == sse_writer::Framing::UntilClose {
                 h.closing = true;
                 if let Some(tls) = &mut h.tls {
                     tls.close();
@@ -551,10 +552,11 @@ impl HttpDoor {
         let Some(call) = &h.pending else {
             return;
         };
+        let framing = framing_of(call);
         let mut bytes = Vec::with_capacity(message.len() + 256);
         if !h.streaming {
             self.count_response(200);
-            bytes.extend_from_slice(&sse_writer::head(call.keep_alive));
+            bytes.extend_from_slice(&sse_writer::head(call.keep_alive, framing));
             h.streaming = true;
         }
         if let (
@@ -569,7 +571,7 @@ impl HttpDoor {
             self.relayed.insert((session.clone(), raw.clone()), conn);
             h.relayed_ids.push(raw);
         }
-        sse_writer::event(&mut bytes, message);
+        sse_writer::event(&mut bytes, message, framing);
         write(h, out, &bytes);
     }
 
@@ -596,18 +598,23 @@ impl HttpDoor {
         };
         self.forget_waiting(&call);
         self.forget_relayed(h, &call);
+        let framing = framing_of(&call);
         let mut bytes = Vec::new();
         if !std::mem::take(&mut h.streaming) {
             self.count_response(200);
-            bytes.extend_from_slice(&sse_writer::head(call.keep_alive));
+            bytes.extend_from_slice(&sse_writer::head(call.keep_alive, framing));
         }
-        sse_writer::end(&mut bytes);
+        sse_writer::end(&mut bytes, framing);
         write(h, out, &bytes);
         let now = Instant::now();
         h.request_started = if buffered(h) > 0 { Some(now) } else { None };
         h.idle_since = now;
-        if !call.keep_alive {
+        if !call.keep_alive || framing == sse_writer::Framing::UntilClose {
             h.closing = true;
+            if let Some(tls) = &mut h.tls {
+                tls.close();
+                tls.pending_tls_out(out);
+            }
         }
     }
 
@@ -804,6 +811,15 @@ fn cancelled_request_id(payload: &[u8]) -> Option<String> {
     }
     let params: Params = serde_json::from_str(note.params?.get()).ok()?;
     Some(params.request_id.get().to_owned())
+}
+
+/// How a streamed answer to `call` is framed.
+fn framing_of(call: &Call) -> sse_writer::Framing {
+    if call.http10 {
+        sse_writer::Framing::UntilClose
+    } else {
+        sse_writer::Framing::Chunked
+    }
 }
 
 fn buffered(h: &HttpConn) -> usize {

@@ -95,6 +95,8 @@ pub struct Call {
     pub caps: crate::mcp::client_caps::ClientCaps,
     /// Legacy era: the log level its session asked for.
     pub log_level: Option<crate::mcp::log_level::LogLevel>,
+    /// HTTP/1.0: a streamed answer ends with the connection (no chunks).
+    pub http10: bool,
 }
 
 /// What the loop does with a request.
@@ -683,6 +685,7 @@ impl Endpoint {
                 opens_session: false,
                 caps: Default::default(),
                 log_level: None,
+                http10: request.minor_version == 0,
             },
             message: message_range,
         }
@@ -733,6 +736,7 @@ impl Endpoint {
                             .and_then(|p| p.get("capabilities")),
                     ),
                     log_level: None,
+                    http10: request.minor_version == 0,
                 },
                 message: message_range,
             };
@@ -808,6 +812,7 @@ impl Endpoint {
                     opens_session: false,
                     caps,
                     log_level,
+                    http10: request.minor_version == 0,
                 },
                 message: message_range,
             },

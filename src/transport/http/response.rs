@@ -116,6 +116,15 @@ impl ResponseBuilder {
     /// The head of a streamed response of `content_type`: `Transfer-Encoding: chunked`,
     /// no `Content-Length`; the body follows in chunks (see `sse_writer.rs`).
     pub fn chunked_head(self, content_type: &'static str) -> Vec<u8> {
+        self.stream_head(content_type, true)
+    }
+
+    /// The head of a response whose body ends with the connection (HTTP/1.0 streaming).
+    pub fn open_head(self, content_type: &'static str) -> Vec<u8> {
+        self.keep_alive(false).stream_head(content_type, false)
+    }
+
+    fn stream_head(self, content_type: &'static str, chunked: bool) -> Vec<u8> {
         let date = imf_fixdate(self.date.unwrap_or_else(SystemTime::now));
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(b"HTTP/1.1 ");
@@ -136,7 +145,9 @@ impl ResponseBuilder {
         for (name, value) in &self.headers {
             put(name, value);
         }
-        put("Transfer-Encoding", "chunked");
+        if chunked {
+            put("Transfer-Encoding", "chunked");
+        }
         put(
             "Connection",
             if self.keep_alive {
