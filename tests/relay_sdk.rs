@@ -157,6 +157,17 @@ fn check_common(label: &str, run: &dyn Fn(&str, &str) -> Value) {
         );
         assert_eq!(texts(&out), "Hello Ada", "{label} {server}: {out}");
 
+        if server == "old" {
+            // ctx.elicit itself (the SDK sends it mid-call to a 2025 session).
+            let out = run(server, "direct");
+            assert_eq!(
+                out["elicited"],
+                serde_json::json!(["Who is asking?"]),
+                "{label} {server}: {out}"
+            );
+            assert_eq!(texts(&out), "Hello Ada", "{label} {server}: {out}");
+        }
+
         let out = run(server, "nocap");
         assert_eq!(out["elicited"], serde_json::json!([]), "{label} {server}");
         assert_eq!(out["is_error"], true, "{label} {server}: {out}");

@@ -8,6 +8,7 @@ exit with the traceback on stderr.
     sdk_relay_client.py relay RELAY_BIN SOCKET SERVER SCENARIO   (toolwall-relay, framed unix)
 
 Scenarios: count (progress and log messages), greet (an elicitation the user accepts),
+direct (the same asked with ctx.elicit, which the SDK sends to 2025 sessions only),
 decline (one the user declines), nocap (a client without the elicitation capability),
 sample (sampling), roots (roots/list), cancel (a call abandoned after 1.5 s), approve and
 deny (the `note` tool, which an ask rule holds for the human at the client: the question
@@ -26,6 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 TOOLS = {"count": ("count", {"n": 3}), "greet": ("greet", {}), "decline": ("greet", {}),
+         "direct": ("ask", {}),
          "nocap": ("greet", {}), "sample": ("sample", {}), "roots": ("roots", {}),
          "cancel": ("wait", {"secs": 30}), "approve": ("note", {"text": "from the client"}),
          "deny": ("note", {"text": "from the client"}),
