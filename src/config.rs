@@ -47,6 +47,8 @@ pub struct Config {
     pub servers: ServersConfig,
     /// `[workspaces.NAME]`: confined shell and file tools (the `ws` server).
     pub workspaces: crate::workspace::WorkspacesConfig,
+    /// `[relay]`: progress, log messages and server requests relayed during a call.
+    pub relay: crate::gateway::relay_config::RelayConfig,
     /// Where the config came from (None: embedded defaults). Not a TOML key.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -331,6 +333,9 @@ impl Config {
             .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
         self.http.validate(origin).map_err(ConfigError)?;
         self.servers
+            .validate()
+            .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
+        self.relay
             .validate()
             .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
         Ok(())

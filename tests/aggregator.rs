@@ -303,6 +303,7 @@ impl Worker {
                 name: name.map(str::to_owned),
                 args,
                 target: None,
+                meta: None,
             },
         )
         .unwrap();

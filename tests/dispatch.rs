@@ -24,12 +24,21 @@ fn matrix() -> Vec<Case> {
                     env!("CARGO_PKG_VERSION")
                 );
                 assert!(r["result"]["capabilities"]["tools"].is_object());
+                // logging/setLevel sets the level of the servers' log messages relayed
+                // during this client's calls; completions and subscriptions it has not.
+                assert!(r["result"]["capabilities"]["logging"].is_object());
                 assert!(
-                    r["result"]["capabilities"].get("logging").is_none(),
+                    r["result"]["capabilities"].get("completions").is_none(),
                     "only capabilities it has"
                 );
             },
         ),
+        ("logging/setLevel", Some(json!({"level": "warning"})), |r| {
+            assert_eq!(r["result"], json!({}), "{r}");
+        }),
+        ("logging/setLevel", Some(json!({"level": "loud"})), |r| {
+            assert_eq!(r["error"]["code"], -32602, "{r}");
+        }),
         (
             "initialize",
             Some(json!({"protocolVersion": "2031-01-01", "capabilities": {}})),

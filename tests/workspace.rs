@@ -211,6 +211,7 @@ impl Worker {
             name: name.map(str::to_owned),
             args: args.map(|a| a.to_string()),
             target,
+            meta: None,
         };
         let mut out = Vec::new();
         rpc::encode(&mut out, &msg).expect("encode");

@@ -61,9 +61,7 @@ pub fn run(options: Options) -> ExitCode {
                     }
                     Inbound::Notification => link.send_notification(payload),
                     Inbound::Refused(reply) => stdout_line::write(reply.as_bytes()),
-                    Inbound::StrayResponse => diag::warn(format_args!(
-                        "dropped a response from the agent: no request on this transport awaits one"
-                    )),
+                    Inbound::Response => link.send_notification(payload),
                 }
             }
             Err(e) => {

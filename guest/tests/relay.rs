@@ -365,17 +365,22 @@ fn invalid_lines_are_answered_locally() {
     }
     relay.send("");
     relay.send("  \r");
-    // A response from the agent is dropped, not answered.
-    relay.send(r#"{"jsonrpc":"2.0","id":5,"result":{}}"#);
+    // A response from the agent (to a request the gateway relayed) goes on stream 0 with
+    // the notification flag: it opens no stream and nothing answers it.
+    relay.send(r#"{"jsonrpc":"2.0","id":"toolwall-5","result":{}}"#);
+    let f = conn.frame();
+    assert_eq!(f.stream_id, 0);
+    assert_eq!(f.flags, 0x0001, "a notification frame");
+    assert_eq!(f.json()["id"], "toolwall-5");
     relay.request(json!(9), "ping");
     let f = conn.frame();
-    assert_eq!(f.stream_id, 1, "nothing before the ping was sent");
+    assert_eq!(f.stream_id, 1, "the first request's stream");
     assert_eq!(f.json()["id"], 9);
     conn.reply(&f, json!({}));
     assert_eq!(
         relay.line()["id"],
         9,
-        "no reply to the dropped response came first"
+        "no reply to the forwarded response came first"
     );
 }
 

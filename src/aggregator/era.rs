@@ -93,9 +93,12 @@ fn client_info() -> Value {
 
 /// The `params` of `initialize`.
 pub fn initialize_params() -> String {
+    // toolwall relays these to the agent whose call asked (and refuses them for agents that
+    // did not declare the capability): a legacy upstream asks only a client that declared
+    // them.
     json!({
         "protocolVersion": NEWEST_LEGACY,
-        "capabilities": {},
+        "capabilities": {"elicitation": {}, "sampling": {}, "roots": {}},
         "clientInfo": client_info(),
     })
     .to_string()

@@ -16,6 +16,7 @@ use ureq::http::{Response, Uri};
 use ureq::unversioned::transport::DefaultConnector;
 use ureq::{Agent, Body};
 
+use super::call_link::TrackingConnector;
 use super::error::{UpstreamError, UpstreamErrorCode, quote_upstream};
 use super::message::{Incoming, RpcFailure, classify};
 use super::setup::{Limits, UpstreamSetup};
@@ -41,6 +42,7 @@ pub enum Notice {
     ServerRequest {
         id: Box<serde_json::value::RawValue>,
         method: String,
+        params: Option<serde_json::Value>,
     },
 }
 
@@ -58,6 +60,9 @@ pub struct Reply {
 pub struct Transport {
     server: String,
     agent: Agent,
+    /// For a call's own requests: no pooled connections, and each new socket is recorded
+    /// for the call, so cancelling the call closes it (see `call_link.rs`).
+    call_agent: Agent,
     uri: Uri,
     headers: Vec<(String, String)>,
     authorization: Option<String>,
@@ -84,26 +89,33 @@ impl Transport {
             )
         })?;
         let connect = Duration::from_secs(limits.connect_timeout_secs);
-        let config = Agent::config_builder()
-            .proxy(None)
-            .max_redirects(0)
-            .http_status_as_error(false)
-            .https_only(false)
-            .user_agent(format!("toolwall/{}", env!("CARGO_PKG_VERSION")).as_str())
-            .timeout_resolve(Some(connect))
-            .timeout_connect(Some(connect))
-            .max_idle_connections(limits.threads.max(1) * 2)
-            .max_idle_connections_per_host(limits.threads.max(1))
-            .max_response_header_size(64 * 1024)
-            .build();
+        let builder = || {
+            Agent::config_builder()
+                .proxy(None)
+                .max_redirects(0)
+                .http_status_as_error(false)
+                .https_only(false)
+                .user_agent(format!("toolwall/{}", env!("CARGO_PKG_VERSION")).as_str())
+                .timeout_resolve(Some(connect))
+                .timeout_connect(Some(connect))
+                .max_idle_connections(limits.threads.max(1) * 2)
+                .max_idle_connections_per_host(limits.threads.max(1))
+                .max_response_header_size(64 * 1024)
+        };
         let agent = Agent::with_parts(
-            config,
+            builder().build(),
             DefaultConnector::default(),
+            PinnedResolver::new(&uri, &setup.addresses),
+        );
+        let call_agent = Agent::with_parts(
+            builder().max_idle_connections(0).build(),
+            TrackingConnector::default(),
             PinnedResolver::new(&uri, &setup.addresses),
         );
         Ok(Transport {
             server: setup.name.clone(),
             agent,
+            call_agent,
             uri,
             headers: setup.headers.clone(),
             authorization: setup
@@ -128,8 +140,30 @@ impl Transport {
         want: Option<u64>,
         notice: &mut dyn FnMut(Notice),
     ) -> Result<Reply, UpstreamError> {
-        let mut request = self
-            .agent
+        self.post_with(&self.agent, protocol_headers, body, want, notice)
+    }
+
+    /// As [`Transport::post`], on a connection of the call the current thread serves
+    /// (closed when the call is cancelled).
+    pub fn post_for_call(
+        &self,
+        protocol_headers: &[(&str, String)],
+        body: &[u8],
+        want: Option<u64>,
+        notice: &mut dyn FnMut(Notice),
+    ) -> Result<Reply, UpstreamError> {
+        self.post_with(&self.call_agent, protocol_headers, body, want, notice)
+    }
+
+    fn post_with(
+        &self,
+        agent: &Agent,
+        protocol_headers: &[(&str, String)],
+        body: &[u8],
+        want: Option<u64>,
+        notice: &mut dyn FnMut(Notice),
+    ) -> Result<Reply, UpstreamError> {
+        let mut request = agent
             .post(self.uri.clone())
             .header("accept", ACCEPT_POST)
             .header("content-type", "application/json");
@@ -258,8 +292,8 @@ impl Transport {
             Ok(Incoming::Notification { method, params }) => {
                 Some(Notice::Notification { method, params })
             }
-            Ok(Incoming::ServerRequest { id, method }) => {
-                Some(Notice::ServerRequest { id, method })
+            Ok(Incoming::ServerRequest { id, method, params }) => {
+                Some(Notice::ServerRequest { id, method, params })
             }
             _ => None,
         }
@@ -397,8 +431,8 @@ impl Transport {
                     Ok(Incoming::Notification { method, params }) => {
                         notice(Notice::Notification { method, params })
                     }
-                    Ok(Incoming::ServerRequest { id, method }) => {
-                        notice(Notice::ServerRequest { id, method })
+                    Ok(Incoming::ServerRequest { id, method, params }) => {
+                        notice(Notice::ServerRequest { id, method, params })
                     }
                     Ok(Incoming::Unrelated) => {}
                     Err(why) => return Err(self.bad(format!("in the event stream: {why}"))),

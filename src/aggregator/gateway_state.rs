@@ -195,6 +195,7 @@ impl UpstreamsState {
             name: Some(server.to_owned()),
             args: serde_json::to_string(&budget).ok(),
             target: None,
+            meta: None,
         }
     }
 

@@ -40,6 +40,28 @@ pub fn refusal_body(id: &RawValue, message: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Our answer to a request the server sent us: its result, or an error.
+pub fn answer_body(id: &RawValue, answer: &crate::workers::relay_wire::RequestAnswer) -> Vec<u8> {
+    let mut out = format!("{{\"jsonrpc\":\"2.0\",\"id\":{}", id.get());
+    match (&answer.result, &answer.error) {
+        (Some(result), _) => {
+            out.push_str(",\"result\":");
+            out.push_str(&result.to_string());
+        }
+        (None, Some(e)) => {
+            let mut error = serde_json::json!({"code": e.code, "message": e.message});
+            if let Some(data) = &e.data {
+                error["data"] = data.clone();
+            }
+            out.push_str(",\"error\":");
+            out.push_str(&error.to_string());
+        }
+        (None, None) => out.push_str(",\"result\":{}"),
+    }
+    out.push('}');
+    out.into_bytes()
+}
+
 /// A JSON-RPC error from the upstream.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RpcFailure {
@@ -58,8 +80,12 @@ pub enum Incoming {
         method: String,
         params: Option<Value>,
     },
-    /// A request from the server (sampling, elicitation, ping): we answer it with an error.
-    ServerRequest { id: Box<RawValue>, method: String },
+    /// A request from the server (sampling, elicitation, roots, ping).
+    ServerRequest {
+        id: Box<RawValue>,
+        method: String,
+        params: Option<Value>,
+    },
     /// An answer to some other id, or anything else JSON-RPC allows: ignored.
     Unrelated,
 }
@@ -99,6 +125,9 @@ pub fn classify(text: &str, want_id: u64) -> Result<Incoming, String> {
         (Some(id), Some(method)) => Ok(Incoming::ServerRequest {
             id: id.to_owned(),
             method,
+            params: env
+                .params
+                .and_then(|p| serde_json::from_str::<Value>(p.get()).ok()),
         }),
         (None, Some(method)) => Ok(Incoming::Notification {
             method,

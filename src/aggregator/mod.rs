@@ -9,6 +9,8 @@
 //! exchange), and the sans-IO cores [`sse`], [`era`], [`message`], [`listing_pages`].
 
 pub mod budget;
+pub mod call_link;
+pub mod call_relay;
 pub mod config;
 pub mod era;
 pub mod error;

@@ -61,6 +61,7 @@ pub fn configure_request(id: u64, setup: &AggregatorSetup) -> Message {
         name: None,
         args: Some(serde_json::to_string(setup).unwrap_or_else(|_| "{}".into())),
         target: None,
+        meta: None,
     }
 }
 
@@ -72,6 +73,7 @@ pub fn listing_request(id: u64, op: Op, server: &str) -> Message {
         name: Some(server.to_owned()),
         args: None,
         target: None,
+        meta: None,
     }
 }
 
@@ -83,6 +85,7 @@ pub fn call_tool_request(id: u64, server: &str, tool: &str, arguments: String) -
         name: Some(format!("{server}{NAMESPACE_SEP}{tool}")),
         args: Some(arguments),
         target: None,
+        meta: None,
     }
 }
 
@@ -94,6 +97,7 @@ pub fn get_prompt_request(id: u64, server: &str, prompt: &str, params: &Value) -
         name: Some(format!("{server}{NAMESPACE_SEP}{prompt}")),
         args: Some(params.to_string()),
         target: None,
+        meta: None,
     }
 }
 
@@ -106,6 +110,7 @@ pub fn read_resource_request(id: u64, server: &str, params: &Value) -> Message {
         name: Some(server.to_owned()),
         args: Some(params.to_string()),
         target: None,
+        meta: None,
     }
 }
 

@@ -15,13 +15,15 @@
 
 use serde::Serialize;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::budget::ListingBudget;
+use super::call_link::NoAnswer;
+use super::call_relay::{self, CallContext};
 use super::config::EraChoice;
 use super::era::{
     self, AfterStatus, Discovery, Era, ListChanges, after_status, judge_discover, judge_initialize,
@@ -30,9 +32,13 @@ use super::era::{
 use super::error::{UpstreamError, UpstreamErrorCode, quote_upstream};
 use super::exchange::{Notice, Reply, Transport};
 use super::listing_pages::PageCollector;
-use super::message::{list_changed_kind, notification_body, refusal_body, request_body};
+use super::message::{
+    answer_body, list_changed_kind, notification_body, refusal_body, request_body,
+};
 use super::setup::{Limits, UpstreamSetup};
 use crate::mcp::catalog::Kind;
+use crate::mcp::token_bucket::TokenBucket;
+use crate::workers::relay_wire::{CALL_NOTIFICATION, CallNotification, RequestAnswer};
 
 /// Events the worker sends the gateway: `(kind, detail)`.
 pub type EventSink = Arc<dyn Fn(&str, Value) + Send + Sync>;
@@ -41,6 +47,8 @@ pub type EventSink = Arc<dyn Fn(&str, Value) + Send + Sync>;
 pub const MIN_RETRY: Duration = Duration::from_secs(1);
 /// Silence on a listening stream before it is reopened.
 pub const LISTEN_IDLE: Duration = Duration::from_secs(300);
+/// Progress and log notifications relayed from one listening stream: per second, burst.
+pub const LISTEN_NOTIFICATIONS: (u32, u32) = (20, 50);
 
 /// The method that lists `kind`.
 pub fn list_method(kind: Kind) -> &'static str {
@@ -114,11 +122,24 @@ impl Notices {
 enum Params {
     None,
     Value(Value),
-    /// `tools/call`: the arguments stay the JSON text the gateway sent.
+    /// `tools/call`: the arguments stay the JSON text the gateway sent; `extra` holds an
+    /// `input_required` retry's `inputResponses` and `requestState`.
     ToolCall {
         name: String,
         arguments: Box<RawValue>,
+        extra: Map<String, Value>,
     },
+}
+
+impl Params {
+    /// Add an `input_required` retry's fields.
+    fn extend(&mut self, more: Map<String, Value>) {
+        match self {
+            Params::None => *self = Params::Value(Value::Object(more)),
+            Params::Value(Value::Object(m)) | Params::ToolCall { extra: m, .. } => m.extend(more),
+            Params::Value(other) => *other = Value::Object(more),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -127,6 +148,8 @@ struct ToolCallParams<'a> {
     arguments: &'a RawValue,
     #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
     meta: Option<Value>,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
 }
 
 pub struct Upstream {
@@ -456,21 +479,50 @@ impl Upstream {
     fn params_text(
         era: &Era,
         params: &Params,
+        ctx: Option<&CallContext>,
     ) -> Result<(Option<String>, Option<Value>), UpstreamError> {
+        let with_call = |p: Option<Value>| -> Option<Value> {
+            let Some(ctx) = ctx else { return p };
+            let mut map = match p {
+                Some(Value::Object(m)) => m,
+                _ => Map::new(),
+            };
+            ctx.apply_meta(era, &mut map);
+            (!map.is_empty()).then_some(Value::Object(map))
+        };
         Ok(match params {
-            Params::None => (params_for(Some(era), None).map(|p| p.to_string()), None),
+            Params::None => {
+                let p = with_call(params_for(Some(era), None));
+                (p.as_ref().map(Value::to_string), None)
+            }
             Params::Value(v) => {
-                let p = params_for(Some(era), Some(v.clone()));
+                let p = with_call(params_for(Some(era), Some(v.clone())));
                 (p.as_ref().map(Value::to_string), p)
             }
-            Params::ToolCall { name, arguments } => {
+            Params::ToolCall {
+                name,
+                arguments,
+                extra,
+            } => {
                 let meta = params_for(Some(era), Some(json!({})))
                     .and_then(|p| p.get("_meta").cloned())
                     .filter(|_| era.is_modern());
+                let meta = match (meta, ctx) {
+                    (meta, Some(ctx)) => {
+                        let mut holder = Map::new();
+                        if let Some(m) = meta {
+                            holder.insert("_meta".into(), m);
+                        }
+                        ctx.apply_meta(era, &mut holder);
+                        holder.remove("_meta")
+                    }
+                    (meta, None) => meta,
+                };
                 let text = serde_json::to_string(&ToolCallParams {
                     name,
                     arguments,
                     meta,
+                    extra,
                 })
                 .map_err(|e| UpstreamError::new(UpstreamErrorCode::Internal, e.to_string()))?;
                 (Some(text), Some(json!({"name": name})))
@@ -485,15 +537,59 @@ impl Upstream {
         params: Params,
         notices: &mut Notices,
     ) -> Result<String, UpstreamError> {
+        self.request_in(method, params, notices, None)
+    }
+
+    /// Send one request of an agent's call (`ctx`), or of the gateway's own (`None`).
+    /// Within a call, notifications and the server's requests are relayed (see
+    /// `call_relay.rs`), an `input_required` result is answered and the request retried,
+    /// and a cancelled call closes its connection (a legacy upstream is also sent
+    /// `notifications/cancelled`).
+    fn request_in(
+        &self,
+        method: &str,
+        mut params: Params,
+        notices: &mut Notices,
+        mut ctx: Option<&mut CallContext>,
+    ) -> Result<String, UpstreamError> {
         let transport = self.transport()?;
-        for attempt in 0..2 {
+        let mut attempt = 0;
+        let mut rounds = 0;
+        loop {
+            if attempt >= 2 {
+                return Err(UpstreamError::new(
+                    UpstreamErrorCode::Internal,
+                    "no attempt left",
+                ));
+            }
+            if ctx.as_ref().is_some_and(|c| c.link.is_cancelled()) {
+                return Err(cancelled_error(&self.name));
+            }
             let (era, generation) = self.session()?;
-            let (text, for_headers) = Self::params_text(&era, &params)?;
+            let (text, for_headers) = Self::params_text(&era, &params, ctx.as_deref())?;
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let headers = protocol_headers(Some(&era), method, for_headers.as_ref());
             let body = request_body(id, method, text.as_deref());
-            let mut on_notice = |n: Notice| self.on_notice(&era, n, notices);
-            let reply = match transport.post(&headers, &body, Some(id), &mut on_notice) {
+            if let Some(c) = ctx.as_deref() {
+                c.link.set_upstream_id(Some(id.to_string()));
+            }
+            let for_call = ctx.is_some();
+            let posted = {
+                let mut on_notice =
+                    |n: Notice| self.on_notice(&era, n, notices, ctx.as_deref_mut());
+                if for_call {
+                    transport.post_for_call(&headers, &body, Some(id), &mut on_notice)
+                } else {
+                    transport.post(&headers, &body, Some(id), &mut on_notice)
+                }
+            };
+            if let Some(c) = ctx.as_deref()
+                && c.link.is_cancelled()
+            {
+                self.tell_cancelled(&era, c);
+                return Err(cancelled_error(&self.name));
+            }
+            let reply = match posted {
                 Ok(r) => r,
                 Err(e) => {
                     if e.code.means_unreachable() {
@@ -503,9 +599,64 @@ impl Upstream {
                 }
             };
             match after_status(&era, reply.status, method, attempt) {
-                AfterStatus::Proceed => return self.outcome(method, reply),
+                AfterStatus::Proceed => {
+                    let result = self.outcome(method, reply)?;
+                    let asked = match call_relay::input_required(&result) {
+                        None => return Ok(result),
+                        Some(asked) => asked,
+                    };
+                    let Some(c) = ctx.as_deref_mut() else {
+                        return Err(UpstreamError::new(
+                            UpstreamErrorCode::UpstreamError,
+                            format!(
+                                "server {} asked for more input (a multi-round request) outside an agent's call",
+                                self.name
+                            ),
+                        ));
+                    };
+                    rounds += 1;
+                    let extra = asked
+                        .map_err(|why| {
+                            UpstreamError::new(
+                                UpstreamErrorCode::BadResponse,
+                                format!(
+                                    "server {} asked for more input that cannot be relayed: {why}",
+                                    self.name
+                                ),
+                            )
+                        })
+                        .and_then(|asked| {
+                            if rounds > call_relay::MAX_INPUT_ROUNDS {
+                                return Err(UpstreamError::new(
+                                    UpstreamErrorCode::UpstreamError,
+                                    format!(
+                                        "server {} asked for more input {} times; the call ends",
+                                        self.name,
+                                        call_relay::MAX_INPUT_ROUNDS
+                                    ),
+                                ));
+                            }
+                            let wanted = asked
+                                .requests
+                                .iter()
+                                .map(|(_, m, p)| (m.clone(), p.clone()))
+                                .collect();
+                            let answers =
+                                c.relay(wanted).map_err(|_| cancelled_error(&self.name))?;
+                            call_relay::retry_params(&asked, &answers).map_err(|why| {
+                                UpstreamError::new(
+                                    UpstreamErrorCode::UpstreamError,
+                                    format!("server {}: {why}", self.name),
+                                )
+                            })
+                        })?;
+                    params.extend(extra);
+                    // A retry is a new request, not a second attempt after a 404.
+                    attempt = 0;
+                }
                 AfterStatus::RenewAndRetry => {
                     self.renew(generation)?;
+                    attempt += 1;
                 }
                 AfterStatus::RenewAndFail => {
                     let renewed = self.renew(generation);
@@ -529,10 +680,28 @@ impl Upstream {
                 }
             }
         }
-        Err(UpstreamError::new(
-            UpstreamErrorCode::Internal,
-            "no attempt left",
-        ))
+    }
+
+    /// A legacy upstream is told that the call's request is cancelled (a modern one was
+    /// told by closing the connection).
+    fn tell_cancelled(&self, era: &Era, ctx: &CallContext) {
+        if era.is_modern() {
+            return;
+        }
+        let (Ok(transport), Some(id)) = (self.transport(), ctx.link.upstream_id()) else {
+            return;
+        };
+        let params = json!({"requestId": serde_json::from_str::<Value>(&id).unwrap_or(Value::Null),
+                            "reason": "the client cancelled the call"})
+        .to_string();
+        let headers = protocol_headers(Some(era), "notifications/cancelled", None);
+        let body = notification_body("notifications/cancelled", Some(&params));
+        if let Err(e) = transport.post(&headers, &body, None, &mut |_| {}) {
+            crate::debug!(
+                "server {}: telling it of a cancellation failed: {e}",
+                self.name
+            );
+        }
     }
 
     fn outcome(&self, method: &str, reply: Reply) -> Result<String, UpstreamError> {
@@ -559,28 +728,7 @@ impl Upstream {
                 .with_rpc_code(f.code))
             }
             (_, Some(e)) => Err(e.with_status(reply.status)),
-            (Some(Ok(result)), None) => {
-                if result.contains("\"input_required\"")
-                    && serde_json::from_str::<Value>(&result)
-                        .ok()
-                        .and_then(|v| {
-                            v.get("resultType")
-                                .and_then(Value::as_str)
-                                .map(str::to_owned)
-                        })
-                        .as_deref()
-                        == Some("input_required")
-                {
-                    return Err(UpstreamError::new(
-                        UpstreamErrorCode::UpstreamError,
-                        format!(
-                            "server {} asked for more input (a multi-round request), which toolwall does not relay",
-                            self.name
-                        ),
-                    ));
-                }
-                Ok(result)
-            }
+            (Some(Ok(result)), None) => Ok(result),
             (None, None) => Err(UpstreamError::new(
                 UpstreamErrorCode::BadResponse,
                 format!("server {}: no answer to {method}", self.name),
@@ -588,18 +736,66 @@ impl Upstream {
         }
     }
 
-    fn on_notice(&self, era: &Era, notice: Notice, notices: &mut Notices) {
+    fn on_notice(
+        &self,
+        era: &Era,
+        notice: Notice,
+        notices: &mut Notices,
+        ctx: Option<&mut CallContext>,
+    ) {
         match notice {
-            Notice::Notification { method, .. } => {
+            Notice::Notification { method, params } => {
                 notices.count(&method);
                 if let Some(kind) = list_changed_kind(&method).and_then(Kind::parse) {
                     self.emit_list_changed(&[kind]);
+                } else if let Some(ctx) = ctx
+                    && !ctx.notification(&method, params)
+                    && call_relay::relayed_notification(&method)
+                {
+                    notices.count("dropped (relay.notifications_per_sec)");
                 }
             }
-            Notice::ServerRequest { id, method } => {
+            Notice::ServerRequest { id, method, params } => {
                 notices.count(&format!("request {method}"));
-                self.answer_server_request(era, &id, &method);
+                match ctx {
+                    Some(ctx) if call_relay::relayed_request(&method) => {
+                        self.relay_server_request(era, &id, &method, params, ctx)
+                    }
+                    _ => self.answer_server_request(era, &id, &method),
+                }
             }
+        }
+    }
+
+    /// A legacy upstream asked the agent something during its call: the gateway relays it
+    /// (or refuses it), and the answer goes back as a JSON-RPC response.
+    fn relay_server_request(
+        &self,
+        era: &Era,
+        id: &RawValue,
+        method: &str,
+        params: Option<Value>,
+        ctx: &mut CallContext,
+    ) {
+        let answer = match ctx.relay(vec![(method.to_owned(), params)]) {
+            Ok(mut answers) => answers.pop(),
+            // The call is cancelled: its connection closes; nothing to answer.
+            Err(NoAnswer::Cancelled) => return,
+            Err(NoAnswer::TimedOut) => None,
+        };
+        let answer = answer.unwrap_or_else(|| {
+            RequestAnswer::error(0, crate::mcp::jsonrpc::INTERNAL_ERROR, "no answer", None)
+        });
+        let Ok(transport) = self.transport() else {
+            return;
+        };
+        let headers = protocol_headers(Some(era), "", None);
+        let body = answer_body(id, &answer);
+        if let Err(e) = transport.post(&headers, &body, None, &mut |_| {}) {
+            crate::debug!(
+                "server {}: answering its {method} request failed: {e}",
+                self.name
+            );
         }
     }
 
@@ -668,11 +864,13 @@ impl Upstream {
         }
     }
 
-    /// `tools/call`; the notices met on the way come back for the call's facts.
+    /// `tools/call`; the notices met on the way come back for the call's facts. `ctx`
+    /// is the agent's call (relayed notifications and requests, cancellation).
     pub fn call_tool(
         &self,
         tool: &str,
         arguments: &str,
+        ctx: Option<&mut CallContext>,
     ) -> (Result<String, UpstreamError>, Notices) {
         let mut notices = Notices::default();
         let arguments: Box<RawValue> = match serde_json::from_str(arguments) {
@@ -690,15 +888,21 @@ impl Upstream {
         let params = Params::ToolCall {
             name: tool.to_owned(),
             arguments,
+            extra: Map::new(),
         };
-        let r = self.request("tools/call", params, &mut notices);
+        let r = self.request_in("tools/call", params, &mut notices, ctx);
         (r, notices)
     }
 
     /// `resources/read` or `prompts/get` with the params the gateway forwarded.
-    pub fn forward(&self, method: &str, params: Value) -> Result<String, UpstreamError> {
+    pub fn forward(
+        &self,
+        method: &str,
+        params: Value,
+        ctx: Option<&mut CallContext>,
+    ) -> Result<String, UpstreamError> {
         let mut notices = Notices::default();
-        self.request(method, Params::Value(params), &mut notices)
+        self.request_in(method, Params::Value(params), &mut notices, ctx)
     }
 
     // ---- the watcher ------------------------------------------------------------------
@@ -795,15 +999,30 @@ impl Upstream {
 
     fn listen(&self, era: &Era, changes: ListChanges) -> Result<(), UpstreamError> {
         let transport = self.transport()?;
+        // Progress and log messages on the listening stream belong to no call here; the
+        // gateway finds a call by progress token, or logs them. Bounded per stream.
+        let mut bucket = TokenBucket::new(LISTEN_NOTIFICATIONS.0, LISTEN_NOTIFICATIONS.1);
         let mut on_notice = |n: Notice| match n {
-            Notice::Notification { method, .. } => {
-                if let Some(kind) = list_changed_kind(&method).and_then(Kind::parse)
-                    && self.emit_list_changed(&[kind])
-                {
-                    crate::debug!("server {}: its {} changed", self.name, kind.word());
+            Notice::Notification { method, params } => {
+                if let Some(kind) = list_changed_kind(&method).and_then(Kind::parse) {
+                    if self.emit_list_changed(&[kind]) {
+                        crate::debug!("server {}: its {} changed", self.name, kind.word());
+                    }
+                } else if call_relay::relayed_notification(&method) && bucket.take(Instant::now()) {
+                    let note = CallNotification {
+                        call: None,
+                        server: self.name.clone(),
+                        method,
+                        params,
+                    };
+                    if let Ok(detail) = serde_json::to_value(&note) {
+                        (self.events)(CALL_NOTIFICATION, detail);
+                    }
                 }
             }
-            Notice::ServerRequest { id, method } => self.answer_server_request(era, &id, &method),
+            Notice::ServerRequest { id, method, .. } => {
+                self.answer_server_request(era, &id, &method)
+            }
         };
         match era {
             Era::Legacy { .. } => {
@@ -859,6 +1078,13 @@ impl Upstream {
             st.era.as_ref().map(Era::describe),
         )
     }
+}
+
+fn cancelled_error(server: &str) -> UpstreamError {
+    UpstreamError::new(
+        UpstreamErrorCode::Internal,
+        format!("server {server}: the call was cancelled"),
+    )
 }
 
 fn truncate(s: &str, n: usize) -> String {

@@ -22,11 +22,14 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 
 use super::budget::ListingBudget;
+use super::call_link::{CallLink, CallLinks, Serving};
+use super::call_relay::CallContext;
 use super::error::{UpstreamError, UpstreamErrorCode};
 use super::setup::AggregatorSetup;
 use super::upstream::{EventSink, Upstream};
 use crate::mcp::catalog::Kind;
 use crate::mcp::catalog::NAMESPACE_SEP;
+use crate::workers::relay_wire::{CallMeta, RequestAnswer};
 use crate::workers::rpc::{Message, Op, RpcError};
 
 /// Answers and events from threads, waiting for the worker's loop.
@@ -38,6 +41,9 @@ struct Job {
     /// The tool or prompt name (without the server), when the op has one.
     item: String,
     args: Option<String>,
+    /// An agent's call: what the gateway said of the agent, and the link its answers and
+    /// cancellation arrive through.
+    call: Option<(CallMeta, Arc<CallLink>)>,
 }
 
 struct Server {
@@ -51,6 +57,9 @@ pub struct AggregatorRole {
     outbox: Outbox,
     waker: Arc<Waker>,
     servers: Option<HashMap<String, Server>>,
+    /// Agents' calls queued or running: answers and cancellations find them here.
+    links: Arc<CallLinks>,
+    events: Option<EventSink>,
 }
 
 fn response_ok(id: u64, ok: String, facts: Option<String>) -> Message {
@@ -90,7 +99,28 @@ impl AggregatorRole {
             outbox,
             waker,
             servers: None,
+            links: Arc::new(CallLinks::default()),
+            events: None,
         }
+    }
+
+    /// The gateway cancelled call `target`: its thread stops waiting and its connections
+    /// close (the worker's loop drops its response).
+    pub fn cancel(&self, target: u64) {
+        if let Some(link) = self.links.get(target) {
+            link.cancel();
+        }
+    }
+
+    /// The agent's answer to a request the upstream made during call `target`.
+    pub fn answer(&self, target: Option<u64>, args: Option<&str>) {
+        let (Some(link), Some(answer)) = (
+            target.and_then(|t| self.links.get(t)),
+            args.and_then(|a| serde_json::from_str::<RequestAnswer>(a).ok()),
+        ) else {
+            return;
+        };
+        link.deliver(answer);
     }
 
     /// Handle one request; `Some` is an immediate answer, `None` means a thread answers
@@ -101,6 +131,7 @@ impl AggregatorRole {
         op: Op,
         name: Option<String>,
         args: Option<String>,
+        meta: Option<String>,
     ) -> Option<Message> {
         if op == Op::Configure {
             return Some(self.configure(id, args.as_deref()));
@@ -128,28 +159,46 @@ impl AggregatorRole {
                 ),
             ));
         };
+        let call = matches!(op, Op::CallTool | Op::ReadResource | Op::GetPrompt).then(|| {
+            let meta = meta
+                .as_deref()
+                .and_then(|m| serde_json::from_str::<CallMeta>(m).ok())
+                .unwrap_or_default();
+            (meta, CallLink::new(id))
+        });
+        if let Some((_, link)) = &call {
+            self.links.insert(Arc::clone(link));
+        }
         let job = Job {
             id,
             op,
             item: item.to_owned(),
             args,
+            call,
         };
+        let refused = |links: &CallLinks| links.remove(id);
         match server.jobs.try_send(job) {
             Ok(()) => None,
-            Err(TrySendError::Full(_)) => Some(response_err(
-                id,
-                &UpstreamError::new(
-                    UpstreamErrorCode::Busy,
-                    format!(
-                        "server {server_name} is busy: {} threads and a queue of {} are in use (servers.threads, servers.queue)",
-                        server.threads, server.queue
+            Err(TrySendError::Full(_)) => Some({
+                refused(&self.links);
+                response_err(
+                    id,
+                    &UpstreamError::new(
+                        UpstreamErrorCode::Busy,
+                        format!(
+                            "server {server_name} is busy: {} threads and a queue of {} are in use (servers.threads, servers.queue)",
+                            server.threads, server.queue
+                        ),
                     ),
-                ),
-            )),
-            Err(TrySendError::Disconnected(_)) => Some(response_err(
-                id,
-                &UpstreamError::new(UpstreamErrorCode::Internal, "the server's pool is gone"),
-            )),
+                )
+            }),
+            Err(TrySendError::Disconnected(_)) => Some({
+                refused(&self.links);
+                response_err(
+                    id,
+                    &UpstreamError::new(UpstreamErrorCode::Internal, "the server's pool is gone"),
+                )
+            }),
         }
     }
 
@@ -193,6 +242,7 @@ impl AggregatorRole {
                 },
             );
         });
+        self.events = Some(Arc::clone(&events));
         let mut servers = HashMap::new();
         let mut names = Vec::new();
         for s in &setup.servers {
@@ -247,6 +297,8 @@ impl AggregatorRole {
             let upstream = Arc::clone(upstream);
             let outbox = Arc::clone(&self.outbox);
             let waker = Arc::clone(&self.waker);
+            let links = Arc::clone(&self.links);
+            let events = self.events.clone();
             std::thread::Builder::new()
                 .name(format!("up-{n}"))
                 .spawn(move || {
@@ -258,7 +310,9 @@ impl AggregatorRole {
                                 Err(_) => return,
                             }
                         };
-                        let msg = run_job(&upstream, job);
+                        let id = job.id;
+                        let msg = run_job(&upstream, job, events.as_ref());
+                        links.remove(id);
                         push(&outbox, &waker, msg);
                     }
                 })?;
@@ -267,8 +321,19 @@ impl AggregatorRole {
     }
 }
 
-fn run_job(upstream: &Upstream, job: Job) -> Message {
+fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message {
     let id = job.id;
+    // An agent's call: its relay context, and its connections tracked for cancellation.
+    let mut ctx = match (job.call, events) {
+        (Some((meta, link)), Some(events)) => Some(CallContext::new(
+            link,
+            meta,
+            Arc::clone(events),
+            upstream.name(),
+        )),
+        _ => None,
+    };
+    let _serving = ctx.as_ref().map(|c| Serving::start(&c.link));
     let list = |kind: Kind| {
         // The gateway sends each listing's budget; without one, the `[servers]` defaults.
         let budget = match job
@@ -311,7 +376,7 @@ fn run_job(upstream: &Upstream, job: Job) -> Message {
                 );
             }
             let args = job.args.as_deref().unwrap_or("{}");
-            let (result, notices) = upstream.call_tool(&job.item, args);
+            let (result, notices) = upstream.call_tool(&job.item, args, ctx.as_mut());
             let facts = json!({"server": upstream.name(), "notifications": notices.counts});
             match result {
                 Ok(r) => response_ok(id, r, Some(facts.to_string())),
@@ -346,7 +411,7 @@ fn run_job(upstream: &Upstream, job: Job) -> Message {
                 }
                 "prompts/get"
             };
-            match upstream.forward(method, params) {
+            match upstream.forward(method, params, ctx.as_mut()) {
                 Ok(r) => response_ok(id, r, None),
                 Err(e) => response_err(id, &e),
             }

@@ -45,6 +45,7 @@ mod framed_lines;
 mod http_service;
 mod lifecycle;
 mod observability;
+mod relay;
 mod startup;
 
 use conns::{Conn, ConnIo, Outgoing, Wire};
@@ -277,6 +278,12 @@ impl Gateway {
                 bytes,
             } => self.deliver(conn, Outgoing::Reply(stream, &bytes)),
             Action::Notify { conn, bytes } => self.deliver(conn, Outgoing::Notification(&bytes)),
+            Action::Relay {
+                conn,
+                bytes,
+                request_id,
+                ..
+            } => self.deliver_relay(conn, &bytes, request_id.as_deref()),
             Action::ToWorker { worker, call, msg } => {
                 if let Err(why) = self.supervisor.send(worker, &msg)
                     && let Some(key) = call

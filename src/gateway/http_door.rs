@@ -17,12 +17,13 @@ use std::time::{Duration, Instant};
 use rustls::ServerConfig;
 
 use crate::config::Config;
-use crate::gateway::core::{ConnRef, Core, Expect, Peer};
+use crate::gateway::core::{ConnFacts, ConnRef, Core, Expect, Peer};
 use crate::gateway::door_limits::Stage;
 use crate::policy::Transport;
 use crate::tokens::TokenStore;
 use crate::transport::http::endpoint::{self, HealthReport};
 use crate::transport::http::response::CONTINUE_100;
+use crate::transport::http::sse_writer;
 use crate::transport::http::{
     Call, Decision, DoorSettings, Endpoint, Era, HeadDecision, HttpResponse, Progress, Request,
     RequestLimits, RequestReader, TlsSession, load_server_config,
@@ -43,6 +44,10 @@ pub struct HttpDoor {
     /// Legacy calls with the core, by (session, raw request id): where a cancel for them
     /// goes. At most one entry per connection (each holds one call at a time).
     waiting: HashMap<(String, String), ConnRef>,
+    /// Server requests relayed into a legacy call's event stream, by (session, the
+    /// gateway's raw request id): where the client's answer goes (it may POST it on any
+    /// connection of the session). Bounded by `relay.max_requests_per_call` per call.
+    relayed: HashMap<(String, String), ConnRef>,
     /// `Retry-After` of a 503 for a full door or principal.
     retry_after_secs: u64,
 }
@@ -57,6 +62,10 @@ pub struct HttpConn {
     cipher_in: Vec<u8>,
     /// The request with the core, awaiting its answer.
     pending: Option<Call>,
+    /// The answer to `pending` has started as an event stream (messages were relayed).
+    streaming: bool,
+    /// Raw ids of the server requests relayed in this connection's stream.
+    relayed_ids: Vec<String>,
     /// Stream id for the core's replies: one per request.
     seq: u32,
     /// When the request now arriving started (slow-client timer).
@@ -128,6 +137,7 @@ impl HttpDoor {
             next_session_sweep: Instant::now() + SESSION_SWEEP,
             responses: std::collections::BTreeMap::new(),
             waiting: HashMap::new(),
+            relayed: HashMap::new(),
             retry_after_secs: config.http.retry_after_secs,
         }))
     }
@@ -169,6 +179,8 @@ impl HttpDoor {
             tls,
             cipher_in: Vec::new(),
             pending: None,
+            streaming: false,
+            relayed_ids: Vec::new(),
             seq: 0,
             request_started: None,
             body_started: None,
@@ -426,6 +438,14 @@ impl HttpDoor {
                     self.waiting
                         .insert((session.clone(), call.id.clone()), conn);
                 }
+                core.set_conn_facts(
+                    conn,
+                    ConnFacts {
+                        modern: call.era.is_modern(),
+                        caps: call.caps,
+                        log_level: call.log_level,
+                    },
+                );
                 h.pending = Some(call);
                 core.on_message(conn, &peer, "http", Expect::Request, h.seq, &payload, now);
                 Some(Step::Waiting)
@@ -443,8 +463,13 @@ impl HttpDoor {
                     session: Some(session),
                     ..
                 } = &era
-                    && let Some(target_id) = cancelled_request_id(&payload)
-                    && let Some(&target) = self.waiting.get(&(session.clone(), target_id))
+                    && let Some(target) = cancelled_request_id(&payload)
+                        .and_then(|id| self.waiting.get(&(session.clone(), id)))
+                        .or_else(|| {
+                            response_id(&payload)
+                                .and_then(|id| self.relayed.get(&(session.clone(), id)))
+                        })
+                        .copied()
                     && target != conn
                 {
                     return Some(Step::CancelElsewhere {
@@ -472,23 +497,125 @@ impl HttpDoor {
         }
     }
 
-    /// The core answered the pending request: write the HTTP response.
+    /// The core answered the pending request: write the HTTP response (the last event
+    /// of its stream, when messages were relayed before it).
     pub fn answer(&mut self, h: &mut HttpConn, answer: &[u8], out: &mut Vec<u8>, now: Instant) {
         let Some(call) = h.pending.take() else {
             return;
         };
         self.forget_waiting(&call);
+        self.forget_relayed(h, &call);
+        if std::mem::take(&mut h.streaming) {
+            let body = match &call.era {
+                Era::Modern { .. } => crate::transport::http::reply::wrap_modern(
+                    &call.method,
+                    answer,
+                    self.endpoint.settings().http.cache_ttl_ms,
+                )
+                .map(|w| w.body)
+                .unwrap_or_else(|_| answer.to_vec()),
+                Era::Legacy { .. } => answer.to_vec(),
+            };
+            let framing = framing_of(&call);
+            let mut bytes = Vec::with_capacity(body.len() + 64);
+            sse_writer::event(&mut bytes, &body, framing);
+            sse_writer::end(&mut bytes, framing);
+            write(h, out, &bytes);
+            let now = Instant::now();
+            h.request_started = if buffered(h) > 0 { Some(now) } else { None };
+            h.idle_since = now;
+            if !call.keep_alive || framing == sse_writer::Framing::UntilClose {
+                h.closing = true;
+                if let Some(tls) = &mut h.tls {
+                    tls.close();
+                    tls.pending_tls_out(out);
+                }
+            }
+            return;
+        }
         let response = self.endpoint.answer(&call, answer, now);
         self.respond(h, out, response);
     }
 
-    /// The call this connection held was cancelled from another connection of its session:
-    /// no answer is owed (the MCP rule), so the connection closes without one.
-    pub fn abandon(&mut self, h: &mut HttpConn) {
-        if let Some(call) = h.pending.take() {
-            self.forget_waiting(&call);
+    /// A message a server sent during the pending call: the answer becomes an event
+    /// stream (its head written with the first message), and the message an event of it.
+    /// A relayed request of a legacy session is remembered, so the client's answer finds
+    /// this connection from any connection of the session.
+    pub fn relay(
+        &mut self,
+        h: &mut HttpConn,
+        conn: ConnRef,
+        message: &[u8],
+        request_id: Option<&str>,
+        out: &mut Vec<u8>,
+    ) {
+        let Some(call) = &h.pending else {
+            return;
+        };
+        let framing = framing_of(call);
+        let mut bytes = Vec::with_capacity(message.len() + 256);
+        if !h.streaming {
+            self.count_response(200);
+            bytes.extend_from_slice(&sse_writer::head(call.keep_alive, framing));
+            h.streaming = true;
         }
-        h.closing = true;
+        if let (
+            Some(id),
+            Era::Legacy {
+                session: Some(session),
+                ..
+            },
+        ) = (request_id, &call.era)
+        {
+            let raw = serde_json::Value::String(id.to_owned()).to_string();
+            self.relayed.insert((session.clone(), raw.clone()), conn);
+            h.relayed_ids.push(raw);
+        }
+        sse_writer::event(&mut bytes, message, framing);
+        write(h, out, &bytes);
+    }
+
+    fn forget_relayed(&mut self, h: &mut HttpConn, call: &Call) {
+        let ids = std::mem::take(&mut h.relayed_ids);
+        if let Era::Legacy {
+            session: Some(session),
+            ..
+        } = &call.era
+        {
+            for id in ids {
+                self.relayed.remove(&(session.clone(), id));
+            }
+        }
+    }
+
+    /// The call this connection held was cancelled from another connection of its session:
+    /// no answer is owed (the MCP rule). Its response is an event stream that ends without
+    /// one (the stream already under way, or an empty one), so the client's request ends
+    /// cleanly and the connection may carry the next.
+    pub fn abandon(&mut self, h: &mut HttpConn, out: &mut Vec<u8>) {
+        let Some(call) = h.pending.take() else {
+            return;
+        };
+        self.forget_waiting(&call);
+        self.forget_relayed(h, &call);
+        let framing = framing_of(&call);
+        let mut bytes = Vec::new();
+        if !std::mem::take(&mut h.streaming) {
+            self.count_response(200);
+            bytes.extend_from_slice(&sse_writer::head(call.keep_alive, framing));
+        }
+        sse_writer::end(&mut bytes, framing);
+        write(h, out, &bytes);
+        let now = Instant::now();
+        h.request_started = if buffered(h) > 0 { Some(now) } else { None };
+        h.idle_since = now;
+        if !call.keep_alive || framing == sse_writer::Framing::UntilClose {
+            h.closing = true;
+            if let Some(tls) = &mut h.tls {
+                tls.close();
+                tls.pending_tls_out(out);
+            }
+        }
     }
 
     /// The connection is closing. A modern-era call still with the core is cancelled by
@@ -497,6 +624,7 @@ impl HttpDoor {
     pub fn on_close(&mut self, h: &mut HttpConn) -> Option<(String, Vec<u8>)> {
         let call = h.pending.take()?;
         self.forget_waiting(&call);
+        self.forget_relayed(h, &call);
         if !call.era.is_modern() {
             return None;
         }
@@ -655,6 +783,14 @@ fn finish_head(h: &mut HttpConn, request: &Request, whole: bool) {
     h.reader.reset();
 }
 
+/// The id (raw JSON) of a JSON-RPC response, if that is what `payload` is.
+fn response_id(payload: &[u8]) -> Option<String> {
+    match crate::mcp::jsonrpc::parse(payload) {
+        Ok(crate::mcp::jsonrpc::Message::Response { id, .. }) => Some(id.get().to_owned()),
+        _ => None,
+    }
+}
+
 /// The `requestId` (raw JSON) of a `notifications/cancelled`, if that is what `payload` is.
 fn cancelled_request_id(payload: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
@@ -675,6 +811,15 @@ fn cancelled_request_id(payload: &[u8]) -> Option<String> {
     }
     let params: Params = serde_json::from_str(note.params?.get()).ok()?;
     Some(params.request_id.get().to_owned())
+}
+
+/// How a streamed answer to `call` is framed.
+fn framing_of(call: &Call) -> sse_writer::Framing {
+    if call.http10 {
+        sse_writer::Framing::UntilClose
+    } else {
+        sse_writer::Framing::Chunked
+    }
 }
 
 fn buffered(h: &HttpConn) -> usize {

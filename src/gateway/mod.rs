@@ -6,4 +6,7 @@ pub mod door_limits;
 pub mod event_loop;
 pub mod http_door;
 pub mod listeners;
+pub mod relay_config;
+pub mod state_key;
 pub mod stdio;
+pub mod used_approvals;

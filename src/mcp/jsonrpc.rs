@@ -62,8 +62,12 @@ pub enum Message<'a> {
         method: Cow<'a, str>,
         params: Option<&'a RawValue>,
     },
-    /// A response from the agent (to a request the gateway never makes): ignored.
-    Response { id: &'a RawValue },
+    /// A response from the agent: the answer to a server's request toolwall relayed.
+    Response {
+        id: &'a RawValue,
+        result: Option<&'a RawValue>,
+        error: Option<&'a RawValue>,
+    },
 }
 
 /// Why a payload is not a JSON-RPC message; `id` is the request id when it could be read.
@@ -143,9 +147,11 @@ pub fn parse(payload: &[u8]) -> Result<Message<'_>, Fault<'_>> {
                 params: env.params,
             })
         }
-        (None, Some(raw)) if env.result.is_some() || env.error.is_some() => {
-            Ok(Message::Response { id: raw })
-        }
+        (None, Some(raw)) if env.result.is_some() || env.error.is_some() => Ok(Message::Response {
+            id: raw,
+            result: env.result,
+            error: env.error,
+        }),
         (None, _) => Err(fault(INVALID_REQUEST, "missing method", valid_id)),
     }
 }

@@ -27,7 +27,10 @@ pub fn initialize_result(version: &str, list_changed: bool) -> Value {
         "capabilities": {
             "tools": { "listChanged": list_changed },
             "resources": {},
-            "prompts": {}
+            "prompts": {},
+            // logging/setLevel sets the lowest level of the servers' log messages relayed
+            // during this client's calls.
+            "logging": {}
         },
         "serverInfo": {
             "name": "toolwall",

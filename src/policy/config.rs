@@ -53,14 +53,28 @@ pub struct CorpFile {
 }
 
 /// The corp config's `[policy]` table.
-#[derive(Deserialize, Clone, Debug, Default)]
+#[derive(Deserialize, Clone, Debug)]
 #[serde(deny_unknown_fields, default)]
 pub struct CorpPolicyConfig {
     /// Verdict when no rule decides, unless the operator sets another (see `default_locked`).
     pub default: Option<Verdict>,
     /// The operator may not set a `default` different from this one.
     pub default_locked: bool,
+    /// `false`: no rule of any layer may have an `ask` answered at the agent's client
+    /// (`ask_via = "client"`): such asks go to the operator.
+    pub allow_ask_via_client: bool,
     pub rules: Vec<RuleConfig>,
+}
+
+impl Default for CorpPolicyConfig {
+    fn default() -> Self {
+        CorpPolicyConfig {
+            default: None,
+            default_locked: false,
+            allow_ask_via_client: true,
+            rules: Vec::new(),
+        }
+    }
 }
 
 /// One `[[policy.rules]]` entry. Every match field given must hold for the rule to match.
@@ -93,6 +107,8 @@ pub struct RuleConfig {
     #[serde(deserialize_with = "one_or_many")]
     pub result: Vec<ValueCondition>,
     pub replace: Option<ReplaceConfig>,
+    /// Who answers an `ask`: the operator (default) or the human at the agent's client.
+    pub ask_via: Option<AskVia>,
 }
 
 impl Default for RuleConfig {
@@ -116,6 +132,7 @@ impl Default for RuleConfig {
             arg: Vec::new(),
             result: Vec::new(),
             replace: None,
+            ask_via: None,
         }
     }
 }
@@ -142,6 +159,26 @@ pub struct ReplaceConfig {
     pub matches: String,
     /// Replacement text; `$1` / `${name}` refer to capture groups, `$$` is a literal `$`.
     pub with: String,
+}
+
+/// Who answers an `ask` rule's question.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum AskVia {
+    /// The operator, over the admin socket (never over an agent's door).
+    #[default]
+    Operator,
+    /// The human at the agent's client, through an elicitation bound to the exact call.
+    Client,
+}
+
+impl AskVia {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AskVia::Operator => "operator",
+            AskVia::Client => "client",
+        }
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::condition::ResultView;
-use super::config::{Action, Phase, PolicyConfig, Transport, Verdict};
+use super::config::{Action, AskVia, Phase, PolicyConfig, Transport, Verdict};
 use super::error::PolicyError;
 use super::layers::{self, CORP_CONFIG_ENV, DefaultSource};
 use super::rule::{Layer, Rule};
@@ -31,6 +31,11 @@ pub struct Policy {
     corp_file: Option<String>,
     warnings: Vec<String>,
     replacements: Vec<String>,
+    /// The corp config allows asks answered at the client.
+    client_asks: bool,
+    /// Identifies the rules and defaults loaded (the same on every replica with the same
+    /// files): what a client's approval is bound to.
+    fingerprint: String,
 }
 
 /// One rule that matched a message.
@@ -54,6 +59,9 @@ pub struct Decision {
     pub reason: Option<String>,
     /// Every enabled rule that matched, rewrite rules included, in id order.
     pub matched: Vec<MatchedRule>,
+    /// For an `ask`: who answers it. The client only when every matching `ask` rule says
+    /// `ask_via = "client"` (and the corp config allows it); else the operator.
+    pub ask_via: AskVia,
 }
 
 impl Policy {
@@ -76,6 +84,7 @@ impl Policy {
         corp_env: Option<&Path>,
     ) -> Result<Policy, PolicyError> {
         let layered = layers::resolve(operator, origin, corp_env)?;
+        let fingerprint = fingerprint(&layered);
         let mut request = Vec::new();
         let mut response = Vec::new();
         let mut disabled = Vec::new();
@@ -95,8 +104,10 @@ impl Policy {
             ask_timeout: layered.ask_timeout,
             origin: origin.to_string(),
             corp_file: layered.corp_file,
+            fingerprint,
             warnings: layered.warnings,
             replacements: layered.replacements,
+            client_asks: layered.client_asks,
         })
     }
 
@@ -114,10 +125,14 @@ impl Policy {
         let view = result.map(ResultView::new);
         let mut matched = Vec::new();
         let mut decider: Option<(Verdict, &Rule)> = None;
+        let mut ask_via_client = true;
         for rule in self.rules_of(phase) {
             let Some(action) = rule.action else { continue };
             if !rule.matches(subject, view.as_ref()) {
                 continue;
+            }
+            if action == Action::Ask && rule.ask_via != AskVia::Client {
+                ask_via_client = false;
             }
             matched.push(MatchedRule {
                 id: rule.id.clone(),
@@ -142,6 +157,11 @@ impl Policy {
                         .unwrap_or_else(|| format!("{} by rule {}", verdict, rule.id)),
                 ),
                 matched,
+                ask_via: if verdict == Verdict::Ask && ask_via_client && self.client_asks {
+                    AskVia::Client
+                } else {
+                    AskVia::Operator
+                },
             },
             None => Decision {
                 // The default decides requests; an answer to a request that was let through
@@ -153,6 +173,7 @@ impl Policy {
                 rule: None,
                 reason: Some(DEFAULT_REASON.to_string()),
                 matched,
+                ask_via: AskVia::Operator,
             },
         }
     }
@@ -221,6 +242,17 @@ impl Policy {
             (r.inspects_result() || r.action == Some(Action::Rewrite))
                 && r.could_match(method, tool)
         })
+    }
+
+    /// A short hash of the rules and defaults in force (hex): equal on every replica that
+    /// loaded the same policy, different after a reload that changed any rule.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Whether the corp config allows `ask_via = "client"`.
+    pub fn client_asks_allowed(&self) -> bool {
+        self.client_asks
     }
 
     /// The verdict when no rule decides.
@@ -296,4 +328,26 @@ impl Policy {
             .ok()
             .map(|i| &rules[i])
     }
+}
+
+/// The rules as compiled (patterns, conditions, actions, layers, origins), the default and
+/// the ask timeout, hashed: the policy's identity.
+fn fingerprint(layered: &layers::Layered) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for rule in &layered.rules {
+        h.update(format!("{rule:?}").as_bytes());
+        h.update(b"\n");
+    }
+    h.update(
+        format!(
+            "{:?}|{:?}|{}",
+            layered.default, layered.ask_timeout, layered.client_asks
+        )
+        .as_bytes(),
+    );
+    h.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }

@@ -86,6 +86,13 @@ pub fn explain(policy: &Policy, q: &ExplainQuery) -> String {
         q.process
     );
     let _ = writeln!(out, "decision: {}", decision.verdict);
+    if decision.verdict == super::config::Verdict::Ask {
+        let _ = writeln!(
+            out,
+            "asked of: {} (a client that cannot be asked falls back to the operator)",
+            decision.ask_via.as_str()
+        );
+    }
     match &decision.rule {
         Some(id) => match policy.rule(q.phase, id) {
             Some(rule) => {

@@ -40,6 +40,8 @@ pub(crate) struct Layered {
     pub default: Verdict,
     pub default_source: DefaultSource,
     pub ask_timeout: Duration,
+    /// The corp config allows `ask_via = "client"` (true without a corp config).
+    pub client_asks: bool,
     pub corp_file: Option<String>,
     /// Not faults, but worth the operator's eye.
     pub warnings: Vec<String>,
@@ -180,6 +182,7 @@ pub(crate) fn resolve(
 
     let mut corp_default = None;
     let mut corp_default_locked = false;
+    let mut client_asks = true;
     let corp = corp_path(operator, corp_env, &mut warnings);
     let corp_file = corp.as_ref().map(|p| p.display().to_string());
     if let Some(path) = &corp {
@@ -191,6 +194,7 @@ pub(crate) fn resolve(
                 Ok(file) => {
                     corp_default = file.policy.default;
                     corp_default_locked = file.policy.default_locked;
+                    client_asks = file.policy.allow_ask_via_client;
                     if corp_default_locked && corp_default.is_none() {
                         faults.push(format!(
                             "{name}: default_locked = true needs a default to lock"
@@ -278,6 +282,14 @@ pub(crate) fn resolve(
     let mut rules = Vec::with_capacity(winners.len());
     for w in winners {
         if let Some(rule) = compiled[w].take() {
+            if rule.enabled && !client_asks && rule.ask_via == super::config::AskVia::Client {
+                warnings.push(format!(
+                    "{}: rule \"{}\": ask_via = \"client\" is not allowed by the corp config \
+                     (allow_ask_via_client = false): its asks go to the operator",
+                    entries[w].place(),
+                    rule.id
+                ));
+            }
             if rule.enabled && rule.action != Some(Action::Rewrite) && rule.matches_everything() {
                 warnings.push(format!(
                     "{}: rule \"{}\": no match fields, so it applies to every {} message",
@@ -294,6 +306,7 @@ pub(crate) fn resolve(
         default,
         default_source,
         ask_timeout: Duration::from_secs(operator.ask_timeout_secs),
+        client_asks,
         corp_file,
         warnings,
         replacements,

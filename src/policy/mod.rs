@@ -27,7 +27,7 @@ mod tests;
 pub use builtin::{BUILTIN_ORIGIN, BUILTIN_RULES_TOML};
 pub use check::{CHECK_FAILED, check_report, check_report_with_corp_env};
 pub use config::{
-    Action, CorpFile, CorpPolicyConfig, DEFAULT_ASK_TIMEOUT_SECS, DEFAULT_MAX_REGEX_BYTES,
+    Action, AskVia, CorpFile, CorpPolicyConfig, DEFAULT_ASK_TIMEOUT_SECS, DEFAULT_MAX_REGEX_BYTES,
     MAX_ASK_TIMEOUT_SECS, Phase, PolicyConfig, ReplaceConfig, RuleConfig, Transport,
     ValueCondition, Verdict,
 };

@@ -4,7 +4,7 @@
 use regex::Regex;
 
 use super::condition::{Condition, ResultView, compile_regex};
-use super::config::{Action, Phase, RuleConfig};
+use super::config::{Action, AskVia, Phase, RuleConfig};
 use super::path::ValuePath;
 use super::pattern::Pattern;
 use super::subject::Subject;
@@ -68,6 +68,8 @@ pub struct Rule {
     args: Vec<Condition>,
     results: Vec<Condition>,
     pub rewrite: Option<Rewrite>,
+    /// Who answers this rule's `ask`.
+    pub ask_via: AskVia,
 }
 
 /// True if `id` is a usable rule id: ASCII letters, digits and `_ - . : /`.
@@ -99,6 +101,12 @@ impl Rule {
         }
         if cfg.locked && layer != Layer::Corp {
             faults.push("locked = true has effect only in the corp config".into());
+        }
+        if cfg.ask_via.is_some() && cfg.action != Some(Action::Ask) {
+            faults.push("ask_via is only for action = \"ask\"".into());
+        }
+        if cfg.ask_via == Some(AskVia::Client) && cfg.phase == Phase::Response {
+            faults.push("ask_via = \"client\" needs phase = \"request\"".into());
         }
         if cfg.phase == Phase::Request && !cfg.result.is_empty() {
             faults.push("result conditions need phase = \"response\"".into());
@@ -197,6 +205,7 @@ impl Rule {
             args,
             results,
             rewrite,
+            ask_via: cfg.ask_via.unwrap_or_default(),
         })
     }
 

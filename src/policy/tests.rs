@@ -1161,3 +1161,63 @@ fn readme_examples_load() {
         }
     }
 }
+
+#[test]
+fn ask_via_client_needs_every_matching_ask_rule_and_the_corp_config() {
+    let rules = r#"
+[[policy.rules]]
+id = "a-client"
+action = "ask"
+tool = "gh__*"
+ask_via = "client"
+
+[[policy.rules]]
+id = "b-operator"
+action = "ask"
+tool = "gh__delete*"
+"#;
+    let p = load(rules);
+    let args = json!({});
+    let d = p.decide(Phase::Request, &call("gh__search", Some(&args)), None);
+    assert_eq!((d.verdict, d.ask_via), (Verdict::Ask, AskVia::Client));
+    // Another matching ask rule that keeps the operator wins.
+    let d = p.decide(Phase::Request, &call("gh__delete_repo", Some(&args)), None);
+    assert_eq!((d.verdict, d.ask_via), (Verdict::Ask, AskVia::Operator));
+    // A default ask is the operator's.
+    let d = load("[policy]\ndefault = \"ask\"\n").decide(
+        Phase::Request,
+        &call("gh__search", Some(&args)),
+        None,
+    );
+    assert_eq!(d.ask_via, AskVia::Operator);
+    // The corp config forbids it: the operator decides, and the load says why.
+    let corp = file("[policy]\nallow_ask_via_client = false\n");
+    let p = load_with(rules, Some(corp.path()));
+    let d = p.decide(Phase::Request, &call("gh__search", Some(&args)), None);
+    assert_eq!(d.ask_via, AskVia::Operator);
+    assert!(
+        p.warnings().iter().any(|w| w.contains("a-client")),
+        "{:?}",
+        p.warnings()
+    );
+    // A different policy, a different fingerprint; the same one, the same.
+    assert_eq!(load(rules).fingerprint(), load(rules).fingerprint());
+    assert_ne!(load(rules).fingerprint(), load("").fingerprint());
+}
+
+#[test]
+fn ask_via_only_where_it_means_something() {
+    for (text, words) in [
+        (
+            "[[policy.rules]]\nid = \"x\"\naction = \"block\"\nask_via = \"client\"\n",
+            "ask_via is only for action = \"ask\"",
+        ),
+        (
+            "[[policy.rules]]\nid = \"x\"\naction = \"ask\"\nphase = \"response\"\nask_via = \"client\"\n",
+            "needs phase = \"request\"",
+        ),
+    ] {
+        let e = load_err(text, "t.toml", None);
+        assert!(e.contains(words), "{e}");
+    }
+}

@@ -32,9 +32,13 @@ pub enum Message {
         /// JSON text: the tool's arguments (`call_tool`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         args: Option<String>,
-        /// The request to cancel (`cancel`).
+        /// The request to cancel (`cancel`), or the call an `answer` is for.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         target: Option<u64>,
+        /// JSON text of a [`CallMeta`](super::relay_wire::CallMeta): what the gateway
+        /// says about the agent behind a call (aggregator only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        meta: Option<String>,
     },
     Response {
         id: u64,
@@ -78,6 +82,10 @@ pub enum Op {
     /// addresses and credentials (`crate::aggregator::setup::AggregatorSetup` as JSON).
     /// Credentials travel only here, after the worker attested its confinement.
     Configure,
+    /// Aggregator only: the agent's answer to a request the upstream made during call
+    /// `target`; `args` holds a [`RequestAnswer`](super::relay_wire::RequestAnswer). No
+    /// response is owed.
+    Answer,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -199,6 +207,7 @@ mod tests {
                 name: Some("echo".into()),
                 args: Some(r#"{"text":"hi"}"#.into()),
                 target: None,
+                meta: None,
             },
             Message::Response {
                 id: 1,

@@ -168,14 +168,51 @@ fn serve(
         loop {
             match reader.next_message() {
                 Ok(Some(Message::Request {
-                    id, op, name, args, ..
+                    id,
+                    op,
+                    name,
+                    args,
+                    meta,
+                    ..
                 })) if aggregator.is_some() && aggregator_op(op) => {
                     if let Some(reply) = aggregator
                         .as_mut()
-                        .and_then(|a| a.handle(id, op, name, args))
+                        .and_then(|a| a.handle(id, op, name, args, meta))
                     {
                         push(&mut out, &reply);
                     }
+                }
+                Ok(Some(Message::Request {
+                    op: Op::Answer,
+                    target,
+                    args,
+                    ..
+                })) => {
+                    if let Some(a) = aggregator.as_ref() {
+                        a.answer(target, args.as_deref());
+                    }
+                }
+                Ok(Some(msg)) if aggregator.is_some() && is_cancel(&msg) => {
+                    // The aggregator closes the call's upstream connection (and tells a
+                    // legacy upstream); the common handler drops the call's response.
+                    if let (
+                        Some(a),
+                        Message::Request {
+                            target: Some(t), ..
+                        },
+                    ) = (aggregator.as_ref(), &msg)
+                    {
+                        a.cancel(*t);
+                    }
+                    handle(
+                        role,
+                        &settings,
+                        msg,
+                        &jobs,
+                        &mut out,
+                        &mut cancelled,
+                        &mut report,
+                    );
                 }
                 Ok(Some(msg)) => handle(
                     role,
@@ -212,9 +249,14 @@ fn serve(
     }
 }
 
-/// Ops the aggregator role serves itself; cancel and attest stay with the common handler.
+/// Ops the aggregator role serves itself; cancel and attest stay with the common handler
+/// (a cancel reaches the aggregator too), answers go to [`AggregatorRole::answer`].
 fn aggregator_op(op: Op) -> bool {
-    !matches!(op, Op::Cancel | Op::Attest)
+    !matches!(op, Op::Cancel | Op::Attest | Op::Answer)
+}
+
+fn is_cancel(msg: &Message) -> bool {
+    matches!(msg, Message::Request { op: Op::Cancel, .. })
 }
 
 pub(crate) fn push(out: &mut Vec<u8>, msg: &Message) {
@@ -295,6 +337,7 @@ fn handle(
         name,
         args,
         target,
+        ..
     } = msg
     else {
         return;
@@ -314,6 +357,8 @@ fn handle(
             "invalid_request",
             format!("the {role} worker takes no configuration"),
         ),
+        // Only the aggregator relays upstream requests; no response is owed.
+        Op::Answer => return,
         Op::Cancel => {
             if let Some(t) = target {
                 cancelled.insert(t);

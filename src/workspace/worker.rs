@@ -449,6 +449,7 @@ impl Worker {
             name,
             args,
             target,
+            ..
         } = msg
         else {
             return;
@@ -478,6 +479,8 @@ impl Worker {
                     message: "the workspace worker serves no resources or prompts".into(),
                 }),
             )),
+            // Answers to upstream requests are the aggregator's; none is owed.
+            Op::Answer => None,
             Op::Cancel => {
                 if let Some(t) = target {
                     // A waiting call stops waiting; its task goes on.

@@ -288,6 +288,31 @@ impl Resp {
     pub fn error_code(&self) -> Option<i64> {
         self.json()["error"]["code"].as_i64()
     }
+
+    /// The messages of an event-stream body, in order (each event's `data` lines joined).
+    pub fn events(&self) -> Vec<Value> {
+        self.text()
+            .split("\n\n")
+            .filter_map(|event| {
+                let data: Vec<&str> = event
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                    .collect();
+                (!data.is_empty()).then(|| {
+                    serde_json::from_str(&data.join("\n")).expect("an event's data is JSON")
+                })
+            })
+            .collect()
+    }
+
+    /// The JSON-RPC answer: the body, or the last event of an event stream.
+    pub fn answer(&self) -> Value {
+        if self.header("content-type") == Some("text/event-stream") {
+            return self.events().pop().expect("the stream holds the answer");
+        }
+        self.json()
+    }
 }
 
 /// A client connection: requests out, responses in, in order.
@@ -345,6 +370,15 @@ impl<S: Read + Write> Http<S> {
             .unwrap_or_else(|| panic!("no response to {} {}", req.method, req.path))
     }
 
+    /// The next response is an event stream that ends with no message in it (a cancelled
+    /// call's).
+    pub fn assert_stream_ends_without_answer(&mut self) {
+        let r = self.response().expect("the cancelled call's stream ends");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("content-type"), Some("text/event-stream"));
+        assert!(r.events().is_empty(), "no answer: {:?}", r.events());
+    }
+
     /// True when the server closes the connection (EOF or reset) within the wait, with no
     /// further response bytes.
     pub fn closed_by_peer(&mut self) -> bool {
@@ -388,12 +422,21 @@ fn parse_response(buf: &[u8]) -> Option<(Resp, usize)> {
         .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
         .map(|(_, v)| v.trim().parse::<usize>().expect("numeric Content-Length"))
         .unwrap_or(0);
-    assert!(
-        !headers
-            .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case("transfer-encoding")),
-        "toolwall answers with Content-Length, never chunked"
-    );
+    let chunked = headers.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    if chunked {
+        // Only an answer streamed as events is chunked.
+        let (body, used) = dechunk(&buf[head_len..])?;
+        return Some((
+            Resp {
+                status,
+                headers,
+                body,
+            },
+            head_len + used,
+        ));
+    }
     if buf.len() < head_len + length {
         return None;
     }
@@ -406,6 +449,31 @@ fn parse_response(buf: &[u8]) -> Option<(Resp, usize)> {
         },
         head_len + length,
     ))
+}
+
+/// A whole chunked body at the start of `buf`: the body and the bytes it used.
+fn dechunk(buf: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let mut body = Vec::new();
+    let mut at = 0;
+    loop {
+        let line_end = at + buf[at..].windows(2).position(|w| w == b"\r\n")?;
+        let size = std::str::from_utf8(&buf[at..line_end]).expect("chunk size");
+        let size = usize::from_str_radix(size.trim(), 16).expect("hex chunk size");
+        at = line_end + 2;
+        if buf.len() < at + size + 2 {
+            return None;
+        }
+        if size == 0 {
+            return Some((body, at + 2));
+        }
+        body.extend_from_slice(&buf[at..at + size]);
+        assert_eq!(
+            &buf[at + size..at + size + 2],
+            b"\r\n",
+            "chunk ends with CRLF"
+        );
+        at += size + 2;
+    }
 }
 
 /// A JSON-RPC request.

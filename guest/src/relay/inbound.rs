@@ -17,10 +17,10 @@ pub enum Inbound {
     },
     /// Has `method` and no `id`: framed on stream 0 with the notification flag.
     Notification,
-    /// A response from the agent (`result` or `error`, no `method`). The gateway sends no
-    /// requests on this transport, so nothing awaits it; answering would collide with the
-    /// agent's own ids. Dropped.
-    StrayResponse,
+    /// A response from the agent (`result` or `error`, no `method`): its answer to a
+    /// request the gateway relayed from a server (ids the gateway chose). Framed on stream
+    /// 0 with the notification flag: it opens no stream and awaits no reply.
+    Response,
     /// Refused locally with this error line; nothing is sent.
     Refused(String),
 }
@@ -52,9 +52,7 @@ pub fn classify(line: &[u8]) -> Inbound {
             refuse(INVALID_REQUEST, "id must be a string, a number or null")
         }
         (Some(_), _) => refuse(INVALID_REQUEST, "method must be a string"),
-        (None, _) if map.contains_key("result") || map.contains_key("error") => {
-            Inbound::StrayResponse
-        }
+        (None, _) if map.contains_key("result") || map.contains_key("error") => Inbound::Response,
         (None, _) => refuse(INVALID_REQUEST, "not a JSON-RPC request: no method"),
     }
 }
@@ -114,10 +112,10 @@ mod tests {
     }
 
     #[test]
-    fn responses_from_the_agent_are_dropped() {
+    fn responses_from_the_agent_are_forwarded() {
         assert_eq!(
             classify(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#),
-            Inbound::StrayResponse
+            Inbound::Response
         );
     }
 }

@@ -28,6 +28,9 @@ pub struct PendingApproval {
     pub rule: Option<String>,
     pub reason: Option<String>,
     pub waiting_ms: u128,
+    /// Who is asked: `operator`, or `client` (the human at the agent's client was asked
+    /// too; the operator may still decide first).
+    pub via: &'static str,
 }
 
 impl<R: Recorder> Core<R> {
@@ -49,6 +52,11 @@ impl<R: Recorder> Core<R> {
                     rule: x.request_decision.rule.clone(),
                     reason: x.request_decision.reason.clone(),
                     waiting_ms: now.saturating_duration_since(c.started).as_millis(),
+                    via: if x.relay.client_ask.is_some() {
+                        "client"
+                    } else {
+                        "operator"
+                    },
                 })
             })
             .collect();

@@ -14,6 +14,7 @@ use crate::ledger::{CallEnd, decision};
 use crate::log::Level;
 use crate::mcp::jsonrpc;
 use crate::mcp::tool_error::ToolErrorCode;
+use crate::workers::rpc::{self, Op};
 
 const CALL_NOT_MADE: &str = "the ledger cannot be written, so the call was not made (fail closed)";
 const ANSWER_WITHHELD: &str =
@@ -50,17 +51,23 @@ impl<R: Recorder> Core<R> {
         for action in actions {
             match action {
                 Action::ToWorker {
-                    call: Some(key), ..
+                    call: Some(key),
+                    msg,
+                    ..
                 } if self
                     .calls
                     .get(key)
                     .is_some_and(|c| matches!(c.purpose, Purpose::Exchange(_))) =>
                 {
                     // The row saying this call reaches its tool is not on disk: it must
-                    // not, whether or not its agent is still there.
+                    // not, whether or not its agent is still there. An answer to the
+                    // server's request whose record is not on disk ends the call too.
                     let Some(call) = self.calls.take(key) else {
                         continue;
                     };
+                    if matches!(msg, rpc::Message::Request { op: Op::Answer, .. }) {
+                        self.cancel_at_worker(call.worker, key);
+                    }
                     let Purpose::Exchange(x) = call.purpose else {
                         continue;
                     };
@@ -110,6 +117,26 @@ impl<R: Recorder> Core<R> {
                         row: None,
                         bytes,
                     });
+                }
+                Action::Relay {
+                    call, request_id, ..
+                } => {
+                    // Its record is not on disk: it does not leave. A server's request
+                    // that cannot be relayed ends its call (fail closed).
+                    if request_id.is_some()
+                        && let Some(c) = self.calls.take(call)
+                    {
+                        self.cancel_at_worker(c.worker, call);
+                        if let Purpose::Exchange(x) = c.purpose {
+                            let refusal = Refusal {
+                                code: ToolErrorCode::LedgerUnavailable,
+                                message: CALL_NOT_MADE,
+                                rule: None,
+                                decision: decision::ERROR,
+                            };
+                            self.refuse(x, c.started, &refusal);
+                        }
+                    }
                 }
                 other => released.push(other),
             }

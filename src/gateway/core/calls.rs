@@ -49,6 +49,13 @@ impl Call {
             _ => None,
         }
     }
+
+    pub fn exchange_mut(&mut self) -> Option<&mut Exchange> {
+        match &mut self.purpose {
+            Purpose::Exchange(x) => Some(x),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -75,6 +82,10 @@ impl CallTable {
 
     pub fn get(&self, key: u64) -> Option<&Call> {
         self.calls.get(&key)
+    }
+
+    pub fn get_mut(&mut self, key: u64) -> Option<&mut Call> {
+        self.calls.get_mut(&key)
     }
 
     pub fn take(&mut self, key: u64) -> Option<Call> {

@@ -109,8 +109,14 @@ impl<R: Recorder> Core<R> {
                 }
                 self.on_notification(conn, &method, params);
             }
-            Message::Response { .. } => {
-                // toolwall sends agents no requests, so no response is awaited.
+            Message::Response { id, result, error } => {
+                // The answer to a server's request toolwall relayed to this agent.
+                self.on_agent_response(
+                    conn,
+                    id.get(),
+                    result.map(RawValue::get),
+                    error.map(RawValue::get),
+                );
             }
         }
     }
@@ -166,6 +172,12 @@ impl<R: Recorder> Core<R> {
                 let version = protocol::negotiate(asked.as_deref());
                 if let Some(s) = self.sessions.get_mut(&ctx.conn) {
                     s.protocol_version = Some(version);
+                    s.facts.caps = crate::mcp::client_caps::ClientCaps::from_value(
+                        params
+                            .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                            .as_ref()
+                            .and_then(|p| p.get("capabilities")),
+                    );
                 }
                 let client = params
                     .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
@@ -188,6 +200,7 @@ impl<R: Recorder> Core<R> {
                 self.answer(ctx, method, &result);
             }
             "ping" => self.answer(ctx, method, "{}"),
+            "logging/setLevel" => self.set_log_level(ctx, method, params),
             "tools/list" => self.list(ctx, Kind::Tools, method, params),
             "resources/list" => self.list(ctx, Kind::Resources, method, params),
             "prompts/list" => self.list(ctx, Kind::Prompts, method, params),
@@ -201,7 +214,7 @@ impl<R: Recorder> Core<R> {
 
     /// The request phase for a method the gateway answers itself (lists): `ask` is for
     /// requests that reach a server, so here it refuses like a block.
-    fn method_allowed(&mut self, ctx: &RequestCtx, method: &str) -> bool {
+    pub(super) fn method_allowed(&mut self, ctx: &RequestCtx, method: &str) -> bool {
         let subject = Subject {
             method,
             server: None,
@@ -268,7 +281,7 @@ impl<R: Recorder> Core<R> {
     }
 
     /// The answer to a request the gateway serves itself.
-    fn answer(&mut self, ctx: &RequestCtx, method: &str, result: &str) {
+    pub(super) fn answer(&mut self, ctx: &RequestCtx, method: &str, result: &str) {
         self.observed.request(method, "ok");
         let bytes = jsonrpc::result_response(ctx.id, result);
         self.reply(ctx.conn, ctx.stream, ctx.id, None, bytes);

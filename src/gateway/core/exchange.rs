@@ -130,6 +130,8 @@ pub struct Exchange {
     pub forwarded: Option<String>,
     /// Who approved a held call, and when (ms since the epoch).
     pub approved: Option<(String, i64)>,
+    /// What the server sends the agent during the call (see `relay.rs`).
+    pub relay: super::relay::CallRelay,
 }
 
 impl Exchange {

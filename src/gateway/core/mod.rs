@@ -23,12 +23,20 @@
 mod approvals;
 mod barrier;
 mod calls;
+mod client_ask;
+#[cfg(test)]
+mod client_ask_tests;
 mod dispatch;
 mod exchange;
+mod input_retry;
 mod listings;
 mod observed;
 mod pipeline;
 mod recorder;
+mod relay;
+#[cfg(test)]
+mod relay_tests;
+mod request_state;
 #[cfg(test)]
 mod tests;
 mod upstream_listings;
@@ -48,8 +56,28 @@ use crate::policy::{Policy, Transport};
 use crate::workers::rpc;
 
 pub use approvals::PendingApproval;
+pub use client_ask::MAX_USED_APPROVALS;
 pub use observed::{Counters, Observed};
 pub use recorder::Recorder;
+pub use relay::ConnFacts;
+pub use request_state::{Claims, MASTER_KEY_BYTES, StateKey};
+
+/// Claims for tests of sealing outside the core.
+#[cfg(test)]
+pub fn test_claims() -> Claims {
+    Claims {
+        kind: "input".into(),
+        principal: "p".into(),
+        tool: "t".into(),
+        args: String::new(),
+        policy: String::new(),
+        rule: String::new(),
+        expires_ms: 1,
+        call: 1,
+        round: 1,
+        nonce: "n".into(),
+    }
+}
 
 use calls::CallTable;
 
@@ -98,6 +126,18 @@ pub enum Action {
     },
     /// A notification for the agent (stream 0, notification flag on framed doors).
     Notify { conn: ConnRef, bytes: Vec<u8> },
+    /// A message a server sent during call `call` (a notification, or a request with the
+    /// gateway's id `request_id`), relayed to the agent whose request `stream` it serves:
+    /// framed doors carry it on stream 0 as a notification frame, line doors as a line,
+    /// the HTTP door in the event stream of the request it serves. Recorded first: a
+    /// failed commit drops it.
+    Relay {
+        conn: ConnRef,
+        stream: u32,
+        call: u64,
+        bytes: Vec<u8>,
+        request_id: Option<String>,
+    },
     /// A request to a worker; `call` names the call it serves.
     ToWorker {
         worker: WorkerId,
@@ -127,6 +167,8 @@ pub enum AskRoute {
 #[derive(Debug, Default)]
 struct Session {
     protocol_version: Option<&'static str>,
+    /// The client's era and declared capabilities (see `relay.rs`).
+    facts: ConnFacts,
 }
 
 /// Wall-clock time derived from the loop's monotonic `now`, anchored by the loop once per
@@ -174,6 +216,10 @@ pub struct Core<R: Recorder = Ledger> {
     pub page_size: usize,
     /// The aggregator worker and its upstream servers, when any is configured.
     upstreams: Option<UpstreamsState>,
+    /// Server-to-client messages relayed during calls (`relay.rs`).
+    relay: relay::RelayHub,
+    /// Asks answered at the agent's client (`client_ask.rs`).
+    client_asks: client_ask::ClientAsks,
 }
 
 impl<R: Recorder> Core<R> {
@@ -209,6 +255,8 @@ impl<R: Recorder> Core<R> {
             observed: Observed::default(),
             page_size: 200,
             upstreams: None,
+            relay: relay::RelayHub::default(),
+            client_asks: client_ask::ClientAsks::default(),
         }
     }
 
@@ -301,6 +349,7 @@ impl<R: Recorder> Core<R> {
         self.sessions.remove(&conn);
         self.calls.detach(conn);
         self.drop_held_asks(None);
+        self.fail_orphaned_relays();
         self.event(
             "disconnect",
             serde_json::json!({"transport": peer.transport.as_str(), "principal": peer.principal, "process": peer.process}),

@@ -101,6 +101,14 @@ impl<R: Recorder> Core<R> {
         routed: Routed,
         params: Option<&RawValue>,
     ) {
+        // A retry carrying a requestState resumes the call it names (or is refused).
+        if let Some(p) = params.filter(|p| p.get().contains("\"requestState\""))
+            && let Ok(p) = serde_json::from_str::<Value>(p.get())
+            && let Some(state) = super::input_retry::request_state(&p).cloned()
+        {
+            self.resume_with_state(ctx, routed, &p, &state);
+            return;
+        }
         self.counters.calls_total += 1;
         let ledger_id = self.records.new_call_id();
         let from = Requester {
@@ -147,12 +155,14 @@ impl<R: Recorder> Core<R> {
                 rule: None,
                 reason: None,
                 matched: Vec::new(),
+                ask_via: Default::default(),
             },
             response_decision: None,
             arrived_differs: false,
             rewritten: false,
             forwarded: None,
             approved: None,
+            relay: Default::default(),
         });
         // Malformed params: still a row, then a JSON-RPC error.
         let fault = match (&parsed, &target_name) {
@@ -178,6 +188,7 @@ impl<R: Recorder> Core<R> {
         if routed != Routed::ReadResource && params.get("arguments").is_none() {
             params["arguments"] = json!({});
         }
+        x.relay = self.call_relay(ctx.conn, routed, &params);
         x.params = params;
         let name = x.target.name.clone();
         // Where it goes; a tool hidden by a changed pin is refused before anything else.
@@ -265,6 +276,22 @@ impl<R: Recorder> Core<R> {
         );
         self.stage_rules(x.ledger_id, "request", &x.request_decision);
         let verdict = x.request_decision.verdict;
+        // A client's approval for an ask this policy no longer makes is refused.
+        if verdict != Verdict::Ask
+            && let Some(message) = self.stale_client_approval()
+            && verdict == Verdict::Allow
+            && !unknown
+        {
+            let rule = x.request_decision.rule.clone();
+            let refusal = Refusal {
+                code: ToolErrorCode::AskDenied,
+                message: &message,
+                rule: rule.as_deref(),
+                decision: decision::DENIED,
+            };
+            self.refuse(x, self.now, &refusal);
+            return;
+        }
         match verdict {
             Verdict::Block => self.refuse_by_policy(x, self.now, Phase::Request),
             _ if unknown => {
@@ -370,7 +397,12 @@ impl<R: Recorder> Core<R> {
 
     /// Hold a call for a human (`ask`), or refuse it where no human can answer safely.
     fn hold(&mut self, x: Box<Exchange>) {
-        if self.ask_route == AskRoute::Refuse {
+        // A client's approval carried by this request, or an ask answered at the client.
+        let Some(x) = self.ask_at_client_or_apply(x) else {
+            return;
+        };
+        let at_client = self.client_can_be_asked(&x);
+        if self.ask_route == AskRoute::Refuse && !at_client {
             let message = "an ask rule holds this call, but no operator can answer it here: the \
                            admin socket is reachable by the agent's own uid (toolwall stdio), so \
                            the call is refused";
@@ -386,10 +418,11 @@ impl<R: Recorder> Core<R> {
         }
         let key = self.calls.new_key();
         let deadline = self.now + self.policy.ask_timeout();
+        let via = if at_client { "client" } else { "operator" };
         self.event(
             "ask_pending",
             json!({"approval_id": key, "call_id": x.ledger_id, "method": x.routed.method(),
-                   "tool": x.display_name(), "principal": x.from.principal}),
+                   "tool": x.display_name(), "principal": x.from.principal, "via": via}),
         );
         self.calls.insert(
             key,
@@ -402,6 +435,9 @@ impl<R: Recorder> Core<R> {
                 timeout_key: "policy.ask_timeout_secs",
             },
         );
+        if at_client {
+            self.ask_client(key);
+        }
     }
 
     /// An allowed call goes to its worker (released once the commit holds its row).
@@ -468,6 +504,9 @@ impl<R: Recorder> Core<R> {
         let timeout_key = x.routed.timeout_key();
         let deadline = self.now + self.timeout(timeout_key);
         let args = x.forward_text();
+        let meta = self
+            .is_aggregator(worker)
+            .then(|| self.call_meta(key, &x, deadline));
         self.actions.push(super::Action::ToWorker {
             worker,
             call: Some(key),
@@ -477,6 +516,7 @@ impl<R: Recorder> Core<R> {
                 name: Some(name),
                 args: Some(args),
                 target: None,
+                meta,
             },
         });
         self.calls.insert(
@@ -671,6 +711,7 @@ impl<R: Recorder> Core<R> {
         error: Option<&str>,
         original: Option<&str>,
     ) {
+        self.end_relay(&x);
         let (text, bytes) = answer.encode(&x.from.id);
         match decision {
             decision::ALLOWED => self.counters.calls_allowed += 1,

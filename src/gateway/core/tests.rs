@@ -14,7 +14,7 @@ use crate::workers::rpc::{Op, RpcError};
 
 /// One staged record, owned.
 #[derive(Debug, Clone)]
-enum Rec {
+pub(super) enum Rec {
     Start {
         id: i64,
         method: String,
@@ -32,6 +32,7 @@ enum Rec {
         response: String,
         forwarded: Option<String>,
         original: Option<String>,
+        approved_by: Option<String>,
     },
     Rule {
         call_id: i64,
@@ -40,31 +41,33 @@ enum Rec {
     },
     Event {
         kind: String,
+        detail: Value,
     },
 }
 
 /// A `tool_calls` row as the committed records leave it.
 #[derive(Debug, Clone, Default)]
-struct Row {
-    method: String,
-    server: String,
-    tool: String,
-    decision: String,
-    rule: Option<String>,
-    error: Option<String>,
-    response: String,
-    arguments: String,
-    forwarded: Option<String>,
-    original: Option<String>,
+pub(super) struct Row {
+    pub(super) method: String,
+    pub(super) server: String,
+    pub(super) tool: String,
+    pub(super) decision: String,
+    pub(super) rule: Option<String>,
+    pub(super) error: Option<String>,
+    pub(super) response: String,
+    pub(super) arguments: String,
+    pub(super) forwarded: Option<String>,
+    pub(super) original: Option<String>,
+    pub(super) approved_by: Option<String>,
 }
 
 #[derive(Default)]
-struct Memory {
+pub(super) struct Memory {
     next_id: i64,
     staged: Vec<Rec>,
-    committed: Vec<Rec>,
+    pub(super) committed: Vec<Rec>,
     /// The next commits fail while set (disk full, a foreign write lock).
-    failing: bool,
+    pub(super) failing: bool,
 }
 
 impl Recorder for Memory {
@@ -93,6 +96,7 @@ impl Recorder for Memory {
             response: text(e.response),
             forwarded: e.rewritten_arguments.map(text),
             original: e.original_response.map(text),
+            approved_by: e.approved_by.map(Into::into),
         });
     }
     fn stage_rule_event(
@@ -110,8 +114,11 @@ impl Recorder for Memory {
             rule: rule.into(),
         });
     }
-    fn stage_event(&mut self, kind: &str, _: &Value) {
-        self.staged.push(Rec::Event { kind: kind.into() });
+    fn stage_event(&mut self, kind: &str, detail: &Value) {
+        self.staged.push(Rec::Event {
+            kind: kind.into(),
+            detail: detail.clone(),
+        });
     }
     fn staged(&self) -> usize {
         self.staged.len()
@@ -119,7 +126,7 @@ impl Recorder for Memory {
 }
 
 impl Memory {
-    fn commit(&mut self) -> Result<(), String> {
+    pub(super) fn commit(&mut self) -> Result<(), String> {
         if self.failing {
             return Err("disk full".into());
         }
@@ -127,7 +134,7 @@ impl Memory {
         Ok(())
     }
 
-    fn rows(&self) -> BTreeMap<i64, Row> {
+    pub(super) fn rows(&self) -> BTreeMap<i64, Row> {
         let mut rows: BTreeMap<i64, Row> = BTreeMap::new();
         for rec in &self.committed {
             match rec {
@@ -161,8 +168,12 @@ impl Memory {
                     response,
                     forwarded,
                     original,
+                    approved_by,
                 } => {
                     let row = rows.entry(*id).or_default();
+                    if approved_by.is_some() {
+                        row.approved_by = approved_by.clone();
+                    }
                     row.decision = decision.clone();
                     if rule.is_some() {
                         row.rule = rule.clone();
@@ -178,7 +189,7 @@ impl Memory {
         rows
     }
 
-    fn rules_of(&self, id: i64, phase: &str) -> Vec<String> {
+    pub(super) fn rules_of(&self, id: i64, phase: &str) -> Vec<String> {
         self.committed
             .iter()
             .filter_map(|r| match r {
@@ -192,15 +203,26 @@ impl Memory {
             .collect()
     }
 
-    fn events(&self, kind: &str) -> usize {
+    /// The details of the committed events of `kind`, in order.
+    pub(super) fn event_details(&self, kind: &str) -> Vec<Value> {
         self.committed
             .iter()
-            .filter(|r| matches!(r, Rec::Event { kind: k } if k == kind))
+            .filter_map(|r| match r {
+                Rec::Event { kind: k, detail } if k == kind => Some(detail.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub(super) fn events(&self, kind: &str) -> usize {
+        self.committed
+            .iter()
+            .filter(|r| matches!(r, Rec::Event { kind: k, .. } if k == kind))
             .count()
     }
 }
 
-fn policy(text: &str) -> Rc<Policy> {
+pub(super) fn policy(text: &str) -> Rc<Policy> {
     #[derive(serde::Deserialize)]
     struct Wrapper {
         #[serde(default)]
@@ -210,21 +232,21 @@ fn policy(text: &str) -> Rc<Policy> {
     Rc::new(Policy::load_with_corp_env(&cfg, "test.toml", None).expect("policy loads"))
 }
 
-const AGENT: ConnRef = ConnRef {
+pub(super) const AGENT: ConnRef = ConnRef {
     slot: 1,
     generation: 1,
 };
 
 /// A core with one worker (`local`) serving tools, a resource and a prompt.
-struct Harness {
-    core: Core<Memory>,
-    now: Instant,
-    peer: Peer,
-    next_id: u64,
+pub(super) struct Harness {
+    pub(super) core: Core<Memory>,
+    pub(super) now: Instant,
+    pub(super) peer: Peer,
+    pub(super) next_id: u64,
 }
 
 impl Harness {
-    fn new(policy_text: &str) -> Harness {
+    pub(super) fn new(policy_text: &str) -> Harness {
         let now = Instant::now();
         let mut core = Core::new(
             GatewayConfig::default(),
@@ -272,7 +294,7 @@ impl Harness {
     }
 
     /// One loop turn: commit, tell the core, release.
-    fn turn(&mut self) -> Vec<Action> {
+    pub(super) fn turn(&mut self) -> Vec<Action> {
         if self.core.records().staged() > 0 {
             let outcome = self.core.records_mut().commit();
             self.core.after_commit(outcome, Duration::ZERO);
@@ -280,14 +302,14 @@ impl Harness {
         self.core.take_actions()
     }
 
-    fn send(&mut self, method: &str, params: Value) -> u64 {
+    pub(super) fn send(&mut self, method: &str, params: Value) -> u64 {
         self.next_id += 1;
         let msg = json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params});
         self.send_raw(&msg.to_string());
         self.next_id
     }
 
-    fn send_raw(&mut self, payload: &str) {
+    pub(super) fn send_raw(&mut self, payload: &str) {
         let peer = self.peer.clone();
         self.core.on_message(
             AGENT,
@@ -300,7 +322,7 @@ impl Harness {
         );
     }
 
-    fn worker_ok(&mut self, id: u64, text: &str) {
+    pub(super) fn worker_ok(&mut self, id: u64, text: &str) {
         let msg = rpc::Message::Response {
             id,
             ok: Some(text.into()),
@@ -310,7 +332,7 @@ impl Harness {
         self.core.on_worker_message(0, msg, self.now);
     }
 
-    fn worker_err(&mut self, id: u64, message: &str) {
+    pub(super) fn worker_err(&mut self, id: u64, message: &str) {
         let msg = rpc::Message::Response {
             id,
             ok: None,
@@ -323,17 +345,17 @@ impl Harness {
         self.core.on_worker_message(0, msg, self.now);
     }
 
-    fn rows(&self) -> BTreeMap<i64, Row> {
+    pub(super) fn rows(&self) -> BTreeMap<i64, Row> {
         self.core.records().rows()
     }
 
-    fn last_row(&self) -> Row {
+    pub(super) fn last_row(&self) -> Row {
         self.rows().into_values().last().expect("a row")
     }
 }
 
 /// The one worker request among `actions`: (rpc id, op, name, args).
-fn to_worker(actions: &[Action]) -> Option<(u64, Op, String, String)> {
+pub(super) fn to_worker(actions: &[Action]) -> Option<(u64, Op, String, String)> {
     actions.iter().find_map(|a| match a {
         Action::ToWorker {
             msg: rpc::Message::Request {
@@ -352,7 +374,7 @@ fn to_worker(actions: &[Action]) -> Option<(u64, Op, String, String)> {
 }
 
 /// The answer the agent got: (raw bytes, parsed).
-fn reply(actions: &[Action]) -> Option<(Vec<u8>, Value)> {
+pub(super) fn reply(actions: &[Action]) -> Option<(Vec<u8>, Value)> {
     actions.iter().find_map(|a| match a {
         Action::Reply { bytes, .. } => Some((
             bytes.clone(),

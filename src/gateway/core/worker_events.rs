@@ -179,6 +179,7 @@ impl<R: Recorder> Core<R> {
                 name: None,
                 args: None,
                 target: Some(target),
+                meta: None,
             },
         });
     }

@@ -65,6 +65,7 @@ impl Gateway {
                 }
                 self.core.refresh_upstreams(now);
                 let rules = policy.rule_count();
+                self.core.set_relay_config(config.relay.clone());
                 self.core.set_policy(Rc::new(policy), now);
                 let mut summary = format!("policy reloaded: {rules} rules");
                 // The HTTP door's settings and certificate follow; on error they stay.

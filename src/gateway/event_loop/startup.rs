@@ -164,6 +164,11 @@ impl Gateway {
             Instant::now(),
             crate::ledger::now_ms(),
         );
+        core.set_relay_config(config.relay.clone());
+        let state_key = crate::gateway::state_key::load_or_create(&state_dir)
+            .map_err(|e| format!("request state key: {e}"))?;
+        core.set_state_key(state_key, crate::gateway::state_key::instance_name());
+        crate::gateway::used_approvals::restore(&mut core, &config.ledger.path);
 
         let poll = Poll::new().map_err(|e| format!("poll: {e}"))?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKE).map_err(|e| format!("waker: {e}"))?);

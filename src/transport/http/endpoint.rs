@@ -91,6 +91,12 @@ pub struct Call {
     pub keep_alive: bool,
     /// A legacy `initialize`: a successful answer opens a session.
     opens_session: bool,
+    /// Legacy era: the client capabilities of its session (or of this `initialize`).
+    pub caps: crate::mcp::client_caps::ClientCaps,
+    /// Legacy era: the log level its session asked for.
+    pub log_level: Option<crate::mcp::log_level::LogLevel>,
+    /// HTTP/1.0: a streamed answer ends with the connection (no chunks).
+    pub http10: bool,
 }
 
 /// What the loop does with a request.
@@ -677,6 +683,9 @@ impl Endpoint {
                 id: id.to_owned(),
                 keep_alive: keep,
                 opens_session: false,
+                caps: Default::default(),
+                log_level: None,
+                http10: request.minor_version == 0,
             },
             message: message_range,
         }
@@ -720,6 +729,14 @@ impl Endpoint {
                     id: id.get().to_owned(),
                     keep_alive: keep,
                     opens_session: true,
+                    caps: crate::mcp::client_caps::ClientCaps::from_value(
+                        params
+                            .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                            .as_ref()
+                            .and_then(|p| p.get("capabilities")),
+                    ),
+                    log_level: None,
+                    http10: request.minor_version == 0,
                 },
                 message: message_range,
             };
@@ -747,11 +764,11 @@ impl Endpoint {
             let id = String::from_utf8_lossy(session_id).into_owned();
             self.sessions
                 .touch(&id, &principal, now)
-                .map(|s| (id, s.version))
+                .map(|s| (id, s.version, s.caps, s.log_level))
         } else {
             None
         };
-        let Some((session_id, version)) = session else {
+        let Some((session_id, version, caps, mut log_level)) = session else {
             return refusal(
                 404,
                 "unknown or expired session; start a new one with initialize",
@@ -767,6 +784,19 @@ impl Endpoint {
                 ),
             );
         }
+        // The session's log level counts for every later call, on any connection.
+        if let Message::Request { method, params, .. } = &message
+            && method == "logging/setLevel"
+            && let Some(level) = params
+                .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                .as_ref()
+                .and_then(|p| p.get("level"))
+                .and_then(Value::as_str)
+                .and_then(crate::mcp::log_level::LogLevel::parse)
+        {
+            self.sessions.set_log_level(&session_id, level);
+            log_level = Some(level);
+        }
         let era = Era::Legacy {
             version,
             session: Some(session_id),
@@ -780,6 +810,9 @@ impl Endpoint {
                     id: id.get().to_owned(),
                     keep_alive: keep,
                     opens_session: false,
+                    caps,
+                    log_level,
+                    http10: request.minor_version == 0,
                 },
                 message: message_range,
             },
@@ -836,7 +869,10 @@ impl Endpoint {
                 let negotiated = result_protocol_version(answer)
                     .and_then(|v| era::legacy_version(&v))
                     .unwrap_or(version);
-                match self.sessions.open(&call.principal, negotiated, now) {
+                match self
+                    .sessions
+                    .open_with(&call.principal, negotiated, call.caps, now)
+                {
                     Ok(session) => ResponseBuilder::new(200)
                         .header("Mcp-Session-Id", session)
                         .keep_alive(keep)

@@ -13,6 +13,7 @@ pub mod reply;
 pub mod request;
 pub mod response;
 pub mod sessions;
+pub mod sse_writer;
 pub mod tls;
 
 pub use auth::HttpAuth;

@@ -113,6 +113,53 @@ impl ResponseBuilder {
         self.finish(b"")
     }
 
+    /// The head of a streamed response of `content_type`: `Transfer-Encoding: chunked`,
+    /// no `Content-Length`; the body follows in chunks (see `sse_writer.rs`).
+    pub fn chunked_head(self, content_type: &'static str) -> Vec<u8> {
+        self.stream_head(content_type, true)
+    }
+
+    /// The head of a response whose body ends with the connection (HTTP/1.0 streaming).
+    pub fn open_head(self, content_type: &'static str) -> Vec<u8> {
+        self.keep_alive(false).stream_head(content_type, false)
+    }
+
+    fn stream_head(self, content_type: &'static str, chunked: bool) -> Vec<u8> {
+        let date = imf_fixdate(self.date.unwrap_or_else(SystemTime::now));
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(self.status.to_string().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(reason_phrase(self.status).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        let mut put = |name: &str, value: &str| {
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        };
+        put("Date", &date);
+        put("Cache-Control", "no-store");
+        put("X-Content-Type-Options", "nosniff");
+        put("Content-Type", content_type);
+        for (name, value) in &self.headers {
+            put(name, value);
+        }
+        if chunked {
+            put("Transfer-Encoding", "chunked");
+        }
+        put(
+            "Connection",
+            if self.keep_alive {
+                "keep-alive"
+            } else {
+                "close"
+            },
+        );
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
     fn finish(self, body: &[u8]) -> HttpResponse {
         let date = imf_fixdate(self.date.unwrap_or_else(SystemTime::now));
         let mut out = Vec::with_capacity(160 + body.len() + self.headers.len() * 32);

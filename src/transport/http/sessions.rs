@@ -38,6 +38,11 @@ pub struct Session {
     pub version: &'static str,
     pub created: Instant,
     pub last_seen: Instant,
+    /// The client capabilities its `initialize` declared (what server requests may reach
+    /// it).
+    pub caps: crate::mcp::client_caps::ClientCaps,
+    /// The level its `logging/setLevel` asked for.
+    pub log_level: Option<crate::mcp::log_level::LogLevel>,
 }
 
 /// Why a session could not be opened.
@@ -108,6 +113,17 @@ impl Sessions {
         version: &'static str,
         now: Instant,
     ) -> Result<String, OpenError> {
+        self.open_with(principal, version, Default::default(), now)
+    }
+
+    /// [`Sessions::open`] remembering the client's declared capabilities.
+    pub fn open_with(
+        &mut self,
+        principal: &str,
+        version: &'static str,
+        caps: crate::mcp::client_caps::ClientCaps,
+        now: Instant,
+    ) -> Result<String, OpenError> {
         if self.count_of(principal) >= self.limits.max_per_principal {
             let oldest = self
                 .by_id
@@ -133,6 +149,8 @@ impl Sessions {
                 version,
                 created: now,
                 last_seen: now,
+                caps,
+                log_level: None,
             },
         );
         Ok(id)
@@ -140,6 +158,13 @@ impl Sessions {
 
     /// The live session `id` of `principal`, marked as used now. An expired session is
     /// removed and reported as unknown, like one that never existed.
+    /// A session's `logging/setLevel`.
+    pub fn set_log_level(&mut self, id: &str, level: crate::mcp::log_level::LogLevel) {
+        if let Some(s) = self.by_id.get_mut(id) {
+            s.log_level = Some(level);
+        }
+    }
+
     pub fn touch(&mut self, id: &str, principal: &str, now: Instant) -> Option<&Session> {
         let expired = match self.by_id.get(id) {
             None => return None,

@@ -8,9 +8,10 @@ use crate::gateway::core::{ConnRef, Expect, Peer};
 use crate::policy::Transport;
 
 impl Gateway {
-    /// A legacy cancel arrived on one connection for a call another connection of the same
-    /// session holds: the core hears it as from that connection. If it cancelled the call,
-    /// that connection owes no answer and closes.
+    /// A legacy cancel (or an answer to a relayed request) arrived on one connection for a
+    /// call another connection of the same session holds: the core hears it as from that
+    /// connection. If it cancelled the call, that connection owes no answer: its event
+    /// stream ends without one.
     pub(in crate::gateway::event_loop) fn cancel_elsewhere(
         &mut self,
         target: ConnRef,
@@ -30,12 +31,21 @@ impl Gateway {
         };
         self.core
             .on_message(target, &peer, "http", Expect::Notification, 0, payload, now);
-        if self.core.in_flight(target) < before
+        let cancel = matches!(
+            crate::mcp::jsonrpc::parse(payload),
+            Ok(crate::mcp::jsonrpc::Message::Notification { ref method, .. })
+                if method == "notifications/cancelled"
+        );
+        if cancel
+            && self.core.in_flight(target) < before
             && let Some(Some(c)) = self.conns.get_mut(target.slot)
             && let Wire::Http(h) = &mut c.wire
             && let Some(door) = self.http.as_mut()
         {
-            door.abandon(h);
+            door.abandon(h, &mut c.out);
+            // The connection may carry the next request.
+            c.paused = true;
+            self.flush_conn(target.slot);
         }
     }
 

@@ -1,0 +1,373 @@
+//! Two-way MCP through the wall, with the official Python SDK (`mcp`, pinned) on both
+//! sides: its client talks to toolwall over the HTTP door (legacy and 2026-07-28 eras),
+//! `toolwall stdio` and the framed door (through `toolwall-relay`); its server
+//! (tests/fixtures/sdk_relay_server.py) sits behind toolwall twice, once reached in the
+//! modern era (`sdk`) and once forced to the legacy era (`old`). Every combination relays
+//! progress and log messages to the client's callbacks, an elicitation to the client's
+//! callback and its answer back, sampling and roots; a client without the elicitation
+//! capability makes the server see the refusal; a cancelled call reaches the server (the
+//! fixture records it) and the ledger says `cancelled`; a rule blocks sampling before it
+//! reaches the client.
+
+mod common;
+
+use common::http::HttpGateway;
+use common::{BIN, PATIENCE, query_json};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn python() -> PathBuf {
+    repo().join("target/mcp-venv/bin/python")
+}
+
+/// The SDK relay fixture on a free port, recording into a file.
+struct Fixture {
+    child: Child,
+    port: u16,
+    record: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn start() -> Fixture {
+        common::deps::ensure(&["python"]);
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join("record.jsonl");
+        let port = common::http::free_port();
+        let child = Command::new(python())
+            .arg(repo().join("tests/fixtures/sdk_relay_server.py"))
+            .arg(port.to_string())
+            .arg(&record)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the SDK relay fixture");
+        let deadline = Instant::now() + PATIENCE;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "the SDK fixture never listened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Fixture {
+            child,
+            port,
+            record,
+            _dir: dir,
+        }
+    }
+
+    /// `[servers]` for the fixture: `sdk` (detected: modern) and `old` (legacy forced).
+    fn servers(&self) -> String {
+        format!(
+            r#"
+[servers.sdk]
+url = "http://127.0.0.1:{p}/mcp"
+pin = "off"
+
+[servers.old]
+url = "http://127.0.0.1:{p}/mcp"
+pin = "off"
+era = "legacy"
+"#,
+            p = self.port
+        )
+    }
+
+    fn records(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.record)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Run the SDK client with `args`; its JSON summary.
+fn client(args: &[&str]) -> Value {
+    let out = Command::new(python())
+        .arg(repo().join("tests/third_party/sdk_relay_client.py"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the SDK client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "sdk_relay_client.py {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+fn texts(out: &Value) -> String {
+    out["texts"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// What every door must deliver, whatever the eras: progress and logs, an elicitation
+/// answered, a client without the capability refused at the server.
+fn check_common(label: &str, run: &dyn Fn(&str, &str) -> Value) {
+    for server in ["sdk", "old"] {
+        let out = run(server, "count");
+        let steps: Vec<String> = out["progress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p[2].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            steps,
+            ["step 1 of 3", "step 2 of 3", "step 3 of 3"],
+            "{label} {server}: {out}"
+        );
+        assert_eq!(out["progress"][2][0], 3.0, "{label} {server}: {out}");
+        assert_eq!(
+            out["logs"],
+            serde_json::json!(["counted 1", "counted 2", "counted 3"]),
+            "{label} {server}: {out}"
+        );
+        assert_eq!(texts(&out), "counted to 3", "{label} {server}");
+
+        let out = run(server, "greet");
+        assert_eq!(
+            out["elicited"],
+            serde_json::json!(["What is your name?"]),
+            "{label} {server}: {out}"
+        );
+        assert_eq!(texts(&out), "Hello Ada", "{label} {server}: {out}");
+
+        if server == "old" {
+            // ctx.elicit itself (the SDK sends it mid-call to a 2025 session).
+            let out = run(server, "direct");
+            assert_eq!(
+                out["elicited"],
+                serde_json::json!(["Who is asking?"]),
+                "{label} {server}: {out}"
+            );
+            assert_eq!(texts(&out), "Hello Ada", "{label} {server}: {out}");
+        }
+
+        let out = run(server, "nocap");
+        assert_eq!(out["elicited"], serde_json::json!([]), "{label} {server}");
+        assert_eq!(out["is_error"], true, "{label} {server}: {out}");
+        assert!(
+            texts(&out).contains("elicitation capability"),
+            "{label} {server}: the server saw the refusal: {out}"
+        );
+    }
+}
+
+/// Wait for the fixture to record the cancellation of as many `wait` calls as started.
+fn wait_cancelled(fixture: &Fixture, count: usize) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let cancelled = fixture
+            .records()
+            .iter()
+            .filter(|r| r["tool"] == "wait" && r["event"] == "cancelled")
+            .count();
+        if cancelled >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{cancelled} of {count} cancellations reached the server: {:?}",
+            fixture.records()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+const SAMPLING_RULE: &str = r#"
+[[policy.rules]]
+id = "no-sampling-for-interns"
+action = "block"
+phase = "response"
+method = "sampling/createMessage"
+principal = "intern"
+reason = "interns do not get the model"
+"#;
+
+#[test]
+fn the_http_door_relays_both_ways_in_both_eras() {
+    let fixture = Fixture::start();
+    let gw = HttpGateway::start("", &format!("{}{SAMPLING_RULE}", fixture.servers()));
+    let token = gw.client_token("alice");
+    let url = format!("http://127.0.0.1:{}/mcp", gw.port);
+    for mode in ["legacy", "2026-07-28"] {
+        let run =
+            |server: &str, scenario: &str| client(&["http", &url, &token, mode, server, scenario]);
+        check_common(&format!("http {mode}"), &run);
+        for server in ["sdk", "old"] {
+            let out = run(server, "sample");
+            assert_eq!(out["sampled"], 1, "{mode} {server}: {out}");
+            assert_eq!(texts(&out), "the model said hi there", "{mode} {server}");
+            let out = run(server, "roots");
+            assert_eq!(out["roots_asked"], 1, "{mode} {server}: {out}");
+            assert_eq!(texts(&out), "file:///work/project", "{mode} {server}");
+        }
+    }
+    // Every relayed message is an event of the ledger, linked to its call's row.
+    let db = gw.ledger();
+    let relays = query_json(
+        &db,
+        "SELECT e.detail, c.tool_name FROM events e JOIN tool_calls c \
+         ON c.id = json_extract(e.detail, '$.call_id') WHERE e.kind = 'relay'",
+    );
+    let methods: Vec<(String, String)> = relays
+        .iter()
+        .map(|r| {
+            let d: Value = serde_json::from_str(r["detail"].as_str().unwrap()).unwrap();
+            (
+                d["method"].as_str().unwrap_or_default().to_owned(),
+                r["tool_name"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    for (method, tool) in [
+        ("notifications/progress", "count"),
+        ("notifications/message", "count"),
+        ("elicitation/create", "greet"),
+        ("sampling/createMessage", "sample"),
+        ("roots/list", "roots"),
+    ] {
+        assert!(
+            methods.iter().any(|(m, t)| m == method && t == tool),
+            "no {method} event linked to a {tool} row: {methods:?}"
+        );
+    }
+    let refused = query_json(
+        &db,
+        "SELECT detail FROM events WHERE kind = 'relay' AND detail LIKE '%no_capability%'",
+    );
+    assert!(
+        !refused.is_empty(),
+        "the refusal to a client without the capability is recorded"
+    );
+}
+
+#[test]
+fn a_rule_keeps_sampling_from_the_client() {
+    let fixture = Fixture::start();
+    let gw = HttpGateway::start("", &format!("{}{SAMPLING_RULE}", fixture.servers()));
+    let token = gw.client_token("intern");
+    let url = format!("http://127.0.0.1:{}/mcp", gw.port);
+    for mode in ["legacy", "2026-07-28"] {
+        for server in ["sdk", "old"] {
+            let out = client(&["http", &url, &token, mode, server, "sample"]);
+            assert_eq!(
+                out["sampled"], 0,
+                "{mode} {server}: reached the client: {out}"
+            );
+            assert_eq!(out["is_error"], true, "{mode} {server}: {out}");
+        }
+    }
+    let blocked = query_json(
+        &gw.ledger(),
+        "SELECT detail FROM events WHERE kind = 'relay' \
+         AND json_extract(detail, '$.decision') = 'blocked' \
+         AND json_extract(detail, '$.rule') = 'no-sampling-for-interns'",
+    );
+    assert_eq!(blocked.len(), 4, "{blocked:?}");
+    assert!(
+        fixture.records().iter().all(|r| r["tool"] != "sample"),
+        "the tool never got a sample: {:?}",
+        fixture.records()
+    );
+}
+
+#[test]
+fn cancelled_calls_reach_the_server_and_the_ledger_says_so() {
+    let fixture = Fixture::start();
+    let gw = HttpGateway::start("", &fixture.servers());
+    let token = gw.client_token("alice");
+    let url = format!("http://127.0.0.1:{}/mcp", gw.port);
+    let mut started = 0;
+    for mode in ["legacy", "2026-07-28"] {
+        for server in ["sdk", "old"] {
+            let out = client(&["http", &url, &token, mode, server, "cancel"]);
+            assert_eq!(out["cancelled"], true);
+            started += 1;
+            wait_cancelled(&fixture, started);
+        }
+    }
+    let rows = gw.wait_rows("four cancelled rows", |rows| {
+        rows.iter().filter(|r| r["decision"] == "cancelled").count() == 4
+    });
+    assert!(rows.iter().all(|r| r["tool_name"] == "wait"), "{rows:?}");
+}
+
+/// The relay binary next to ours; built on demand when only this package was built.
+fn relay_bin() -> PathBuf {
+    let bin = PathBuf::from(BIN).with_file_name("toolwall-relay");
+    if !bin.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "toolwall-relay"])
+            .current_dir(repo())
+            .status()
+            .expect("build the relay");
+        assert!(status.success());
+    }
+    bin
+}
+
+#[test]
+fn stdio_and_the_framed_door_relay_both_ways() {
+    let fixture = Fixture::start();
+    // toolwall stdio, with a config of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("stdio.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\nunix = \"\"\n[ledger]\npath = \"{d}/stdio/ledger.db\"\n[admin]\nsocket = \"{d}/stdio/admin.sock\"\n{}",
+            fixture.servers(),
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let stdio = |server: &str, scenario: &str| client(&["stdio", BIN, &config, server, scenario]);
+    check_common("stdio", &stdio);
+    let out = stdio("old", "cancel");
+    assert_eq!(out["cancelled"], true);
+    wait_cancelled(&fixture, 1);
+    let rows = query_json(
+        &rusqlite::Connection::open(dir.path().join("stdio/ledger.db")).unwrap(),
+        "SELECT decision FROM tool_calls WHERE tool_name = 'wait'",
+    );
+    assert_eq!(rows[0]["decision"], "cancelled");
+
+    // The framed door, through the guest relay.
+    let gw = common::TestGateway::start(&fixture.servers());
+    let relay = relay_bin();
+    let sock = gw.sock.to_str().unwrap().to_owned();
+    let framed = |server: &str, scenario: &str| {
+        client(&["relay", relay.to_str().unwrap(), &sock, server, scenario])
+    };
+    check_common("framed", &framed);
+    let out = framed("sdk", "cancel");
+    assert_eq!(out["cancelled"], true);
+    wait_cancelled(&fixture, 2);
+}
