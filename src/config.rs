@@ -128,7 +128,15 @@ pub struct GatewayConfig {
     pub max_write_buffer_bytes: usize,
     /// Seconds to finish calls in flight after SIGTERM.
     pub drain_secs: u64,
+    /// Largest answer sent to an agent (bytes of the JSON-RPC message); a larger one is
+    /// refused as `too_large` (its row says so). At most what one frame carries.
+    pub max_answer_bytes: usize,
 }
+
+/// The most `gateway.max_answer_bytes` may be: a frame's payload with a full name.
+pub const MAX_ANSWER_BYTES: usize = toolwall_relay::frame::MAX_TOTAL
+    - toolwall_relay::frame::HEADER_LEN
+    - toolwall_relay::frame::MAX_NAME;
 
 impl GatewayConfig {
     /// `max_connections_per_peer`, or its default: half of `max_connections`, at
@@ -157,6 +165,7 @@ impl Default for GatewayConfig {
             max_lingering: 64,
             max_write_buffer_bytes: 8 * 1024 * 1024,
             drain_secs: 30,
+            max_answer_bytes: 1024 * 1024,
         }
     }
 }
@@ -303,6 +312,11 @@ impl Config {
                     "{origin}: {key} must be at most {MAX_TIMEOUT_SECS}"
                 )));
             }
+        }
+        if g.max_answer_bytes < 1024 || g.max_answer_bytes > MAX_ANSWER_BYTES {
+            return Err(ConfigError(format!(
+                "{origin}: gateway.max_answer_bytes must be between 1024 and {MAX_ANSWER_BYTES}"
+            )));
         }
         // Lingering is a courtesy to a client being refused: seconds, not minutes.
         if g.linger_secs > MAX_LINGER_SECS {

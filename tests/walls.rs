@@ -640,3 +640,57 @@ fn the_workspace_tools_still_build_a_small_project() {
         "{read}"
     );
 }
+
+#[test]
+fn xattrs_dnotify_datagrams_and_abstract_names_are_refused() {
+    // Found by an attack run: Landlock does not cover these outside the root.
+    let s = setup("", "");
+    let outside = s.base.join("world-writable.txt");
+    std::fs::write(&outside, "x").expect("write");
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let dgram = s.base.join("host-dgram.sock");
+    let listener = std::os::unix::net::UnixDatagram::bind(&dgram).expect("bind");
+    std::fs::set_permissions(&dgram, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let c = format!(
+        "python3 -c '
+import os, socket, fcntl
+results = []
+try:
+    os.setxattr(\"{outside}\", \"user.tw\", b\"pwned\")
+    results.append(\"setxattr\")
+except OSError:
+    pass
+try:
+    fd = os.open(\"/usr/share\", os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.fcntl(fd, 1026, 0x80000004)
+    results.append(\"dnotify\")
+except OSError:
+    pass
+try:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b\"forged\", \"{dgram}\")
+    results.append(\"dgram\")
+except OSError:
+    pass
+try:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.bind(\"\\0toolwall-squat\")
+    results.append(\"abstract\")
+except OSError:
+    pass
+print(\"done\", results)
+'",
+        outside = outside.display(),
+        dgram = dgram.display()
+    );
+    let r = s.sh(&c);
+    assert_eq!(r["stdout"].as_str().map(str::trim), Some("done []"), "{r}");
+    let mut buf = [0u8; 64];
+    assert!(listener.recv(&mut buf).is_err(), "a datagram arrived");
+    // A stream pair still works (event loops use them).
+    let ok = s.sh(
+        "python3 -c 'import socket; a, b = socket.socketpair(); a.send(b\"x\"); print(b.recv(1))'",
+    );
+    assert_eq!(ok["stdout"].as_str().map(str::trim), Some("b'x'"), "{ok}");
+}

@@ -15,6 +15,8 @@ pub enum ToolErrorCode {
     LedgerUnavailable,
     ShuttingDown,
     InvalidArguments,
+    /// An answer larger than a door may carry.
+    TooLarge,
     Internal,
 }
 
@@ -30,6 +32,7 @@ impl ToolErrorCode {
             ToolErrorCode::LedgerUnavailable => "ledger_unavailable",
             ToolErrorCode::ShuttingDown => "shutting_down",
             ToolErrorCode::InvalidArguments => "invalid_arguments",
+            ToolErrorCode::TooLarge => "too_large",
             ToolErrorCode::Internal => "internal",
         }
     }
@@ -46,6 +49,7 @@ impl ToolErrorCode {
             ToolErrorCode::LedgerUnavailable => LEDGER_UNAVAILABLE,
             ToolErrorCode::ShuttingDown => SHUTTING_DOWN,
             ToolErrorCode::InvalidArguments => INVALID_PARAMS,
+            ToolErrorCode::TooLarge => INTERNAL_ERROR,
             ToolErrorCode::Internal => INTERNAL_ERROR,
         }
     }

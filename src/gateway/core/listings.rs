@@ -176,10 +176,6 @@ impl<R: Recorder> Core<R> {
 
     /// An event from a worker other than the aggregator: recorded.
     pub(super) fn on_worker_event(&mut self, worker: WorkerId, kind: &str, detail: &str) {
-        // A call's progress, log messages and requests: judged and recorded by the relay.
-        if self.on_relay_event(worker, kind, detail) {
-            return;
-        }
         self.event(
             "worker_event",
             json!({"worker": self.workers[worker].name, "kind": kind, "detail": detail}),

@@ -712,7 +712,30 @@ impl<R: Recorder> Core<R> {
         original: Option<&str>,
     ) {
         self.end_relay(&x);
-        let (text, bytes) = answer.encode(&x.from.id);
+        let (mut text, mut bytes) = answer.encode(&x.from.id);
+        // An answer no door could carry whole is refused, and the row says so, rather than
+        // cut or dropped by the door (which would leave the agent waiting and the row
+        // saying it was answered). The row keeps what the server sent.
+        let (mut too_large, mut server_text) = (None, None);
+        if bytes.len() > self.limits.max_answer_bytes {
+            let message = format!(
+                "the answer is {} bytes, more than gateway.max_answer_bytes ({})",
+                bytes.len(),
+                self.limits.max_answer_bytes
+            );
+            let refusal = refusal_answer(x.routed, ToolErrorCode::TooLarge, &message, None);
+            let (t, b) = refusal.encode(&x.from.id);
+            server_text = Some(std::mem::replace(&mut text, t));
+            bytes = b;
+            too_large = Some(message);
+        }
+        let decision = if too_large.is_some() {
+            decision::ERROR
+        } else {
+            decision
+        };
+        let error = too_large.as_deref().or(error);
+        let original = server_text.as_deref().or(original);
         match decision {
             decision::ALLOWED => self.counters.calls_allowed += 1,
             decision::DENIED => self.counters.calls_denied += 1,

@@ -1091,3 +1091,30 @@ fn duplicate_arguments_keys_keep_what_arrived_on_the_row() {
     assert!(row.arguments.contains(r#""text":"a""#) && row.arguments.contains(r#""text":"b""#));
     assert_eq!(row.forwarded.as_deref(), Some(r#"{"text":"b"}"#));
 }
+
+#[test]
+fn an_answer_larger_than_a_door_carries_is_refused_and_recorded() {
+    let mut h = Harness::new("");
+    h.send(
+        "tools/call",
+        json!({"name": "local__echo", "arguments": {"text": "x"}}),
+    );
+    let (rpc_id, ..) = to_worker(&h.turn()).expect("sent");
+    let big = "a".repeat(1024 * 1024 + 10);
+    h.worker_ok(
+        rpc_id,
+        &json!({"content": [{"type": "text", "text": big}]}).to_string(),
+    );
+    let (bytes, v) = reply(&h.turn()).expect("answered");
+    assert!(bytes.len() < 4096);
+    assert_eq!(
+        v["result"]["structuredContent"]["error"]["code"],
+        "too_large"
+    );
+    let row = h.last_row();
+    assert_eq!(row.decision, "error");
+    assert!(
+        row.original.is_some_and(|o| o.len() > 1024 * 1024),
+        "the row keeps what came"
+    );
+}

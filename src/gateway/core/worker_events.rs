@@ -62,10 +62,18 @@ impl<R: Recorder> Core<R> {
                 }
                 self.complete(call, ok, error, facts);
             }
-            rpc::Message::Event { kind, detail } if self.is_aggregator(worker) => {
-                self.on_upstream_event(worker, &kind, &detail, now)
+            rpc::Message::Event { kind, detail } => {
+                // A call's progress, log messages and requests: judged and recorded by the
+                // relay; the aggregator's other events go through the relisting schedule.
+                if self.on_relay_event(worker, &kind, &detail) {
+                    return;
+                }
+                if self.is_aggregator(worker) {
+                    self.on_upstream_event(worker, &kind, &detail, now);
+                } else {
+                    self.on_worker_event(worker, &kind, &detail);
+                }
             }
-            rpc::Message::Event { kind, detail } => self.on_worker_event(worker, &kind, &detail),
             rpc::Message::Ready { .. } | rpc::Message::Request { .. } => {
                 // The supervisor handles ready; a worker never sends requests.
             }

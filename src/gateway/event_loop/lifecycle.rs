@@ -69,7 +69,21 @@ impl Gateway {
                 self.core.set_policy(Rc::new(policy), now);
                 let mut summary = format!("policy reloaded: {rules} rules");
                 // The HTTP door's settings and certificate follow; on error they stay.
-                if let Some(door) = self.http.as_mut() {
+                // A secret the running workers were not started to hide (a TLS key at a new
+                // path) must not be put to use: the walls are set when a worker starts.
+                let unwalled: Vec<String> = crate::sandbox::secrets::config_secrets(&config)
+                    .into_iter()
+                    .filter(|s| self.supervisor.secrets().iter().all(|k| k.path != s.path))
+                    .map(|s| format!("{} ({})", s.what, s.path.display()))
+                    .collect();
+                if !unwalled.is_empty() && self.http.is_some() {
+                    let why = format!(
+                        "the config names secrets the running workers do not hide: {}; restart toolwall to use them",
+                        unwalled.join(", ")
+                    );
+                    crate::error!("http door kept its previous settings: {why}");
+                    summary.push_str(&format!("; http door kept its previous settings: {why}"));
+                } else if let Some(door) = self.http.as_mut() {
                     match door.reload(&config) {
                         Ok(()) => {
                             // The loop's own [http] limits (connections, timers) follow too.

@@ -248,6 +248,7 @@ impl Gateway {
         protected.extend(
             crate::sandbox::secrets::secret_files(supervisor.secrets()).map(|p| p.to_path_buf()),
         );
+        warn_shared_filesystems(&config);
         let workspaces = crate::workspace::worker_settings(
             &config.workspaces,
             &protected,
@@ -365,5 +366,23 @@ impl Gateway {
         self.stdio = Some(side);
         self.stdio_slot = Some(slot);
         Ok(())
+    }
+}
+
+/// A workspace on the ledger's filesystem can fill it, and a full ledger refuses every
+/// call (fail closed): say so at start, since no quota can be set from here.
+fn warn_shared_filesystems(config: &Config) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(state) = std::fs::metadata(config.state_dir()) else {
+        return;
+    };
+    for (name, ws) in &config.workspaces.0 {
+        if std::fs::metadata(&ws.root).is_ok_and(|m| m.dev() == state.dev()) {
+            crate::warn!(
+                "workspace {name}: its root {} is on the same filesystem as the ledger ({}): a program there that fills the disk stops every call until space is freed; put workspaces on a filesystem of their own (or one with quotas)",
+                ws.root.display(),
+                config.state_dir().display()
+            );
+        }
     }
 }
