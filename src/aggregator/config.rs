@@ -487,7 +487,7 @@ pub fn check_server_name(name: &str) -> Result<(), String> {
     }
     if !valid_server_name(name) {
         return Err(format!(
-            "[servers.{}]: a server name may hold only a-z, 0-9, '_' and '-', and never \"__\"",
+            "[servers.{}]: a server name may hold only a-z, 0-9, '_' and '-', never \"__\", and may not end in '_' (server__tool must name one server)",
             name.escape_debug()
         ));
     }

@@ -258,21 +258,23 @@ impl<R: Recorder> Core<R> {
                 return;
             }
         };
+        // Room for the envelope, the id and the cursor within one answer.
+        let page_bytes = self.limits.max_answer_bytes.saturating_sub(8 * 1024);
         let policy = &self.policy;
         let peer = ctx.peer;
         let process = ctx.process;
-        let result = self
-            .catalog
-            .list_page(kind, cursor.as_deref(), self.page_size, |e| {
-                kind != Kind::Tools
-                    || !policy.hides_tool(
-                        &e.name,
-                        &e.server,
-                        &peer.principal,
-                        peer.transport,
-                        process,
-                    )
-            });
+        let result =
+            self.catalog
+                .list_page(kind, cursor.as_deref(), self.page_size, page_bytes, |e| {
+                    kind != Kind::Tools
+                        || !policy.hides_tool(
+                            &e.name,
+                            &e.server,
+                            &peer.principal,
+                            peer.transport,
+                            process,
+                        )
+                });
         self.event(
             "list",
             json!({"method": method, "principal": ctx.peer.principal, "transport": ctx.peer.transport.as_str()}),

@@ -267,6 +267,7 @@ impl Catalog {
         kind: Kind,
         cursor: Option<&str>,
         page_size: usize,
+        max_bytes: usize,
         mut visible: impl FnMut(&Entry) -> bool,
     ) -> String {
         use std::ops::Bound;
@@ -290,6 +291,15 @@ impl Catalog {
                 continue;
             }
             if count == page_size {
+                more = true;
+                break;
+            }
+            // A page never outgrows what one answer may carry; an item that could not fit
+            // even alone is never listed (an agent could not receive it).
+            if out.len() + entry.json.len() + entry.name.len() + 64 > max_bytes {
+                if entry.json.len() + 64 > max_bytes {
+                    continue;
+                }
                 more = true;
                 break;
             }
@@ -340,9 +350,13 @@ pub fn split_namespaced(name: &str) -> Option<(&str, &str)> {
 }
 
 /// Server names: `[a-z0-9_-]+`, never containing `__`.
+/// A server name: `[a-z0-9_-]+`, never `__`, never ending in `_`. The last rule keeps
+/// `server__tool` unambiguous: with `a_` allowed, `a_` + `__` + `b` and `a` + `__` + `_b`
+/// would both be `a___b` (an attack run sent a call for one server's tool to another).
 pub fn valid_server_name(name: &str) -> bool {
     !name.is_empty()
         && !name.contains(NAMESPACE_SEP)
+        && !name.ends_with('_')
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
@@ -354,6 +368,37 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_page_never_outgrows_one_answer() {
+        let mut c = Catalog::default();
+        let big = "d".repeat(3000);
+        let tools = (0..10)
+            .map(|i| json!({"name": format!("t{i}"), "description": big, "inputSchema": {"type":"object"}}))
+            .chain([json!({"name": "huge", "description": "h".repeat(20_000), "inputSchema": {}})])
+            .collect();
+        assert!(c.set(Kind::Tools, "s", 0, tools).unwrap());
+        let mut seen = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let text = c.list_page(Kind::Tools, cursor.as_deref(), 200, 10_000, |_| true);
+            assert!(text.len() <= 10_000, "{} bytes", text.len());
+            let page: Value = serde_json::from_str(&text).unwrap();
+            for t in page["tools"].as_array().unwrap() {
+                seen.push(t["name"].as_str().unwrap().to_owned());
+            }
+            match page["nextCursor"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => break,
+            }
+        }
+        assert_eq!(
+            seen.len(),
+            10,
+            "every tool that fits, once; the one that cannot, never"
+        );
+        assert!(!seen.iter().any(|n| n == "s__huge"));
+    }
+
+    #[test]
     fn namespaces_and_pages() {
         let mut c = Catalog::default();
         let tools = (0..5)
@@ -361,18 +406,21 @@ mod tests {
             .collect();
         assert!(c.set(Kind::Tools, "local", 0, tools).unwrap());
         assert_eq!(c.get(Kind::Tools, "local__t3").unwrap().upstream, "t3");
-        let p1: Value = serde_json::from_str(&c.list_page(Kind::Tools, None, 2, |_| true)).unwrap();
+        let p1: Value =
+            serde_json::from_str(&c.list_page(Kind::Tools, None, 2, 1 << 20, |_| true)).unwrap();
         assert_eq!(p1["tools"].as_array().unwrap().len(), 2);
         assert_eq!(p1["tools"][0]["name"], "local__t0");
         let cursor = p1["nextCursor"].as_str().unwrap().to_owned();
         let p2: Value =
-            serde_json::from_str(&c.list_page(Kind::Tools, Some(&cursor), 10, |_| true)).unwrap();
+            serde_json::from_str(&c.list_page(Kind::Tools, Some(&cursor), 10, 1 << 20, |_| true))
+                .unwrap();
         assert_eq!(p2["tools"].as_array().unwrap().len(), 3);
         assert!(p2.get("nextCursor").is_none());
         // Hidden entries are skipped, not counted.
-        let p: Value =
-            serde_json::from_str(&c.list_page(Kind::Tools, None, 10, |e| e.upstream != "t1"))
-                .unwrap();
+        let p: Value = serde_json::from_str(
+            &c.list_page(Kind::Tools, None, 10, 1 << 20, |e| e.upstream != "t1"),
+        )
+        .unwrap();
         assert_eq!(p["tools"].as_array().unwrap().len(), 4);
     }
 
@@ -388,7 +436,7 @@ mod tests {
     #[test]
     fn server_names() {
         assert!(valid_server_name("git-hub_2"));
-        for bad in ["", "a__b", "Up", "a b", "é"] {
+        for bad in ["", "a__b", "Up", "a b", "é", "a_"] {
             assert!(!valid_server_name(bad), "{bad}");
         }
     }
