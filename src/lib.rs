@@ -13,6 +13,7 @@ pub mod mcp;
 pub mod pins;
 pub mod policy;
 pub mod sandbox;
+pub mod stdio_server;
 pub mod systemd;
 pub mod tokens;
 pub mod tools;

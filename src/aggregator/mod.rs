@@ -14,7 +14,7 @@ pub mod era;
 pub mod error;
 pub mod exchange;
 pub mod gateway_state;
-mod inline_secret;
+pub(crate) mod inline_secret;
 pub mod listing_pages;
 pub mod message;
 pub mod prepare;
