@@ -178,6 +178,7 @@ fn server(name: &str, url: &str) -> UpstreamSetup {
             .unwrap(),
         ],
         unusable: None,
+        secret_env: vec![],
     }
 }
 

@@ -92,6 +92,7 @@ const SETTING_KEYS: &[&str] = &[
     "pin_retention_secs",
     "state_dir",
     "stderr_lines",
+    "stderr_lines_per_sec",
 ];
 
 /// `[servers]` in the config file.
@@ -129,6 +130,8 @@ pub struct ServersConfig {
     pub state_dir: Option<PathBuf>,
     /// Lines of each local server's stderr kept for `toolwall status NAME`.
     pub stderr_lines: usize,
+    /// stderr lines per second a local server's host sends on (the rest are counted).
+    pub stderr_lines_per_sec: u32,
     /// `[servers.NAME]`, by name.
     pub servers: BTreeMap<String, ServerConfig>,
     /// Keys of `[servers]` that were neither a setting nor a table (refused by `validate`,
@@ -155,6 +158,7 @@ impl Default for ServersConfig {
             pin_retention_secs: DEFAULT_PIN_RETENTION_SECS,
             state_dir: None,
             stderr_lines: crate::stdio_server::config::DEFAULT_STDERR_LINES,
+            stderr_lines_per_sec: crate::stdio_server::hosting::STDERR_LINES_PER_SEC,
             servers: BTreeMap::new(),
             not_tables: Vec::new(),
         }
@@ -333,6 +337,7 @@ impl<'de> Visitor<'de> for ServersVisitor {
                 "pin_retention_secs" => cfg.pin_retention_secs = map.next_value()?,
                 "state_dir" => cfg.state_dir = Some(map.next_value()?),
                 "stderr_lines" => cfg.stderr_lines = map.next_value()?,
+                "stderr_lines_per_sec" => cfg.stderr_lines_per_sec = map.next_value()?,
                 _ => match map.next_value::<ServerEntry>()? {
                     ServerEntry::Table(server) => {
                         cfg.servers.insert(key, *server);

@@ -9,6 +9,7 @@
 //! exchange), and the sans-IO cores [`sse`], [`era`], [`message`], [`listing_pages`].
 
 pub mod budget;
+pub mod channel;
 pub mod config;
 pub mod era;
 pub mod error;

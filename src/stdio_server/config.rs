@@ -159,6 +159,14 @@ pub fn valid_env_name(name: &str) -> bool {
         && name.len() <= 256
 }
 
+/// A value that looks like a credential; a path (`/…`, `./…`, `../…`, `~/…`) does not,
+/// however long and mixed its file names.
+fn looks_like_secret(value: &str) -> bool {
+    let v = value.trim();
+    let path = ["/", "./", "../", "~/"].iter().any(|p| v.starts_with(p));
+    !path && inline_secret::looks_like_secret(v)
+}
+
 /// An argument of the form `--token=VALUE` (or `-p=VALUE`) whose name suggests a secret.
 fn flag_holds_secret(arg: &str) -> bool {
     let Some((flag, value)) = arg.split_once('=') else {
@@ -207,7 +215,12 @@ pub fn validate(name: &str, s: &ServerConfig) -> Result<(), String> {
                 "{key}: an argument must be at most {MAX_ARG_BYTES} bytes without NUL (it is not shown)"
             ));
         }
-        if inline_secret::looks_like_secret(arg) || flag_holds_secret(arg) {
+        // `--flag=VALUE`: the value is what may be a credential.
+        let value = match arg.split_once('=') {
+            Some((flag, v)) if flag.starts_with('-') => v,
+            _ => arg.as_str(),
+        };
+        if looks_like_secret(value) || flag_holds_secret(arg) {
             return Err(format!(
                 "{key} looks like a credential; credentials never go in the config: put it in a file named by secret_env (or a variable of secret_env_from) and let the server read it from its environment (the value is not shown)"
             ));
@@ -254,7 +267,7 @@ pub fn validate(name: &str, s: &ServerConfig) -> Result<(), String> {
             ));
         }
         let secret_name = inline_secret::key_suggests_secret(var) && !value.is_empty();
-        if secret_name || inline_secret::looks_like_secret(value) {
+        if secret_name || looks_like_secret(value) {
             return Err(format!(
                 "{}.{var} looks like a credential; credentials never go in the config: use secret_env = {{ {var} = \"/path/to/file\" }} or secret_env_from = [\"{var}\"] (the value is not shown)",
                 at("env")
@@ -375,6 +388,9 @@ pub fn validate_settings(servers: &ServersConfig) -> Result<(), String> {
         return Err(format!(
             "servers.stderr_lines must be from 1 to {MAX_STDERR_LINES}"
         ));
+    }
+    if servers.stderr_lines_per_sec == 0 || servers.stderr_lines_per_sec > 10_000 {
+        return Err("servers.stderr_lines_per_sec must be from 1 to 10000".into());
     }
     if let Some(dir) = &servers.state_dir
         && dir.as_os_str().is_empty()
@@ -610,7 +626,7 @@ start_timeout_secs = 5
             assert!(!err.contains("hunter2"), "printed it: {err}");
         }
         // Ordinary arguments and values pass.
-        let ok = "[servers.a]\ncommand = [\"npx\", \"-y\", \"@modelcontextprotocol/server-filesystem\", \"/srv/project\", \"--port=8080\"]\nenv = { LOG_LEVEL = \"debug\", NODE_ENV = \"production\" }\n";
+        let ok = "[servers.a]\ncommand = [\"npx\", \"-y\", \"@modelcontextprotocol/server-filesystem\", \"/srv/project\", \"--port=8080\", \"/work/wt/i16/tests/fixtures/stdio_server2024.py\", \"--config=./conf/v2024abcdefghijklmnopq.json\"]\nenv = { LOG_LEVEL = \"debug\", NODE_ENV = \"production\" }\n";
         load(ok).unwrap();
     }
 
