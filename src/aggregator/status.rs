@@ -127,6 +127,9 @@ impl UpstreamBoard {
                     .get("pid")
                     .and_then(Value::as_i64)
                     .filter(|_| running);
+                if let Some(n) = detail.get("starts").and_then(Value::as_u64) {
+                    entry.starts = n;
+                }
                 None
             }
             "list_changed" => {

@@ -18,7 +18,7 @@ pub struct Flag {
 /// One subcommand.
 pub struct Command {
     pub words: &'static [&'static str],
-    /// Names of required positional arguments, in order.
+    /// Names of positional arguments, in order; `[NAME]` is optional (only at the end).
     pub positional: &'static [&'static str],
     /// The flags it accepts besides `--config` and `--help`.
     pub flags: &'static [&'static str],
@@ -148,10 +148,10 @@ pub const COMMANDS: &[Command] = &[
     },
     Command {
         words: &["status"],
-        positional: &[],
+        positional: &["[SERVER]"],
         flags: &["json"],
         group: "Daemon (over the admin socket)",
-        summary: "Workers, confinement, counters, ledger health",
+        summary: "Workers, confinement, counters, ledger health; with SERVER, that server's state, its host's probes and a local server's last stderr lines",
     },
     Command {
         words: &["reload"],
@@ -352,7 +352,12 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Outcome, String
     };
     let name = command.words.join(" ");
     let positional: Vec<String> = words[command.words.len()..].to_vec();
-    if positional.len() != command.positional.len() {
+    let required = command
+        .positional
+        .iter()
+        .filter(|p| !p.starts_with('['))
+        .count();
+    if positional.len() < required || positional.len() > command.positional.len() {
         return Err(format!(
             "toolwall {name} takes {}; see toolwall {name} --help",
             match command.positional {

@@ -64,6 +64,17 @@ fn run() -> Result<i32, String> {
             }
             Ok(if reply["ok"] == true { 0 } else { 1 })
         }
+        ["status", server] => {
+            let config = load(config_path)?;
+            let request = serde_json::json!({"op": "status", "server": server});
+            let reply = admin_request(&config, &request)?;
+            if json_out {
+                println!("{reply}");
+            } else {
+                print!("{}", format::format_server_status(&reply));
+            }
+            Ok(if reply["ok"] == true { 0 } else { 1 })
+        }
         ["reload"] => {
             let config = load(config_path)?;
             let reply = admin_request(&config, &serde_json::json!({"op": "reload"}))?;

@@ -195,8 +195,6 @@ fn channel_factory(
             .ok_or_else(|| "the server's channel exists already".to_string())?;
         let s = &settings;
         let cwd = s.cwd();
-        let program = resolve_program(&s.command[0], &s.path_var(), &cwd)
-            .map_err(|e| format!("server {}: {e}", s.name))?;
         let env: Vec<String> = child_env(&s.env, &s.state_dir, &setup.secret_env)
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
@@ -208,8 +206,8 @@ fn channel_factory(
             .collect();
         let cfg = LinkConfig {
             server: s.name.clone(),
-            program,
             argv: s.command.clone(),
+            path: s.path_var(),
             cwd,
             env,
             secrets,

@@ -47,9 +47,10 @@ const EXIT_REPORT_WAIT: Duration = Duration::from_millis(300);
 /// What the host knows about running its server.
 pub struct LinkConfig {
     pub server: String,
-    /// The program, resolved on `PATH`, and its arguments (`argv[0]` as configured).
-    pub program: PathBuf,
+    /// The program's arguments (`argv[0]` as configured, found on `path` at each start).
     pub argv: Vec<String>,
+    /// The program's `PATH`.
+    pub path: String,
     pub cwd: PathBuf,
     /// `NAME=value`, secrets included.
     pub env: Vec<String>,
@@ -193,8 +194,15 @@ impl StdioLink {
 
     fn start(&self) -> Result<Arc<Instance>, UpstreamError> {
         let fail = |what: String| self.error(UpstreamErrorCode::ServerDown, what);
+        // Found again at each start: a runtime or package installed meanwhile is used.
+        let program = super::host::resolve_program(
+            self.cfg.argv.first().map_or("", String::as_str),
+            &self.cfg.path,
+            &self.cfg.cwd,
+        )
+        .map_err(fail)?;
         let mut spec = LaunchSpec::program(
-            &self.cfg.program,
+            &program,
             &self.cfg.argv,
             &self.cfg.cwd,
             &self.cfg.env,
@@ -231,6 +239,7 @@ impl StdioLink {
             ),
             secrets: self.cfg.secrets.clone(),
             events: Arc::clone(&self.events),
+            start: n,
         };
         if let Err(e) = std::thread::Builder::new()
             .name("server-out".into())
@@ -558,6 +567,8 @@ struct Reader {
     stderr_log: StderrLog,
     secrets: Vec<(String, String)>,
     events: EventSink,
+    /// Which start of the program this is (1 for the first).
+    start: u64,
 }
 
 impl Reader {
@@ -807,7 +818,8 @@ impl Reader {
         let sh = self.inst.lock();
         (self.events)(
             "server_process",
-            json!({"server": self.server, "pid": sh.pid, "running": sh.broken.is_none()}),
+            json!({"server": self.server, "pid": sh.pid, "running": sh.broken.is_none(),
+                   "starts": self.start}),
         );
     }
 }
