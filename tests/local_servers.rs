@@ -661,3 +661,162 @@ fn reload_restarts_only_the_servers_whose_configuration_changed() {
     assert_eq!(b2["pid"], b["pid"], "an unchanged server keeps running");
     assert_eq!(b2["starts"], 1, "{b2}");
 }
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The npm packages' directory (`scripts/install-test-deps.sh node`).
+fn node_modules() -> PathBuf {
+    repo().join("target/third-party/node_modules")
+}
+
+#[test]
+fn the_reference_filesystem_server_lists_and_reads_what_it_was_granted_only() {
+    common::deps::ensure(&["node"]);
+    let dir = open_dir();
+    let granted = dir.path().join("project");
+    std::fs::create_dir_all(granted.join("src")).unwrap();
+    std::fs::write(granted.join("README.md"), "hello from the project\n").unwrap();
+    std::fs::write(dir.path().join("outside.txt"), "not yours\n").unwrap();
+    common::give_to_agent(&granted);
+    let nm = node_modules();
+    let servers = format!(
+        r#"[servers.fs]
+command = ["{bin}", "{granted}"]
+env = {{ PATH = "{nm}/node/bin:/usr/bin:/bin" }}
+read_paths = ["{nm}", "{granted}"]
+start_timeout_secs = 30
+"#,
+        bin = nm.join(".bin/mcp-server-filesystem").display(),
+        granted = granted.display(),
+        nm = nm.display(),
+    );
+    let gw = start(dir, &servers);
+    wait_tool(&gw, "fs__read_text_file");
+    let mut c = gw.connect();
+    let list = c.tool("fs__list_directory", json!({"path": granted}));
+    let listing = text(&list);
+    assert!(
+        listing.contains("README.md") && listing.contains("src"),
+        "{list}"
+    );
+    let read = c.tool(
+        "fs__read_text_file",
+        json!({"path": granted.join("README.md")}),
+    );
+    assert!(text(&read).contains("hello from the project"), "{read}");
+    // Outside its directory: refused (by the server, and under it by the kernel).
+    let outside = c.tool(
+        "fs__read_text_file",
+        json!({"path": gw.dir.path().join("outside.txt")}),
+    );
+    assert!(is_tool_error(&outside), "{outside}");
+    assert!(!text(&outside).contains("not yours"), "{outside}");
+    // The server allows writing its directory; the walls do not (read_paths only).
+    let write = c.tool(
+        "fs__write_file",
+        json!({"path": granted.join("new.txt"), "content": "x"}),
+    );
+    assert!(is_tool_error(&write), "{write}");
+    assert!(!granted.join("new.txt").exists());
+    let entry = wait_server(&gw, "fs", "up", |s| s["state"] == "up");
+    assert!(entry["pid"].is_i64(), "{entry}");
+}
+
+#[test]
+fn the_reference_everything_server_over_stdio() {
+    common::deps::ensure(&["node"]);
+    let dir = open_dir();
+    let nm = node_modules();
+    let servers = format!(
+        r#"[servers.every]
+command = ["{bin}", "stdio"]
+env = {{ PATH = "{nm}/node/bin:/usr/bin:/bin" }}
+read_paths = ["{nm}"]
+start_timeout_secs = 30
+pin = "off"
+"#,
+        bin = nm.join(".bin/mcp-server-everything").display(),
+        nm = nm.display(),
+    );
+    let gw = start(dir, &servers);
+    wait_tool(&gw, "every__echo");
+    let mut c = gw.connect();
+    let r = c.tool(
+        "every__echo",
+        json!({"message": "from the everything server"}),
+    );
+    assert!(text(&r).contains("from the everything server"), "{r}");
+    let sum = c.tool("every__get-sum", json!({"a": 2, "b": 3}));
+    assert!(text(&sum).contains('5'), "{sum}");
+    let prompts = c.call("prompts/list", json!({}));
+    assert!(
+        prompts["result"]["prompts"].as_array().is_some_and(|p| p
+            .iter()
+            .any(|p| p["name"].as_str().is_some_and(|n| n.starts_with("every__")))),
+        "{prompts}"
+    );
+}
+
+#[test]
+fn the_official_python_sdk_server_over_stdio_in_both_eras() {
+    common::deps::ensure(&["python"]);
+    let dir = open_dir();
+    // The SDK's venv may be built on an interpreter the agent user cannot reach (pyenv
+    // under /root): the system's Python 3.11 runs it with the venv's packages, as an
+    // operator would run it.
+    let venv = repo().join("target/mcp-venv");
+    let site = venv.join("lib/python3.11/site-packages");
+    let table = |name: &str, era: &str| {
+        format!(
+            r#"[servers.{name}]
+command = ["/usr/bin/python3", "{script}", "stdio"]
+env = {{ PYTHONPATH = "{site}" }}
+read_paths = ["{venv}", "{fixtures}"]
+era = "{era}"
+start_timeout_secs = 30
+"#,
+            site = site.display(),
+            script = repo().join("tests/fixtures/sdk_server.py").display(),
+            venv = venv.display(),
+            fixtures = fixtures_dir().display(),
+        )
+    };
+    // The SDK serves the 2026-07-28 era over stdio too (server/discover answers before
+    // initialize); its URI is owned by the first one, or neither would serve it.
+    let servers = format!(
+        "{}discover_timeout_ms = 60000\nowns_resources = [\"sdk://*\"]\n\n{}",
+        table("sdk", "auto"),
+        table("sdkold", "legacy")
+    );
+    let gw = start(dir, &servers);
+    for name in ["sdk", "sdkold"] {
+        wait_tool(&gw, &format!("{name}__add"));
+        let mut c = gw.connect();
+        let r = c.tool(&format!("{name}__add"), json!({"a": 2, "b": 40}));
+        assert!(text(&r).contains("42"), "{name}: {r}");
+        let r = c.tool(&format!("{name}__shout"), json!({"text": "quiet"}));
+        assert!(text(&r).contains("QUIET"), "{name}: {r}");
+    }
+    let auto = wait_server(&gw, "sdk", "up", |s| s["state"] == "up");
+    let legacy = wait_server(&gw, "sdkold", "up", |s| s["state"] == "up");
+    assert!(
+        legacy["era"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("legacy"),
+        "{legacy}"
+    );
+    assert!(
+        auto["era"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("modern"),
+        "{auto}"
+    );
+    let read = gw
+        .connect()
+        .call("resources/read", json!({"uri": "sdk://greeting"}));
+    assert!(read.to_string().contains("hello from the SDK"), "{read}");
+}

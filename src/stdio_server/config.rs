@@ -26,7 +26,9 @@ pub const DEFAULT_STOP_GRACE_MS: u64 = 2000;
 pub const MAX_STOP_GRACE_MS: u64 = 60_000;
 /// Default of `[servers.NAME] discover_timeout_ms`: how long a `server/discover` probe
 /// waits before the server is taken for a legacy one (which may not answer it at all).
-pub const DEFAULT_DISCOVER_TIMEOUT_MS: u64 = 3000;
+/// The probe is the program's first message, so this covers its start too (an
+/// interpreter loading its packages on a busy machine takes seconds).
+pub const DEFAULT_DISCOVER_TIMEOUT_MS: u64 = 10_000;
 /// Default of `[servers.NAME] max_processes` (RLIMIT_NPROC of the server's programs).
 pub const DEFAULT_MAX_PROCESSES: u64 = 4096;
 /// Default of `[servers.NAME] max_file_size_bytes` (RLIMIT_FSIZE).
