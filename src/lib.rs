@@ -7,6 +7,7 @@ pub mod aggregator;
 pub mod cli;
 pub mod config;
 pub mod gateway;
+pub mod import;
 pub mod launcher;
 pub mod ledger;
 pub mod mcp;

@@ -124,6 +124,18 @@ pub const FLAGS: &[Flag] = &[
         help: "30d, 12h, ... or never (default never)",
     },
     Flag {
+        long: "write",
+        short: None,
+        value: Some("CONFIG"),
+        help: "Merge the imported servers into this toolwall config (refused when a name is taken; the previous file is kept as CONFIG.toolwall-backup)",
+    },
+    Flag {
+        long: "rewrite-client",
+        short: None,
+        value: None,
+        help: "Replace the imported servers in the client's file with one toolwall entry (the previous file is kept as FILE.toolwall-backup; the diff is printed)",
+    },
+    Flag {
         long: "digest",
         short: None,
         value: Some("SHA256"),
@@ -194,6 +206,13 @@ pub const COMMANDS: &[Command] = &[
         flags: &["digest", "json"],
         group: "Daemon (over the admin socket)",
         summary: "Approve exactly the waiting definition with that digest",
+    },
+    Command {
+        words: &["import"],
+        positional: &["FILE"],
+        flags: &["write", "rewrite-client"],
+        group: "Files (no daemon needed)",
+        summary: "Print an agent client's MCP servers (Claude Code .mcp.json or ~/.claude.json, Cursor mcp.json, VS Code .vscode/mcp.json, Codex config.toml) as [servers.*] tables; secrets go to 0600 files in the state directory",
     },
     Command {
         words: &["token", "create"],

@@ -103,6 +103,24 @@ fn run() -> Result<i32, String> {
             let reply = admin_request(&config, &request)?;
             admin_outcome(&reply, json_out)
         }
+        ["import", file] => {
+            // The secrets go to the state directory of the config merged into, else of
+            // --config.
+            let write = parsed.flag("write").map(PathBuf::from);
+            let config = match &write {
+                Some(target) if target.exists() => {
+                    Config::from_file(target).map_err(|e| e.to_string())?
+                }
+                _ => load(config_path.clone())?,
+            };
+            crate::import::run(&crate::import::ImportRequest {
+                file: std::path::Path::new(file),
+                write: write.as_deref(),
+                rewrite_client: parsed.switch("rewrite-client"),
+                config: &config,
+                config_path: config_path.clone().or_else(|| config.source.clone()),
+            })
+        }
         ["token", "create"] => {
             let config = load(config_path)?;
             let principal = parsed

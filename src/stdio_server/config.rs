@@ -163,7 +163,7 @@ pub fn valid_env_name(name: &str) -> bool {
 
 /// A value that looks like a credential; a path (`/…`, `./…`, `../…`, `~/…`) does not,
 /// however long and mixed its file names.
-fn looks_like_secret(value: &str) -> bool {
+pub fn looks_like_secret(value: &str) -> bool {
     let v = value.trim();
     let path = ["/", "./", "../", "~/"].iter().any(|p| v.starts_with(p));
     !path && inline_secret::looks_like_secret(v)
