@@ -294,6 +294,18 @@ fn faults_mid_call_fail_at_once_and_the_server_starts_again() {
     let r = c.tool("fx__echo", json!({"text": "again"}));
     assert_eq!(text(&r), "again", "{r}");
 
+    // A call the program does not answer within timeout_secs fails, naming the key; the
+    // program goes on serving.
+    let slow = c.tool("fx__sleep", json!({"secs": 10}));
+    assert!(is_tool_error(&slow), "{slow}");
+    let m = error_message(&slow);
+    assert!(
+        m.contains("no answer within 3 s") && m.contains("servers.fx.timeout_secs"),
+        "{m}"
+    );
+    let r = c.tool("fx__echo", json!({"text": "still up"}));
+    assert_eq!(text(&r), "still up", "{r}");
+
     // Garbage on stdout in the middle of a call.
     let junk = c.tool("fx__garbage", json!({}));
     assert!(is_tool_error(&junk), "{junk}");

@@ -10,6 +10,11 @@ use serde_json::Value;
 
 use super::error::UpstreamError;
 use super::exchange::{Notice, Reply, Transport};
+use super::message::RpcFailure;
+
+/// What a request sent with [`LineChannel::post_detached`] gets, on the channel's own
+/// thread: the answer, or why there is none.
+pub type Detached = Box<dyn FnOnce(Result<Result<String, RpcFailure>, UpstreamError>) + Send>;
 
 /// A newline-delimited JSON-RPC channel to a program toolwall runs (MCP's stdio
 /// transport). Every call is bounded in time; none blocks on a program that stopped
@@ -34,6 +39,11 @@ pub trait LineChannel: Send + Sync {
         body: Option<&[u8]>,
         notice: &mut dyn FnMut(Notice),
     ) -> Result<(), UpstreamError>;
+    /// Send request `want` without a thread waiting for it: `done` is called once, with
+    /// its answer or its error (the program broke, `timeout_secs` passed). `Err(done)`
+    /// when it cannot be sent that way now without blocking (the program is not up, or
+    /// its stdin is busy or full): the caller waits for it the usual way.
+    fn post_detached(&self, body: &[u8], want: u64, done: Detached) -> Result<(), Detached>;
     /// Facts for `toolwall status` (pid, starts), merged into `upstream_state` events.
     fn describe(&self) -> Value;
     /// The server was found to speak the legacy era: its next start skips the probe.

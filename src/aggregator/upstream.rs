@@ -718,6 +718,61 @@ impl Upstream {
         (r, notices)
     }
 
+    /// `tools/call` without a thread waiting for it, over a line channel whose server is
+    /// up: `done` gets the outcome on the channel's thread, and true is returned. False
+    /// (and `done` dropped) when it cannot go that way now (an HTTP server, a server not
+    /// up, a busy stdin): the caller queues the call for the pool instead.
+    pub fn call_tool_detached(
+        self: &Arc<Self>,
+        tool: &str,
+        arguments: &str,
+        done: Box<dyn FnOnce(Result<String, UpstreamError>) + Send>,
+    ) -> bool {
+        let Some(Channel::Lines(channel)) = &self.transport else {
+            return false;
+        };
+        let era = {
+            let st = self.lock();
+            match (&st.phase, &st.era) {
+                (Phase::Up, Some(era)) => era.clone(),
+                _ => return false,
+            }
+        };
+        let Ok(arguments) = serde_json::from_str::<Box<RawValue>>(arguments) else {
+            return false;
+        };
+        let params = Params::ToolCall {
+            name: tool.to_owned(),
+            arguments,
+        };
+        let Ok((text, _)) = Self::params_text(&era, &params) else {
+            return false;
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = request_body(id, "tools/call", text.as_deref());
+        let me = Arc::clone(self);
+        let finish: super::channel::Detached = Box::new(move |answer| {
+            let result = match answer {
+                Ok(a) => me.outcome(
+                    "tools/call",
+                    Reply {
+                        status: 200,
+                        session_id: None,
+                        answer: Some(a),
+                    },
+                ),
+                Err(e) => {
+                    if e.code.means_unreachable() {
+                        me.suspect();
+                    }
+                    Err(e)
+                }
+            };
+            done(result);
+        });
+        channel.post_detached(&body, id, finish).is_ok()
+    }
+
     /// `resources/read` or `prompts/get` with the params the gateway forwarded.
     pub fn forward(&self, method: &str, params: Value) -> Result<String, UpstreamError> {
         let mut notices = Notices::default();

@@ -49,6 +49,7 @@ struct Job {
 }
 
 struct Server {
+    upstream: Arc<Upstream>,
     jobs: SyncSender<Job>,
     queue: usize,
     threads: usize,
@@ -150,6 +151,28 @@ impl AggregatorRole {
                 ),
             ));
         };
+        // A local server's tool call goes straight to its program when it can: no pool
+        // thread waits for it, its answer comes back from the channel's reader.
+        if op == Op::CallTool && !item.is_empty() {
+            let outbox = Arc::clone(&self.outbox);
+            let waker = Arc::clone(&self.waker);
+            let name = server_name.to_owned();
+            let done = Box::new(move |result: Result<String, UpstreamError>| {
+                let facts = json!({"server": name, "notifications": {}}).to_string();
+                let mut msg = match result {
+                    Ok(r) => response_ok(id, r, None),
+                    Err(e) => response_err(id, &e),
+                };
+                if let Message::Response { facts: f, .. } = &mut msg {
+                    *f = Some(facts);
+                }
+                push(&outbox, &waker, msg);
+            });
+            let arguments = args.as_deref().unwrap_or("{}");
+            if server.upstream.call_tool_detached(item, arguments, done) {
+                return None;
+            }
+        }
         let job = Job {
             id,
             op,
@@ -254,6 +277,7 @@ impl AggregatorRole {
             servers.insert(
                 s.name.clone(),
                 Server {
+                    upstream: Arc::clone(&upstream),
                     jobs,
                     queue,
                     threads,

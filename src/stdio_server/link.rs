@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use super::lines::{LineSplitter, Overflow, Piece};
 use super::stderr_log::{StderrLog, redact};
-use crate::aggregator::channel::LineChannel;
+use crate::aggregator::channel::{Detached, LineChannel};
 use crate::aggregator::error::{UpstreamError, UpstreamErrorCode, quote_upstream};
 use crate::aggregator::exchange::{Notice, Reply};
 use crate::aggregator::message::{Incoming, RpcFailure, classify};
@@ -76,6 +76,8 @@ type Answer = Result<String, RpcFailure>;
 struct Shared {
     /// Requests in flight, by id, and their answer once it came.
     waiting: HashMap<u64, Option<Answer>>,
+    /// Requests nobody waits for: their deadline and who gets the answer.
+    detached: HashMap<u64, (Instant, Detached)>,
     /// The program has answered something: requests are bounded by `timeout` from now on
     /// (before, by `start_timeout` from its start).
     answered: bool,
@@ -103,14 +105,42 @@ impl Instance {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Broken (the first reason wins): every waiter wakes and fails.
+    /// Broken (the first reason wins): every waiter wakes and fails, every detached
+    /// request gets the error.
     fn break_with(&self, e: UpstreamError) {
         let mut sh = self.lock();
-        if sh.broken.is_none() {
-            sh.broken = Some(e);
-        }
+        let reason = sh.broken.get_or_insert(e).clone();
+        let detached: Vec<Detached> = sh.detached.drain().map(|(_, (_, d))| d).collect();
         drop(sh);
         self.cond.notify_all();
+        for d in detached {
+            d(Err(reason.clone()));
+        }
+    }
+
+    /// Detached requests past their deadline fail with a timeout.
+    fn expire(&self, now: Instant, timeout: Duration, server: &str) {
+        let expired: Vec<Detached> = {
+            let mut sh = self.lock();
+            let ids: Vec<u64> = sh
+                .detached
+                .iter()
+                .filter(|(_, (at, _))| *at <= now)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter()
+                .filter_map(|id| sh.detached.remove(id).map(|(_, d)| d))
+                .collect()
+        };
+        for d in expired {
+            d(Err(UpstreamError::new(
+                UpstreamErrorCode::Timeout,
+                format!(
+                    "server {server}: no answer within {} s (servers.{server}.timeout_secs)",
+                    timeout.as_secs()
+                ),
+            )));
+        }
     }
 
     fn broken(&self) -> Option<UpstreamError> {
@@ -240,6 +270,7 @@ impl StdioLink {
             secrets: self.cfg.secrets.clone(),
             events: Arc::clone(&self.events),
             start: n,
+            timeout: self.cfg.timeout,
         };
         if let Err(e) = std::thread::Builder::new()
             .name("server-out".into())
@@ -519,6 +550,65 @@ impl LineChannel for StdioLink {
         }
     }
 
+    fn post_detached(&self, body: &[u8], want: u64, done: Detached) -> Result<(), Detached> {
+        let Ok(inst) = self.live() else {
+            return Err(done);
+        };
+        if !inst.lock().answered || body.contains(&b'\n') {
+            return Err(done);
+        }
+        // Never block the caller (the host's loop): the stdin must be free and the pipe
+        // must have room for the whole line.
+        let Ok(guard) = inst.stdin.try_lock() else {
+            return Err(done);
+        };
+        let Some(fd) = guard.as_ref() else {
+            return Err(done);
+        };
+        let len = body.len() + 1;
+        let raw = fd.as_raw_fd();
+        let mut unread: libc::c_int = 0;
+        // SAFETY: fcntl and ioctl on our own pipe, with a valid out-pointer.
+        let (capacity, queued) = unsafe {
+            (
+                libc::fcntl(raw, libc::F_GETPIPE_SZ),
+                libc::ioctl(raw, libc::FIONREAD, &mut unread),
+            )
+        };
+        if capacity < 0 || queued < 0 || (capacity - unread).max(0) as usize <= len {
+            return Err(done);
+        }
+        let mut line = Vec::with_capacity(len);
+        line.extend_from_slice(body);
+        line.push(b'\n');
+        inst.lock()
+            .detached
+            .insert(want, (Instant::now() + self.cfg.timeout, done));
+        let mut written = 0;
+        while written < line.len() {
+            // SAFETY: writing from a valid buffer to our own non-blocking pipe.
+            let n =
+                unsafe { libc::write(raw, line[written..].as_ptr().cast(), line.len() - written) };
+            if n > 0 {
+                written += n as usize;
+                continue;
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            drop(guard);
+            // The room was there a moment ago: the program broke the pipe.
+            inst.break_with(self.error(
+                UpstreamErrorCode::ConnectFailed,
+                format!("writing to its stdin: {err}"),
+            ));
+            inst.signal(b'K');
+            return Ok(());
+        }
+        Ok(())
+    }
+
     fn describe(&self) -> Value {
         let (pid, running) = match self.current() {
             Some(inst) => {
@@ -569,6 +659,8 @@ struct Reader {
     events: EventSink,
     /// Which start of the program this is (1 for the first).
     start: u64,
+    /// Detached requests fail after this.
+    timeout: Duration,
 }
 
 impl Reader {
@@ -679,6 +771,7 @@ impl Reader {
             if now.saturating_duration_since(last_batch) >= STDERR_BATCH_EVERY {
                 last_batch = now;
                 self.send_stderr();
+                self.inst.expire(now, self.timeout, &self.server);
             }
             // The leader reported the program's exit (every process of it is gone).
             if !status_open {
@@ -757,6 +850,9 @@ impl Reader {
                     *slot = Some(a);
                     drop(sh);
                     self.inst.cond.notify_all();
+                } else if let Some((_, done)) = id.and_then(|id| sh.detached.remove(&id)) {
+                    drop(sh);
+                    done(Ok(a));
                 }
             }
             Ok(Incoming::Notification { method, params }) => {
