@@ -18,7 +18,7 @@ pub struct Flag {
 /// One subcommand.
 pub struct Command {
     pub words: &'static [&'static str],
-    /// Names of required positional arguments, in order.
+    /// Names of positional arguments, in order; `[NAME]` is optional (only at the end).
     pub positional: &'static [&'static str],
     /// The flags it accepts besides `--config` and `--help`.
     pub flags: &'static [&'static str],
@@ -124,6 +124,18 @@ pub const FLAGS: &[Flag] = &[
         help: "30d, 12h, ... or never (default never)",
     },
     Flag {
+        long: "write",
+        short: None,
+        value: Some("CONFIG"),
+        help: "Merge the imported servers into this toolwall config (refused when a name is taken; the previous file is kept as CONFIG.toolwall-backup)",
+    },
+    Flag {
+        long: "rewrite-client",
+        short: None,
+        value: None,
+        help: "Replace the imported servers in the client's file with one toolwall entry (the previous file is kept as FILE.toolwall-backup; the diff is printed)",
+    },
+    Flag {
         long: "digest",
         short: None,
         value: Some("SHA256"),
@@ -148,10 +160,10 @@ pub const COMMANDS: &[Command] = &[
     },
     Command {
         words: &["status"],
-        positional: &[],
+        positional: &["[SERVER]"],
         flags: &["json"],
         group: "Daemon (over the admin socket)",
-        summary: "Workers, confinement, counters, ledger health",
+        summary: "Workers, confinement, counters, ledger health; with SERVER, that server's state, its host's probes and a local server's last stderr lines",
     },
     Command {
         words: &["reload"],
@@ -194,6 +206,13 @@ pub const COMMANDS: &[Command] = &[
         flags: &["digest", "json"],
         group: "Daemon (over the admin socket)",
         summary: "Approve exactly the waiting definition with that digest",
+    },
+    Command {
+        words: &["import"],
+        positional: &["FILE"],
+        flags: &["write", "rewrite-client"],
+        group: "Files (no daemon needed)",
+        summary: "Print an agent client's MCP servers (Claude Code .mcp.json or ~/.claude.json, Cursor mcp.json, VS Code .vscode/mcp.json, Codex config.toml) as [servers.*] tables; secrets go to 0600 files in the state directory",
     },
     Command {
         words: &["token", "create"],
@@ -352,7 +371,12 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Outcome, String
     };
     let name = command.words.join(" ");
     let positional: Vec<String> = words[command.words.len()..].to_vec();
-    if positional.len() != command.positional.len() {
+    let required = command
+        .positional
+        .iter()
+        .filter(|p| !p.starts_with('['))
+        .count();
+    if positional.len() < required || positional.len() > command.positional.len() {
         return Err(format!(
             "toolwall {name} takes {}; see toolwall {name} --help",
             match command.positional {

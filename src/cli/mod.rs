@@ -64,6 +64,17 @@ fn run() -> Result<i32, String> {
             }
             Ok(if reply["ok"] == true { 0 } else { 1 })
         }
+        ["status", server] => {
+            let config = load(config_path)?;
+            let request = serde_json::json!({"op": "status", "server": server});
+            let reply = admin_request(&config, &request)?;
+            if json_out {
+                println!("{reply}");
+            } else {
+                print!("{}", format::format_server_status(&reply));
+            }
+            Ok(if reply["ok"] == true { 0 } else { 1 })
+        }
         ["reload"] => {
             let config = load(config_path)?;
             let reply = admin_request(&config, &serde_json::json!({"op": "reload"}))?;
@@ -91,6 +102,24 @@ fn run() -> Result<i32, String> {
             };
             let reply = admin_request(&config, &request)?;
             admin_outcome(&reply, json_out)
+        }
+        ["import", file] => {
+            // The secrets go to the state directory of the config merged into, else of
+            // --config.
+            let write = parsed.flag("write").map(PathBuf::from);
+            let config = match &write {
+                Some(target) if target.exists() => {
+                    Config::from_file(target).map_err(|e| e.to_string())?
+                }
+                _ => load(config_path.clone())?,
+            };
+            crate::import::run(&crate::import::ImportRequest {
+                file: std::path::Path::new(file),
+                write: write.as_deref(),
+                rewrite_client: parsed.switch("rewrite-client"),
+                config: &config,
+                config_path: config_path.clone().or_else(|| config.source.clone()),
+            })
         }
         ["token", "create"] => {
             let config = load(config_path)?;
