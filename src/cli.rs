@@ -39,6 +39,8 @@ Tokens for the HTTP door (stored as hashes in the ledger database):
 Files (no daemon needed):
   ledger tail [-n N] [--json] [--ledger FILE]
                              Recent tool calls from the ledger
+  ledger verify [--ledger FILE] [--json]
+                             Check the ledger's hash chain; see `toolwall ledger --help`
   policy check               Validate the policy (config, corp layer); non-zero on any fault
   policy explain --tool NAME [--args JSON] [--principal P] [--transport T]
                  [--process P] [--method M] [--resource URI]
@@ -66,12 +68,14 @@ pub fn main() -> i32 {
 }
 
 fn run() -> Result<i32, String> {
-    let mut parser = lexopt::Parser::from_env();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if crate::ledger::cli::is_ledger_command(&args) {
+        return crate::ledger::cli::run(args);
+    }
+    let mut parser = lexopt::Parser::from_args(args);
     let mut command: Vec<String> = Vec::new();
     let mut config_path: Option<PathBuf> = None;
     let mut json_out = false;
-    let mut n: usize = 20;
-    let mut ledger_path: Option<PathBuf> = None;
     let mut reason: Option<String> = None;
     let mut explain = ExplainArgs::default();
     let mut kind: Option<String> = None;
@@ -88,14 +92,6 @@ fn run() -> Result<i32, String> {
             }
             Long("config") => config_path = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("json") => json_out = true,
-            Short('n') => {
-                let v = parser.value().map_err(|e| e.to_string())?;
-                n = v
-                    .to_str()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| format!("-n needs a number, got {v:?}"))?;
-            }
-            Long("ledger") => ledger_path = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("reason") => reason = Some(string(parser.value())?),
             Long("tool") => explain.tool = Some(string(parser.value())?),
             Long("args") => explain.args = Some(string(parser.value())?),
@@ -224,15 +220,6 @@ fn run() -> Result<i32, String> {
                 &serde_json::json!({"op": "pin_approve", "tool": tool}),
             )?;
             admin_outcome(&reply, json_out)
-        }
-        ["ledger", "tail"] => {
-            let path = match ledger_path {
-                Some(p) => p,
-                None => load(config_path)?.ledger.path,
-            };
-            let text = crate::ledger::tail(&path, n, json_out).map_err(|e| e.to_string())?;
-            print!("{text}");
-            Ok(0)
         }
         ["policy", "check"] => {
             let config = match Config::load(config_path.as_deref()) {

@@ -2004,7 +2004,9 @@ impl Core {
             .upstreams
             .as_ref()
             .and_then(UpstreamsState::next_refresh);
-        call.into_iter().chain(refresh).min()
+        // The ledger's chain rows that wait are written by a commit when due.
+        let ledger = self.ledger.next_deadline();
+        call.into_iter().chain(refresh).chain(ledger).min()
     }
 
     pub fn on_timers(&mut self, now: Instant) {
@@ -2047,7 +2049,7 @@ impl Core {
     /// Commit what this turn staged. On success the actions may go out; on failure every
     /// call that would have reached a tool or an agent is refused instead.
     pub fn commit(&mut self) -> Result<(), String> {
-        if self.ledger.staged() == 0 {
+        if !self.ledger.has_work() {
             return Ok(());
         }
         let started = Instant::now();

@@ -7,7 +7,9 @@
 //! Schema and queries: `src/ledger/README.md`.
 
 mod body;
+pub mod chain;
 mod checkpointer;
+pub mod cli;
 mod error;
 mod file;
 mod lock_wait;
@@ -16,7 +18,7 @@ mod record;
 mod schema;
 mod staged;
 mod tail;
-mod time;
+pub(crate) mod time;
 mod writer;
 
 #[cfg(test)]
@@ -65,6 +67,11 @@ pub struct LedgerConfig {
     /// commits back for the moment it takes (without it a steadily written WAL never
     /// restarts and grows without bound).
     pub wal_restart_bytes: u64,
+    /// Chain groups whose `ledger_chain` rows may wait to be written with a later commit
+    /// (1: every commit writes its own; each one costs a WAL page).
+    pub chain_flush_groups: usize,
+    /// Longest a committed group's `ledger_chain` row waits, in milliseconds.
+    pub chain_flush_ms: u64,
 }
 
 impl Default for LedgerConfig {
@@ -80,6 +87,8 @@ impl Default for LedgerConfig {
             busy_timeout_ms: 500,
             wal_size_limit_bytes: 64 << 20,
             wal_restart_bytes: 16 << 20,
+            chain_flush_groups: 64,
+            chain_flush_ms: 100,
         }
     }
 }

@@ -3,10 +3,12 @@
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, ToSql, params};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::LedgerConfig;
 use super::body::{self, Preview};
+use super::chain::group::{ChainWriter, FlushPolicy};
+use super::chain::{self, Head, recovery};
 use super::checkpointer::Checkpointer;
 use super::error::{LedgerError, LedgerErrorKind};
 use super::file::{self, WriterLock};
@@ -28,21 +30,24 @@ pub const EVENT_ROWS_DROPPED: &str = "ledger_rows_dropped";
 /// Event kind written when SQLite refused single staged rows.
 pub const EVENT_ROWS_REJECTED: &str = "ledger_rows_rejected";
 
+// Every row a commit writes names its chain group in `chain_seq` (`src/ledger/chain/`).
 const SQL_INSERT_BLOB: &str = "INSERT OR IGNORE INTO event_body_blobs \
-    (hash, body, size, truncated, first_seen_ms) VALUES (?1, ?2, ?3, ?4, ?5)";
+    (hash, body, size, truncated, first_seen_ms, chain_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 const SQL_INSERT_CALL: &str = "INSERT INTO tool_calls \
     (id, ts_ms, transport, principal, process_name, server_name, tool_name, method, \
      request_id, decision, policy_rule, policy_reason, bytes_received, arguments, \
-     request_body_hash) \
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
+     request_body_hash, chain_seq) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
 const SQL_END_CALL: &str = "UPDATE tool_calls SET decision = ?2, \
     policy_rule = COALESCE(?3, policy_rule), policy_reason = COALESCE(?4, policy_reason), \
     duration_us = ?5, error_message = ?6, bytes_sent = ?7, response_preview = ?8, \
     response_body_hash = ?9, rewritten_arguments_hash = ?10, original_response_hash = ?11, \
-    approved_by = ?12, decided_at_ms = ?13 WHERE id = ?1";
+    approved_by = ?12, decided_at_ms = ?13, chain_seq = ?14 WHERE id = ?1";
 const SQL_INSERT_RULE_EVENT: &str = "INSERT INTO security_rule_events \
-    (call_id, phase, seq, ts_ms, rule_id, action, layer) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
-const SQL_INSERT_EVENT: &str = "INSERT INTO events (ts_ms, kind, detail) VALUES (?1, ?2, ?3)";
+    (call_id, phase, seq, ts_ms, rule_id, action, layer, chain_seq) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+const SQL_INSERT_EVENT: &str =
+    "INSERT INTO events (ts_ms, kind, detail, chain_seq) VALUES (?1, ?2, ?3, ?4)";
 
 /// Arena bytes bound as SQLite TEXT without re-checking UTF-8 (staging only stores text
 /// that came from `&str` or was cut on a char boundary).
@@ -105,6 +110,8 @@ pub struct Ledger {
     checkpointer: Option<Checkpointer>,
     /// How long a write waits for another connection's lock (`busy_timeout_ms`).
     busy_timeout: Duration,
+    /// The hash chain: the group being written, groups waiting for their rows.
+    chain: ChainWriter,
     _writer_lock: WriterLock,
 }
 
@@ -189,7 +196,8 @@ impl Ledger {
                 format!("checkpoint thread: {e}"),
             )
         })?;
-        Ok(Ledger {
+        let head = open_chain(&mut conn, path)?;
+        let mut ledger = Ledger {
             conn,
             path: path.to_path_buf(),
             staged: Staged::new(cfg.max_staged_rows, cfg.max_staged_bytes),
@@ -200,8 +208,109 @@ impl Ledger {
             blob_every_body: cfg.blob_every_body,
             checkpointer: Some(checkpointer),
             busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
+            chain: ChainWriter::new(
+                head,
+                FlushPolicy {
+                    groups: cfg.chain_flush_groups,
+                    bytes: CHAIN_FLUSH_BYTES,
+                    age: Duration::from_millis(cfg.chain_flush_ms),
+                },
+            ),
             _writer_lock: writer_lock,
-        })
+        };
+        if head == Head::GENESIS {
+            ledger.start_chain()?;
+        }
+        Ok(ledger)
+    }
+
+    /// Commits the chain's first group: one event that seals the rows written before the
+    /// ledger had a chain (none in a new file).
+    fn start_chain(&mut self) -> Result<(), LedgerError> {
+        let seal = chain::seal::compute(&self.conn).map_err(|e| {
+            LedgerError::new(
+                LedgerErrorKind::Open,
+                &self.path,
+                format!("sealing the rows older than the chain: {e}"),
+            )
+        })?;
+        if seal.total() > 0 {
+            crate::info!(
+                "ledger {}: chain started; {} existing rows sealed into its first group",
+                self.path.display(),
+                seal.total()
+            );
+        }
+        let mut detail = seal.to_json();
+        detail["schema_version"] = schema::current_version().into();
+        self.stage_event(chain::EVENT_CHAIN_START, &detail);
+        self.commit()?;
+        self.flush_chain()
+    }
+
+    /// The last committed chain group.
+    pub fn chain_head(&self) -> Head {
+        self.chain.head()
+    }
+
+    /// Whether a commit has something to do: staged rows, or chain rows that are due.
+    pub fn has_work(&self) -> bool {
+        self.staged.len() > 0
+            || self.staged.dropped_rows() > 0
+            || self.chain.flush_due(Instant::now())
+    }
+
+    /// When waiting chain rows must be written even if nothing else is (the gateway's loop
+    /// wakes up for it and calls [`commit`](Self::commit)).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.chain.deadline()
+    }
+
+    /// Writes the chain rows still waiting, in a transaction of their own.
+    pub fn flush_chain(&mut self) -> Result<(), LedgerError> {
+        if self.chain.waiting() == 0 {
+            return Ok(());
+        }
+        let _waiting = Waiting::until(self.busy_timeout);
+        let result = (|| -> rusqlite::Result<()> {
+            self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+            self.chain.write_pending(&self.conn)?;
+            self.conn.prepare_cached("COMMIT")?.execute([])?;
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                self.chain.committed(Instant::now());
+                Ok(())
+            }
+            Err(e) => {
+                if !self.conn.is_autocommit() {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
+                self.chain.rolled_back();
+                Err(LedgerError::new(
+                    LedgerErrorKind::Write,
+                    &self.path,
+                    format!("writing the chain's waiting groups failed: {e}"),
+                ))
+            }
+        }
+    }
+
+    /// Writes what waits and records that this writer closed the ledger cleanly (the next
+    /// one then skips recovery).
+    fn close_chain(&mut self) -> Result<(), LedgerError> {
+        self.flush_chain()?;
+        self.conn
+            .execute(recovery::SQL_MARK_CLOSED, [])
+            .map(drop)
+            .map_err(|e| {
+                LedgerError::new(
+                    LedgerErrorKind::Write,
+                    &self.path,
+                    format!("marking the ledger closed: {e}"),
+                )
+            })
     }
 
     pub fn path(&self) -> &Path {
@@ -409,6 +518,9 @@ impl Ledger {
     pub fn commit(&mut self) -> Result<usize, LedgerError> {
         let dropped = self.staged.dropped_rows();
         if self.staged.len() == 0 && dropped == 0 {
+            if self.chain.flush_due(Instant::now()) {
+                self.flush_chain()?;
+            }
             return Ok(0);
         }
         match self.write_staged(dropped) {
@@ -450,20 +562,35 @@ impl Ledger {
         // flight).
         let _waiting = Waiting::until(self.busy_timeout);
         self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        let result = write_rows(&self.conn, &self.staged, dropped).and_then(|done| {
-            self.conn.prepare_cached("COMMIT")?.execute([])?;
-            Ok(done)
-        });
-        if result.is_err() && !self.conn.is_autocommit() {
-            // Nothing of a failed commit stays: its rows are retried whole next time.
-            let _ = self.conn.execute_batch("ROLLBACK");
+        let seq = self.chain.begin();
+        let result =
+            write_rows(&self.conn, &self.staged, dropped, &mut self.chain, seq).and_then(|done| {
+                self.chain
+                    .close_group(&self.conn, now_ms(), Instant::now(), false)?;
+                self.conn.prepare_cached("COMMIT")?.execute([])?;
+                Ok(done)
+            });
+        match result {
+            Ok(done) => {
+                self.chain.committed(Instant::now());
+                Ok(done)
+            }
+            Err(e) => {
+                if !self.conn.is_autocommit() {
+                    // Nothing of a failed commit stays: its rows are retried whole next
+                    // time, as a group of the same number.
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
+                self.chain.rolled_back();
+                Err(e)
+            }
         }
-        result
     }
 
     /// Folds the WAL back into the database file and truncates it (for shutdown, after
     /// the last commit).
     pub fn checkpoint(&mut self) -> Result<(), LedgerError> {
+        self.close_chain()?;
         // The background checkpointer would hold the WAL open against TRUNCATE.
         self.checkpointer.take();
         let _waiting = Waiting::until(self.busy_timeout);
@@ -495,6 +622,9 @@ impl Ledger {
 
 impl Drop for Ledger {
     fn drop(&mut self) {
+        if let Err(e) = self.close_chain() {
+            crate::warn!("{e}; the next start recovers the chain");
+        }
         self.checkpointer.take();
         if self.staged.len() > 0 {
             crate::warn!(
@@ -512,6 +642,8 @@ fn write_rows(
     tx: &Connection,
     staged: &Staged,
     dropped: u64,
+    chain: &mut ChainWriter,
+    seq: i64,
 ) -> rusqlite::Result<(usize, u64, Option<String>)> {
     let mut written = 0usize;
     let mut rejected = 0u64;
@@ -539,7 +671,8 @@ fn write_rows(
                     staged.bytes(body),
                     size,
                     truncated,
-                    ts_ms
+                    ts_ms,
+                    seq
                 ]),
                 Op::CallStart {
                     id,
@@ -573,6 +706,7 @@ fn write_rows(
                     bytes_received,
                     text(arguments_preview),
                     opt_hex(request_digest),
+                    seq,
                 ]),
                 Op::CallEnd {
                     id,
@@ -602,10 +736,11 @@ fn write_rows(
                     opt_hex(original_digest),
                     opt_text(approved_by),
                     decided_at_ms,
+                    seq,
                 ]),
                 Op::RuleEvent {
                     call_id,
-                    seq,
+                    seq: match_seq,
                     ts_ms,
                     rule_id,
                     action,
@@ -614,17 +749,18 @@ fn write_rows(
                 } => insert_rule_event.execute(params![
                     call_id,
                     text(phase),
-                    seq,
+                    match_seq,
                     ts_ms,
                     text(rule_id),
                     text(action),
-                    text(layer)
+                    text(layer),
+                    seq
                 ]),
                 Op::Event {
                     ts_ms,
                     kind,
                     detail,
-                } => insert_event.execute(params![ts_ms, text(kind), text(detail)]),
+                } => insert_event.execute(params![ts_ms, text(kind), text(detail), seq]),
             };
             match result {
                 // An outcome whose call row does not exist (its start was dropped, or
@@ -637,7 +773,11 @@ fn write_rows(
                         first_refusal = Some(format!("no tool_calls row {id} for its outcome"));
                     }
                 }
-                Ok(changed) => written += changed,
+                Ok(0) => {}
+                Ok(changed) => {
+                    chain.record(tx, staged, op)?;
+                    written += changed;
+                }
                 Err(e) if is_row_refusal(&e) => {
                     rejected += 1;
                     if first_refusal.is_none() {
@@ -648,17 +788,70 @@ fn write_rows(
             }
         }
         let now = now_ms();
+        let mut loss_event = |kind: &str, detail: String| -> rusqlite::Result<()> {
+            written += insert_event.execute(params![now, kind, detail, seq])?;
+            chain.event(
+                tx.last_insert_rowid(),
+                now,
+                kind.as_bytes(),
+                detail.as_bytes(),
+            );
+            Ok(())
+        };
         if dropped > 0 {
-            let detail = serde_json::json!({ "rows": dropped }).to_string();
-            written += insert_event.execute(params![now, EVENT_ROWS_DROPPED, detail])?;
+            loss_event(
+                EVENT_ROWS_DROPPED,
+                serde_json::json!({ "rows": dropped }).to_string(),
+            )?;
         }
         if rejected > 0 {
-            let detail =
-                serde_json::json!({ "rows": rejected, "first_error": first_refusal }).to_string();
-            written += insert_event.execute(params![now, EVENT_ROWS_REJECTED, detail])?;
+            loss_event(
+                EVENT_ROWS_REJECTED,
+                serde_json::json!({ "rows": rejected, "first_error": first_refusal }).to_string(),
+            )?;
         }
     }
     Ok((written, rejected, first_refusal))
+}
+
+/// Bytes of manifests that may wait for their `ledger_chain` rows.
+const CHAIN_FLUSH_BYTES: usize = 256 << 10;
+
+/// Longest `chain_flush_ms`, and most `chain_flush_groups`.
+const MAX_CHAIN_FLUSH_MS: u64 = 10_000;
+const MAX_CHAIN_FLUSH_GROUPS: usize = 4096;
+
+/// Reads the chain's head, marks the ledger open for this writer, and seals what a writer
+/// that did not close cleanly left without `ledger_chain` rows.
+fn open_chain(conn: &mut Connection, path: &Path) -> Result<Head, LedgerError> {
+    let fail = |what: &str, e: rusqlite::Error| {
+        LedgerError::new(LedgerErrorKind::Open, path, format!("{what}: {e}"))
+    };
+    let head = chain::read_head(conn)
+        .map_err(|e| fail("reading the chain head", e))?
+        .unwrap_or(Head::GENESIS);
+    let unclean = recovery::mark_open(conn).map_err(|e| fail("marking the ledger open", e))?;
+    let head = if unclean {
+        match recovery::recover(conn, head).map_err(|e| fail("recovering the chain", e))? {
+            Some(found) => {
+                crate::warn!(
+                    "ledger {}: the last gateway stopped without closing it; the {} rows of \
+                     groups {}..{} (committed, their chain rows not yet written) were sealed \
+                     by recovery group {} and the recovery recorded",
+                    path.display(),
+                    found.rows,
+                    found.unwritten.0,
+                    found.unwritten.1,
+                    found.head.seq
+                );
+                found.head
+            }
+            None => head,
+        }
+    } else {
+        head
+    };
+    Ok(head)
 }
 
 fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
@@ -668,6 +861,18 @@ fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
     }
     if cfg.max_staged_rows == 0 {
         return bad("ledger.max_staged_rows must be at least 1".into());
+    }
+    if cfg.chain_flush_groups == 0 || cfg.chain_flush_groups > MAX_CHAIN_FLUSH_GROUPS {
+        return bad(format!(
+            "ledger.chain_flush_groups {} must be between 1 and {MAX_CHAIN_FLUSH_GROUPS}",
+            cfg.chain_flush_groups
+        ));
+    }
+    if cfg.chain_flush_ms > MAX_CHAIN_FLUSH_MS {
+        return bad(format!(
+            "ledger.chain_flush_ms {} is above {MAX_CHAIN_FLUSH_MS}",
+            cfg.chain_flush_ms
+        ));
     }
     if cfg.busy_timeout_ms > MAX_BUSY_TIMEOUT_MS {
         return bad(format!(

@@ -1,0 +1,362 @@
+//! The chain against an attacker who edits the ledger file with SQLite from outside, on
+//! real files.
+
+use rusqlite::Connection;
+use std::path::Path;
+
+use super::verify::{self, Options, Report};
+use crate::ledger::{CallEnd, CallStart, Ledger, LedgerConfig, decision};
+
+fn config(dir: &Path) -> LedgerConfig {
+    LedgerConfig {
+        path: dir.join("ledger.db"),
+        ..LedgerConfig::default()
+    }
+}
+
+fn start<'a>(id: i64, arguments: &'a [u8]) -> CallStart<'a> {
+    CallStart {
+        id,
+        ts_ms: 1_700_000_000_000 + id,
+        transport: "unix",
+        principal: "uid:1000",
+        process_name: "claude",
+        server_name: "local",
+        tool_name: "echo",
+        method: "tools/call",
+        request_id: "7",
+        decision: decision::PENDING,
+        policy_rule: Some("ask-echo"),
+        policy_reason: Some("a human decides"),
+        bytes_received: 100 + arguments.len(),
+        arguments,
+    }
+}
+
+fn end(response: &[u8]) -> CallEnd<'_> {
+    CallEnd {
+        decision: decision::ALLOWED,
+        policy_rule: None,
+        policy_reason: None,
+        duration_us: 1234,
+        error_message: None,
+        bytes_sent: response.len() + 50,
+        response,
+        rewritten_arguments: None,
+        original_response: None,
+        approved_by: Some("uid:0"),
+        decided_at_ms: Some(1_700_000_000_999),
+    }
+}
+
+pub fn verify_path(path: &Path) -> Report {
+    verify::verify_file(path, &Options::default()).expect("verify reads the ledger")
+}
+
+pub fn assert_verifies(path: &Path) {
+    let report = verify_path(path);
+    assert!(report.ok(), "verify failed: {:#?}", report.problems);
+}
+
+fn raw(path: &Path) -> Connection {
+    Connection::open(path).unwrap()
+}
+
+/// Writes a ledger with every kind of row: calls started and ended in separate commits
+/// and in the same one, rule events, a long body (a blob), events. Returns its path.
+fn populated(dir: &Path) -> std::path::PathBuf {
+    let cfg = LedgerConfig {
+        preview_bytes: 16,
+        ..config(dir)
+    };
+    let mut ledger = Ledger::open(&cfg).unwrap();
+    for i in 0..30 {
+        let id = ledger.new_call_id();
+        let args = format!(r#"{{"text":"call {i} with a body longer than the preview"}}"#);
+        ledger.stage_call(&start(id, args.as_bytes()));
+        ledger.stage_rule_event(id, 0, "ask-echo", "ask", "request", "config");
+        ledger.stage_event("connect", &serde_json::json!({ "conn": i }));
+        if i % 3 == 0 {
+            // Start and outcome in one commit.
+            ledger.stage_call_end(id, &end(br#"{"content":[]}"#));
+        }
+        ledger.commit().unwrap();
+        if i % 3 == 1 {
+            ledger.stage_call_end(
+                id,
+                &CallEnd {
+                    policy_rule: Some("block-secret"),
+                    policy_reason: Some("the answer held a secret"),
+                    decision: decision::DENIED,
+                    original_response: Some(b"the secret"),
+                    ..end(br#"{"content":[{"type":"text","text":"withheld"}]}"#)
+                },
+            );
+            ledger.stage_rule_event(id, 0, "block-secret", "block", "response", "corp");
+            ledger.commit().unwrap();
+        }
+    }
+    cfg.path
+}
+
+#[test]
+fn what_the_writer_wrote_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let report = verify_path(&path);
+    assert!(report.ok(), "{:#?}", report.problems);
+    // tool_calls, rule events, blobs, events: all of them accounted for.
+    assert_eq!(report.chained_rows[0], 30);
+    assert_eq!(report.chained_rows[1], 40);
+    assert!(report.chained_rows[2] > 0);
+    assert_eq!(report.chained_rows[3], 31);
+    assert_eq!(report.legacy_rows, [0, 0, 0, 0]);
+}
+
+/// A call opened before the writer closed and ended by the next one: its outcome's row
+/// is read back to be hashed.
+#[test]
+fn an_outcome_after_a_restart_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let id = {
+        let mut ledger = Ledger::open(&cfg).unwrap();
+        let id = ledger.new_call_id();
+        ledger.stage_call(&start(id, b"{}"));
+        ledger.commit().unwrap();
+        id
+    };
+    let mut ledger = Ledger::open(&cfg).unwrap();
+    ledger.stage_call_end(id, &end(b"{}"));
+    ledger.commit().unwrap();
+    drop(ledger);
+    assert_verifies(&cfg.path);
+}
+
+/// Runs `attack` with SQLite on a copy of a populated ledger and returns what verify says.
+fn attacked(attack: &str) -> Report {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    assert_verifies(&path);
+    raw(&path).execute_batch(attack).unwrap();
+    let report = verify_path(&path);
+    assert!(!report.ok(), "verify passed after: {attack}");
+    report
+}
+
+fn first(report: &Report) -> String {
+    let p = &report.problems[0];
+    format!("group {:?}: {}", p.group, p.what)
+}
+
+#[test]
+fn an_edited_byte_is_named() {
+    let report = attacked("UPDATE tool_calls SET principal = 'uid:1001' WHERE id = 5");
+    let text = first(&report);
+    assert!(text.contains("tool_calls id 5"), "{text}");
+    assert!(text.contains("does not match"), "{text}");
+    // Every column counts, texts and numbers alike, and every chained table.
+    for attack in [
+        "UPDATE tool_calls SET duration_us = duration_us + 1 WHERE id = 4",
+        "UPDATE tool_calls SET decision = 'allowed' WHERE id = 5",
+        "UPDATE tool_calls SET arguments = replace(arguments, 'call', 'cell') WHERE id = 9",
+        "UPDATE security_rule_events SET action = 'allow' WHERE call_id = 3",
+        "UPDATE events SET detail = '{\"conn\":99}' WHERE id = 7",
+        "UPDATE event_body_blobs SET body = CAST('x' AS BLOB) \
+         WHERE rowid = (SELECT min(rowid) FROM event_body_blobs)",
+        "UPDATE tool_calls SET response_preview = NULL WHERE id = 2",
+    ] {
+        attacked(attack);
+    }
+}
+
+#[test]
+fn a_deleted_row_is_named() {
+    let report = attacked("DELETE FROM tool_calls WHERE id = 12");
+    let text = first(&report);
+    assert!(text.contains("tool_calls id 12 is missing"), "{text}");
+    let report =
+        attacked("DELETE FROM security_rule_events WHERE call_id = 2 AND phase = 'response'");
+    let text = first(&report);
+    assert!(text.contains("security_rule_events call_id 2"), "{text}");
+}
+
+#[test]
+fn swapped_rows_are_named() {
+    let report = attacked(
+        "UPDATE tool_calls SET principal = CASE id WHEN 6 THEN (SELECT principal FROM \
+         tool_calls WHERE id = 7) ELSE 'uid:6' END WHERE id IN (6, 7); \
+         UPDATE tool_calls SET id = -6 WHERE id = 6; UPDATE tool_calls SET id = 6 WHERE id = 7; \
+         UPDATE tool_calls SET id = 7 WHERE id = -6;",
+    );
+    let all = format!("{:#?}", report.problems);
+    assert!(all.contains("tool_calls id 6"), "{all}");
+    assert!(all.contains("tool_calls id 7"), "{all}");
+    // Swapping whole rows but keeping their ids is caught the same way.
+    attacked(
+        "CREATE TEMP TABLE t AS SELECT * FROM events WHERE id IN (3, 4); \
+         UPDATE events SET detail = (SELECT detail FROM t WHERE id = 4), ts_ms = \
+         (SELECT ts_ms FROM t WHERE id = 4) WHERE id = 3; \
+         UPDATE events SET detail = (SELECT detail FROM t WHERE id = 3), ts_ms = \
+         (SELECT ts_ms FROM t WHERE id = 3) WHERE id = 4;",
+    );
+    // Swapping two groups' records.
+    attacked(
+        "CREATE TEMP TABLE g AS SELECT * FROM ledger_chain WHERE seq IN (5, 6); \
+         UPDATE ledger_chain SET records = (SELECT records FROM g WHERE seq = 6) WHERE seq = 5; \
+         UPDATE ledger_chain SET records = (SELECT records FROM g WHERE seq = 5) WHERE seq = 6;",
+    );
+}
+
+#[test]
+fn an_added_or_repointed_row_is_named() {
+    let report = attacked(
+        "INSERT INTO tool_calls (id, ts_ms, transport, principal, process_name, server_name, \
+         tool_name, method, request_id, decision, bytes_received, chain_seq) \
+         VALUES (1000, 1, 'unix', 'uid:0', 'x', 'local', 'echo', 'tools/call', '1', \
+         'allowed', 1, 3)",
+    );
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.what.contains("tool_calls id 1000")),
+        "{:#?}",
+        report.problems
+    );
+    // A row without chain_seq is not taken for a row older than the chain.
+    attacked("INSERT INTO events (ts_ms, kind, detail) VALUES (1, 'connect', '{}')");
+    // Rolling an outcome back to the call's start state, chain_seq included.
+    attacked("UPDATE tool_calls SET chain_seq = chain_seq - 1 WHERE id = 2");
+    attacked("UPDATE tool_calls SET chain_seq = chain_seq + 1 WHERE id = 2");
+}
+
+#[test]
+fn edited_removed_or_truncated_groups_are_named() {
+    let report = attacked("UPDATE ledger_chain SET ts_ms = ts_ms + 1 WHERE seq = 8");
+    assert!(first(&report).contains("group 8"), "{}", first(&report));
+    let report = attacked("DELETE FROM ledger_chain WHERE seq = 8");
+    assert!(
+        first(&report).contains("groups 8..8 are missing"),
+        "{}",
+        first(&report)
+    );
+    attacked("DELETE FROM ledger_chain WHERE seq = 1");
+    attacked("DELETE FROM ledger_chain");
+    // The last group's rows deleted, its chain row kept.
+    let report = attacked(
+        "DELETE FROM tool_calls WHERE chain_seq = (SELECT max(seq) FROM ledger_chain); \
+         DELETE FROM events WHERE chain_seq = (SELECT max(seq) FROM ledger_chain); \
+         DELETE FROM security_rule_events WHERE chain_seq = (SELECT max(seq) FROM ledger_chain);",
+    );
+    assert!(first(&report).contains("missing"), "{}", first(&report));
+}
+
+/// The canonical column lists are every column of their tables.
+#[test]
+fn canonical_columns_are_the_whole_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let conn = raw(&path);
+    for table in super::canonical::Table::ALL {
+        let mut schema: Vec<String> = conn
+            .prepare(&format!(
+                "SELECT name FROM pragma_table_info('{}')",
+                table.name()
+            ))
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let mut canonical: Vec<String> = table.columns().split(", ").map(str::to_owned).collect();
+        assert_eq!(canonical.len(), table.column_count());
+        assert_eq!(canonical.last().map(String::as_str), Some("chain_seq"));
+        schema.sort();
+        canonical.sort();
+        assert_eq!(schema, canonical, "{}", table.name());
+    }
+}
+
+/// A ledger of schema version 3 (before the chain), with rows in every table.
+fn version_3_ledger(path: &Path) {
+    let conn = raw(path);
+    conn.execute_batch("PRAGMA page_size = 1024; PRAGMA journal_mode = WAL;")
+        .unwrap();
+    for step in &crate::ledger::MIGRATIONS[..3] {
+        conn.execute_batch(step.sql).unwrap();
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA application_id = {}; PRAGMA user_version = 3;",
+        crate::ledger::APPLICATION_ID
+    ))
+    .unwrap();
+    conn.execute_batch(
+        "INSERT INTO tool_calls (id, ts_ms, transport, principal, process_name, server_name, \
+           tool_name, method, request_id, decision, bytes_received, duration_us, arguments) \
+         VALUES (1, 1000, 'unix', 'uid:1000', 'claude', 'local', 'echo', 'tools/call', '1', \
+           'allowed', 10, 5, '{}'), \
+                (2, 2000, 'unix', 'uid:1000', 'claude', 'local', 'fetch', 'tools/call', '2', \
+           'denied', 10, 7, '{\"url\":\"http://169.254.169.254\"}'); \
+         INSERT INTO security_rule_events (call_id, phase, seq, ts_ms, rule_id, action, layer) \
+         VALUES (2, 'request', 0, 2000, 'block-metadata', 'block', 'builtin'); \
+         INSERT INTO event_body_blobs (hash, body, size, truncated, first_seen_ms) \
+         VALUES ('ab', CAST('body' AS BLOB), 4, 0, 1000); \
+         INSERT INTO events (ts_ms, kind, detail) VALUES (500, 'reload', '{}');",
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_version_3_ledger_gets_a_chain_start_that_seals_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    version_3_ledger(&cfg.path);
+    {
+        let mut ledger = Ledger::open(&cfg).unwrap();
+        let id = ledger.new_call_id();
+        assert_eq!(id, 3);
+        ledger.stage_call(&start(id, b"{}"));
+        ledger.commit().unwrap();
+    }
+    let report = verify_path(&cfg.path);
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert_eq!(report.legacy_rows, [2, 1, 1, 1]);
+    assert!(
+        report.notes.iter().any(|n| n.contains("5 rows older")),
+        "{:?}",
+        report.notes
+    );
+    let detail: String = raw(&cfg.path)
+        .query_row(
+            "SELECT detail FROM events WHERE kind = 'ledger_chain_start' AND chain_seq = 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let detail: serde_json::Value = serde_json::from_str(&detail).unwrap();
+    assert_eq!(detail["legacy_rows"]["tool_calls"], 2);
+    assert_eq!(detail["schema_version"], 4);
+
+    // The sealed rows are covered from then on: edited, deleted or added.
+    for attack in [
+        "UPDATE tool_calls SET decision = 'allowed' WHERE id = 2",
+        "DELETE FROM security_rule_events WHERE call_id = 2",
+        "INSERT INTO events (ts_ms, kind, detail) VALUES (600, 'reload', '{}')",
+        "UPDATE event_body_blobs SET body = CAST('bodY' AS BLOB)",
+    ] {
+        let copy = dir.path().join("copy.db");
+        let _ = std::fs::remove_file(&copy);
+        raw(&cfg.path)
+            .execute_batch(&format!("VACUUM INTO '{}'", copy.display()))
+            .unwrap();
+        raw(&copy).execute_batch(attack).unwrap();
+        let report = verify_path(&copy);
+        assert!(!report.ok(), "verify passed after: {attack}");
+        assert!(
+            format!("{:?}", report.problems).contains("older than the chain"),
+            "{attack}: {:#?}",
+            report.problems
+        );
+    }
+}

@@ -1,0 +1,225 @@
+//! `toolwall ledger …`: parsing and output of the ledger's subcommands. They read files
+//! and need no daemon; `src/cli.rs` hands them the whole command line.
+
+use lexopt::prelude::*;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use super::chain::canonical;
+use super::chain::verify::{self, Report};
+use crate::config::Config;
+
+pub const USAGE: &str = "\
+Usage: toolwall ledger <COMMAND> [--config FILE] [--ledger FILE] [OPTIONS]
+
+  tail [-n N] [--json]       Recent tool calls, newest last
+  verify [--json]            Recompute the hash chain and check every row; names the first
+                             group or row that does not match and exits 1
+  --ledger FILE              The ledger to read (default: [ledger] path of the config); a
+                             live ledger is read in one snapshot without stopping the
+                             gateway, a copy works the same
+
+Exit status: 0 ok, 1 the check failed, 2 bad usage or the file cannot be read.
+";
+
+/// Whether the command line is `toolwall … ledger …` (the first word, `--config`'s value
+/// aside).
+pub fn is_ledger_command(args: &[OsString]) -> bool {
+    let mut skip_value = false;
+    for arg in args {
+        if skip_value {
+            skip_value = false;
+            continue;
+        }
+        let Some(text) = arg.to_str() else {
+            return false;
+        };
+        if text == "--config" {
+            skip_value = true;
+        } else if !text.starts_with('-') {
+            return text == "ledger";
+        }
+    }
+    false
+}
+
+#[derive(Default)]
+struct Args {
+    words: Vec<String>,
+    config: Option<PathBuf>,
+    ledger: Option<PathBuf>,
+    json: bool,
+    n: Option<usize>,
+}
+
+fn value_string(v: Result<OsString, lexopt::Error>) -> Result<String, String> {
+    v.map_err(|e| e.to_string())?
+        .into_string()
+        .map_err(|v| format!("argument {v:?} is not UTF-8"))
+}
+
+fn parse(args: Vec<OsString>) -> Result<Option<Args>, String> {
+    let mut parser = lexopt::Parser::from_args(args);
+    let mut out = Args::default();
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        match arg {
+            Short('h') | Long("help") => return Ok(None),
+            Long("config") => out.config = Some(parser.value().map_err(|e| e.to_string())?.into()),
+            Long("ledger") => out.ledger = Some(parser.value().map_err(|e| e.to_string())?.into()),
+            Long("json") => out.json = true,
+            Short('n') => {
+                let v = value_string(parser.value())?;
+                out.n = Some(
+                    v.parse()
+                        .map_err(|_| format!("-n needs a number, got {v:?}"))?,
+                );
+            }
+            Value(v) => out.words.push(
+                v.into_string()
+                    .map_err(|v| format!("argument {v:?} is not UTF-8"))?,
+            ),
+            _ => return Err(arg.unexpected().to_string()),
+        }
+    }
+    Ok(Some(out))
+}
+
+impl Args {
+    fn ledger_path(&self) -> Result<PathBuf, String> {
+        match &self.ledger {
+            Some(p) => Ok(p.clone()),
+            None => Ok(self.config()?.ledger.path),
+        }
+    }
+
+    fn config(&self) -> Result<Config, String> {
+        Config::load(self.config.as_deref()).map_err(|e| e.to_string())
+    }
+}
+
+/// Runs `toolwall ledger …` (the whole command line after the program name); returns the
+/// exit status, or an error for bad usage and unreadable files.
+pub fn run(args: Vec<OsString>) -> Result<i32, String> {
+    let Some(args) = parse(args)? else {
+        print!("{USAGE}");
+        return Ok(0);
+    };
+    let words: Vec<&str> = args.words.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["ledger", "tail"] => {
+            let path = args.ledger_path()?;
+            let text =
+                super::tail(&path, args.n.unwrap_or(20), args.json).map_err(|e| e.to_string())?;
+            print!("{text}");
+            Ok(0)
+        }
+        ["ledger", "verify"] => {
+            let path = args.ledger_path()?;
+            let report = verify::verify_file(&path, &verify::Options::default())
+                .map_err(|e| e.to_string())?;
+            if args.json {
+                println!("{}", report_json(&path, &report));
+            } else {
+                print!("{}", report_text(&path, &report));
+            }
+            Ok(if report.ok() { 0 } else { 1 })
+        }
+        ["ledger"] => {
+            eprint!("{USAGE}");
+            Ok(2)
+        }
+        _ => Err(format!(
+            "unknown command {:?}; see toolwall ledger --help",
+            args.words.join(" ")
+        )),
+    }
+}
+
+fn group_text(group: Option<(i64, i64)>) -> String {
+    match group {
+        Some((seq, ts)) => format!("{seq} ({})", super::format_utc_ms(ts)),
+        None => "-".into(),
+    }
+}
+
+/// `verify`'s text report: the verdict first, then what was checked, then every problem.
+pub fn report_text(path: &std::path::Path, report: &Report) -> String {
+    let mut out = String::new();
+    let verdict = if report.ok() { "OK" } else { "FAILED" };
+    let _ = writeln!(out, "ledger {}: {verdict}", path.display());
+    let _ = writeln!(
+        out,
+        "  groups: {} (first {}, last {})",
+        report.groups,
+        group_text(report.first_group),
+        group_text(report.last_group)
+    );
+    if let Some(head) = report.head {
+        let _ = writeln!(
+            out,
+            "  head: group {} {}",
+            head.seq,
+            canonical::hex(&head.hash)
+        );
+    }
+    let rows = canonical::Table::ALL
+        .iter()
+        .zip(report.chained_rows)
+        .map(|(t, n)| format!("{} {n}", t.name()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let _ = writeln!(out, "  rows checked: {rows}");
+    let legacy: u64 = report.legacy_rows.iter().sum();
+    if legacy > 0 {
+        let _ = writeln!(out, "  rows older than the chain (sealed): {legacy}");
+    }
+    for note in &report.notes {
+        let _ = writeln!(out, "  note: {note}");
+    }
+    for problem in &report.problems {
+        let at = match (problem.group, problem.group_ts_ms) {
+            (Some(seq), Some(ts)) => {
+                format!("group {seq} (committed {}): ", super::format_utc_ms(ts))
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(out, "  BAD: {at}{}", problem.what);
+    }
+    if report.more_problems > 0 {
+        let _ = writeln!(out, "  … and {} more problems", report.more_problems);
+    }
+    out
+}
+
+/// `verify --json`: one object.
+pub fn report_json(path: &std::path::Path, report: &Report) -> serde_json::Value {
+    let group =
+        |g: Option<(i64, i64)>| g.map(|(seq, ts)| serde_json::json!({"seq": seq, "ts_ms": ts}));
+    let mut rows = serde_json::Map::new();
+    let mut legacy = serde_json::Map::new();
+    for (i, table) in canonical::Table::ALL.iter().enumerate() {
+        rows.insert(table.name().into(), report.chained_rows[i].into());
+        legacy.insert(table.name().into(), report.legacy_rows[i].into());
+    }
+    serde_json::json!({
+        "ledger": path.display().to_string(),
+        "ok": report.ok(),
+        "groups": report.groups,
+        "first_group": group(report.first_group),
+        "last_group": group(report.last_group),
+        "head": report.head.map(|h| serde_json::json!({
+            "seq": h.seq,
+            "hash": canonical::hex(&h.hash),
+        })),
+        "rows": rows,
+        "legacy_rows": legacy,
+        "notes": report.notes,
+        "problems": report.problems.iter().map(|p| serde_json::json!({
+            "group": p.group,
+            "group_ts_ms": p.group_ts_ms,
+            "what": p.what,
+        })).collect::<Vec<_>>(),
+        "more_problems": report.more_problems,
+    })
+}

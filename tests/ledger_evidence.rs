@@ -1,0 +1,315 @@
+//! The ledger as evidence, through the real binary: `toolwall ledger verify` against a
+//! ledger written by a real gateway, attacked from outside with the `sqlite3` program,
+//! read live while the gateway runs, and after the gateway was killed with SIGKILL.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const RULES: &str = r#"
+[[policy.rules]]
+id = "block-secrets"
+action = "block"
+tool = "local__echo"
+arg = { path = "text", contains = "secret" }
+reason = "no secrets"
+
+[[policy.rules]]
+id = "allow-echo"
+action = "allow"
+tool = "local__echo"
+"#;
+
+fn toolwall(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run toolwall")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn verify(ledger: &Path) -> Output {
+    toolwall(&["ledger", "verify", "--ledger", ledger.to_str().unwrap()])
+}
+
+fn sqlite3(ledger: &Path, sql: &str) {
+    let out = Command::new("sqlite3")
+        .arg(ledger)
+        .arg(sql)
+        .output()
+        .expect("the sqlite3 program is installed");
+    assert!(out.status.success(), "sqlite3 {sql}: {}", text(&out));
+}
+
+/// A gateway that served allowed and blocked calls, then stopped cleanly.
+fn written_ledger() -> (TestGateway, PathBuf) {
+    let mut gw = TestGateway::start(RULES);
+    let mut c = gw.connect();
+    for i in 0..20 {
+        let word = if i % 4 == 0 { "secret" } else { "hello" };
+        let r = c.tool("local__echo", json!({ "text": format!("{word} {i}") }));
+        assert!(r.get("result").is_some(), "{r}");
+    }
+    drop(c);
+    gw.wait_rows("20 calls ended", |rows| {
+        rows.len() == 20 && rows.iter().all(|r| !r["duration_us"].is_null())
+    });
+    assert!(gw.terminate().success());
+    let ledger = gw.ledger.clone();
+    (gw, ledger)
+}
+
+/// A copy of the stopped gateway's ledger (the WAL was folded back at shutdown).
+fn copy_of(gw: &TestGateway, ledger: &Path, name: &str) -> PathBuf {
+    let copy = gw.dir.path().join(name);
+    std::fs::copy(ledger, &copy).unwrap();
+    copy
+}
+
+#[test]
+fn verify_passes_a_written_ledger_and_fails_every_attack_naming_the_place() {
+    let (gw, ledger) = written_ledger();
+    let out = verify(&ledger);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(": OK"), "{stdout}");
+    assert!(stdout.contains("tool_calls 20"), "{stdout}");
+    // Every call matches the allow rule; the 5 blocked ones the block rule too.
+    assert!(stdout.contains("security_rule_events 25"), "{stdout}");
+
+    let attacks: &[(&str, &str, &str)] = &[
+        (
+            "edit one byte",
+            "UPDATE tool_calls SET decision = 'allowed' WHERE id = 1",
+            "tool_calls id 1 does not match",
+        ),
+        (
+            "edit a preview",
+            "UPDATE tool_calls SET arguments = replace(arguments, 'secret', 'secreT') \
+             WHERE id = 5",
+            "tool_calls id 5 does not match",
+        ),
+        (
+            "delete a row",
+            "DELETE FROM tool_calls WHERE id = 7",
+            "tool_calls id 7 is missing",
+        ),
+        (
+            "delete a rule event",
+            "DELETE FROM security_rule_events WHERE call_id = 9",
+            "security_rule_events call_id 9",
+        ),
+        (
+            "swap two rows",
+            "UPDATE tool_calls SET id = -3 WHERE id = 3; \
+             UPDATE tool_calls SET id = 3 WHERE id = 4; \
+             UPDATE tool_calls SET id = 4 WHERE id = -3;",
+            "tool_calls id 3",
+        ),
+        (
+            "add a row",
+            "INSERT INTO events (ts_ms, kind, detail, chain_seq) \
+             VALUES (1, 'reload', '{}', 2)",
+            "events id",
+        ),
+        (
+            "truncate the last group",
+            "DELETE FROM tool_calls WHERE chain_seq = (SELECT max(seq) FROM ledger_chain); \
+             DELETE FROM events WHERE chain_seq = (SELECT max(seq) FROM ledger_chain); \
+             DELETE FROM security_rule_events \
+             WHERE chain_seq = (SELECT max(seq) FROM ledger_chain);",
+            "is missing",
+        ),
+        (
+            "edit a group",
+            "UPDATE ledger_chain SET ts_ms = ts_ms + 1 WHERE seq = 3",
+            "group 3: its hash does not match",
+        ),
+        (
+            "remove a group",
+            "DELETE FROM ledger_chain WHERE seq = 4",
+            "groups 4..4 are missing",
+        ),
+    ];
+    for (i, (what, sql, named)) in attacks.iter().enumerate() {
+        let copy = copy_of(&gw, &ledger, &format!("attacked-{i}.db"));
+        sqlite3(&copy, sql);
+        let out = verify(&copy);
+        assert_eq!(out.status.code(), Some(1), "{what}: {}", text(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("FAILED"), "{what}: {stdout}");
+        let first_bad = stdout
+            .lines()
+            .find(|l| l.contains("BAD:"))
+            .unwrap_or_default();
+        assert!(
+            stdout.contains(named),
+            "{what}: expected {named:?}; first: {first_bad}\n{stdout}"
+        );
+    }
+
+    // JSON for tools.
+    let out = toolwall(&[
+        "ledger",
+        "verify",
+        "--json",
+        "--ledger",
+        ledger.to_str().unwrap(),
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["rows"]["tool_calls"], 20);
+}
+
+#[test]
+fn a_missing_or_foreign_file_is_an_error_not_a_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = verify(&dir.path().join("nope.db"));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope.db"));
+    let other = dir.path().join("other.db");
+    sqlite3(&other, "CREATE TABLE t (x); INSERT INTO t VALUES (1);");
+    let out = verify(&other);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no chain"));
+}
+
+/// Calls on `threads` connections until `stop` is set; returns how many got answers.
+fn load(
+    sock: &Path,
+    threads: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<u64>> {
+    (0..threads)
+        .map(|t| {
+            let sock = sock.to_path_buf();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let Ok(stream) = std::os::unix::net::UnixStream::connect(&sock) else {
+                    return 0;
+                };
+                drop(stream);
+                let mut c = FramedClient::connect(&sock);
+                let mut answered = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let sid = c.request(
+                        json!(answered + 1),
+                        "tools/call",
+                        Some(json!({"name": "local__echo",
+                                    "arguments": {"text": format!("t{t} n{answered}")}})),
+                    );
+                    match c.recv() {
+                        Some(reply) if reply.stream == sid => answered += 1,
+                        _ => break,
+                    }
+                }
+                answered
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_live_ledger_verifies_while_calls_are_committed() {
+    let gw = TestGateway::start(RULES);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers = load(&gw.sock, 3, stop.clone());
+    gw.wait_rows("some calls", |rows| rows.len() > 200);
+    for _ in 0..3 {
+        let out = verify(&gw.ledger);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(answered > 200);
+}
+
+#[test]
+fn a_gateway_killed_under_load_leaves_a_ledger_that_verifies_to_its_last_commit() {
+    let mut gw = TestGateway::start(RULES);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers = load(&gw.sock, 3, stop.clone());
+    gw.wait_rows("some calls", |rows| rows.len() > 300);
+    let mut child = gw.child.take().unwrap();
+    child.kill().unwrap(); // SIGKILL, mid-commit or not
+    child.wait().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        let _ = w.join();
+    }
+    // As the kill left it: everything committed with a chain row verifies; the last
+    // groups' rows wait for theirs and are said to.
+    let out = verify(&gw.ledger);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // The next gateway seals them into a recovery group, and says so.
+    gw.stderr.lock().unwrap().clear();
+    gw.spawn();
+    gw.wait_for_log("recovery group");
+    let status = gw.terminate();
+    assert!(status.success(), "{status:?}\n{}", gw.log());
+    let out = verify(&gw.ledger);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("recovered after an unclean stop"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("not written yet"), "{stdout}");
+}
+
+#[test]
+fn a_version_3_ledger_is_migrated_with_a_chain_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    let ledger = dir.path().join("state/ledger.db");
+    // The three released migrations, as a version-3 toolwall left them, with a call.
+    let conn = rusqlite::Connection::open(&ledger).unwrap();
+    conn.execute_batch("PRAGMA page_size = 1024; PRAGMA journal_mode = WAL;")
+        .unwrap();
+    for step in &toolwall::ledger::MIGRATIONS[..3] {
+        conn.execute_batch(step.sql).unwrap();
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA application_id = {}; PRAGMA user_version = 3; \
+         INSERT INTO tool_calls (id, ts_ms, transport, principal, process_name, server_name, \
+           tool_name, method, request_id, decision, bytes_received, duration_us) \
+         VALUES (1, 1000, 'unix', 'uid:7', 'old', 'local', 'echo', 'tools/call', '1', \
+           'allowed', 10, 5); \
+         INSERT INTO events (ts_ms, kind, detail) VALUES (500, 'reload', '{{}}');",
+        toolwall::ledger::APPLICATION_ID
+    ))
+    .unwrap();
+    drop(conn);
+    let config = base_config(dir.path(), "");
+    let mut gw = TestGateway::start_with(dir, &config);
+    gw.wait_for_log("chain started; 2 existing rows sealed");
+    let mut c = gw.connect();
+    c.tool("local__echo", json!({"text": "after the migration"}));
+    drop(c);
+    gw.wait_rows("2 calls", |rows| {
+        rows.len() == 2 && !rows[1]["duration_us"].is_null()
+    });
+    assert!(gw.terminate().success());
+    let out = verify(&ledger);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rows older than the chain (sealed): 2"),
+        "{}",
+        text(&out)
+    );
+    sqlite3(
+        &ledger,
+        "UPDATE tool_calls SET principal = 'uid:0' WHERE id = 1",
+    );
+    let out = verify(&ledger);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("older than the chain"));
+}
