@@ -313,3 +313,95 @@ fn a_version_3_ledger_is_migrated_with_a_chain_start() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("older than the chain"));
 }
+
+#[test]
+fn an_older_copy_of_the_database_fails_against_the_head_anchor_command_shipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = dir.path().join("shipped.jsonl");
+    let extra = format!(
+        "{RULES}\n[ledger]\npath = \"{d}/state/ledger.db\"\n\
+         anchor_command = [\"sh\", \"-c\", \"cat >> '{s}'\"]\ncheckpoint_groups = 10\n",
+        d = dir.path().display(),
+        s = shipped.display()
+    );
+    // base_config has its own [ledger] table: build the file without it.
+    let config = base_config(dir.path(), "").replace(
+        &format!(
+            "[ledger]\npath = \"{}/state/ledger.db\"\n",
+            dir.path().display()
+        ),
+        "",
+    ) + &extra;
+    let mut gw = TestGateway::start_with(dir, &config);
+    let key_out = gw.cli(&["ledger", "key"]);
+    assert!(key_out.status.success(), "{}", text(&key_out));
+    let key = String::from_utf8_lossy(&key_out.stdout).trim().to_string();
+    assert!(key.starts_with("ed25519:") && key.len() == 8 + 64, "{key}");
+    let key_file = gw.dir.path().join("ledger.pub");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(gw.dir.path().join("state/ledger-signing.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    let calls = |gw: &TestGateway, n: usize| {
+        let mut c = gw.connect();
+        for i in 0..n {
+            c.tool("local__echo", json!({ "text": format!("call {i}") }));
+        }
+    };
+    calls(&gw, 10);
+    assert!(gw.terminate().success());
+    let old = gw.dir.path().join("old.db");
+    std::fs::copy(&gw.ledger, &old).unwrap();
+    gw.stderr.lock().unwrap().clear();
+    gw.spawn();
+    calls(&gw, 10);
+    assert!(gw.terminate().success());
+
+    let verify_with = |ledger: &Path| {
+        toolwall(&[
+            "ledger",
+            "verify",
+            "--ledger",
+            ledger.to_str().unwrap(),
+            "--public-key",
+            key_file.to_str().unwrap(),
+            "--anchor",
+            shipped.to_str().unwrap(),
+        ])
+    };
+    let out = verify_with(&gw.ledger);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("anchors checked"));
+    // The attacker puts the older copy back: a valid chain, but not the one shipped.
+    let _ = std::fs::remove_file(gw.ledger.with_extension("db-wal"));
+    let _ = std::fs::remove_file(gw.ledger.with_extension("db-shm"));
+    std::fs::copy(&old, &gw.ledger).unwrap();
+    let out = verify(&gw.ledger);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "alone it verifies: {}",
+        text(&out)
+    );
+    let out = verify_with(&gw.ledger);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("this is an older copy"),
+        "{}",
+        text(&out)
+    );
+    // Another key: the shipped heads are not its signatures.
+    std::fs::write(&key_file, format!("ed25519:{}\n", "ab".repeat(32))).unwrap();
+    let out = verify_with(&gw.ledger);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    // The next gateway on the older copy says so in its log and its ledger.
+    gw.stderr.lock().unwrap().clear();
+    gw.spawn();
+    gw.wait_for_log("this database does not reach that group");
+    assert!(gw.terminate().success());
+    assert_eq!(gw.events("ledger_behind_signed_head").len(), 1);
+}

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use super::chain::canonical;
+use super::chain::signing::{self, SignedHead, SigningKey};
 use super::chain::verify::{self, Report};
 use crate::config::Config;
 
@@ -14,8 +15,15 @@ pub const USAGE: &str = "\
 Usage: toolwall ledger <COMMAND> [--config FILE] [--ledger FILE] [OPTIONS]
 
   tail [-n N] [--json]       Recent tool calls, newest last
-  verify [--json]            Recompute the hash chain and check every row; names the first
-                             group or row that does not match and exits 1
+  verify [--public-key FILE] [--anchor FILE] [--json]
+                             Recompute the hash chain, check every row and every signed
+                             checkpoint; names the first group or row that does not match
+                             and exits 1. --public-key: the key the checkpoints must be
+                             signed with (default: the configured signing key, when
+                             readable). --anchor: signed heads shipped by anchor_command
+                             (one JSON line each); the ledger must hold each one's group
+  key [--json]               Print the public key that signs the checkpoints
+                             (ed25519:<hex>), creating the key pair when missing
   --ledger FILE              The ledger to read (default: [ledger] path of the config); a
                              live ledger is read in one snapshot without stopping the
                              gateway, a copy works the same
@@ -51,6 +59,8 @@ struct Args {
     ledger: Option<PathBuf>,
     json: bool,
     n: Option<usize>,
+    public_key: Option<PathBuf>,
+    anchor: Vec<PathBuf>,
 }
 
 fn value_string(v: Result<OsString, lexopt::Error>) -> Result<String, String> {
@@ -68,6 +78,12 @@ fn parse(args: Vec<OsString>) -> Result<Option<Args>, String> {
             Long("config") => out.config = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("ledger") => out.ledger = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("json") => out.json = true,
+            Long("public-key") => {
+                out.public_key = Some(parser.value().map_err(|e| e.to_string())?.into())
+            }
+            Long("anchor") => out
+                .anchor
+                .push(parser.value().map_err(|e| e.to_string())?.into()),
             Short('n') => {
                 let v = value_string(parser.value())?;
                 out.n = Some(
@@ -85,7 +101,45 @@ fn parse(args: Vec<OsString>) -> Result<Option<Args>, String> {
     Ok(Some(out))
 }
 
+/// Largest `--public-key` / `--anchor` file read.
+const MAX_SMALL_FILE: u64 = 1 << 20;
+
 impl Args {
+    /// `--public-key FILE`, else the configured signing key when it exists and is readable.
+    fn trusted_key(&self) -> Result<Option<[u8; signing::PUBLIC_KEY_LEN]>, String> {
+        if let Some(file) = &self.public_key {
+            let text = crate::config::read_bounded(file, MAX_SMALL_FILE)
+                .map_err(|e| format!("--public-key {}: {e}", file.display()))?;
+            return signing::parse_public_key(&text)
+                .map(Some)
+                .map_err(|e| format!("--public-key {}: {e}", file.display()));
+        }
+        let Ok(config) = self.config() else {
+            return Ok(None);
+        };
+        Ok(SigningKey::load(&config.ledger.signing_key_path())
+            .ok()
+            .map(|k| k.public_key()))
+    }
+
+    fn anchors(&self) -> Result<Vec<SignedHead>, String> {
+        let mut out = Vec::new();
+        for file in &self.anchor {
+            let text = crate::config::read_bounded(file, MAX_SMALL_FILE)
+                .map_err(|e| format!("--anchor {}: {e}", file.display()))?;
+            for (n, line) in text.lines().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                out.push(
+                    SignedHead::from_json(line.trim())
+                        .map_err(|e| format!("--anchor {} line {}: {e}", file.display(), n + 1))?,
+                );
+            }
+        }
+        Ok(out)
+    }
+
     fn ledger_path(&self) -> Result<PathBuf, String> {
         match &self.ledger {
             Some(p) => Ok(p.clone()),
@@ -116,14 +170,33 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
         }
         ["ledger", "verify"] => {
             let path = args.ledger_path()?;
-            let report = verify::verify_file(&path, &verify::Options::default())
-                .map_err(|e| e.to_string())?;
+            let options = verify::Options {
+                trusted_key: args.trusted_key()?,
+                anchors: args.anchors()?,
+                ..verify::Options::default()
+            };
+            let report = verify::verify_file(&path, &options).map_err(|e| e.to_string())?;
             if args.json {
                 println!("{}", report_json(&path, &report));
             } else {
                 print!("{}", report_text(&path, &report));
             }
             Ok(if report.ok() { 0 } else { 1 })
+        }
+        ["ledger", "key"] => {
+            let config = args.config()?;
+            let key_path = config.ledger.signing_key_path();
+            let key = SigningKey::load_or_create(&key_path)?;
+            let public = signing::format_public_key(&key.public_key());
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"public_key": public, "path": key_path.display().to_string()})
+                );
+            } else {
+                println!("{public}");
+            }
+            Ok(0)
         }
         ["ledger"] => {
             eprint!("{USAGE}");
@@ -174,6 +247,29 @@ pub fn report_text(path: &std::path::Path, report: &Report) -> String {
     if legacy > 0 {
         let _ = writeln!(out, "  rows older than the chain (sealed): {legacy}");
     }
+    let sigs = &report.signatures;
+    match (sigs.last, sigs.key) {
+        (Some((seq, at)), Some(key)) => {
+            let _ = writeln!(
+                out,
+                "  signed checkpoints: {} (last: group {seq}, signed {}) by {}{}",
+                sigs.checkpoints,
+                super::format_utc_ms(at),
+                signing::format_public_key(&key),
+                if sigs.key_trusted {
+                    ""
+                } else {
+                    " (the key the ledger names: pass --public-key to check it is yours)"
+                }
+            );
+        }
+        _ => {
+            let _ = writeln!(out, "  signed checkpoints: none");
+        }
+    }
+    if sigs.anchors > 0 {
+        let _ = writeln!(out, "  anchors checked: {}", sigs.anchors);
+    }
     for note in &report.notes {
         let _ = writeln!(out, "  note: {note}");
     }
@@ -221,5 +317,12 @@ pub fn report_json(path: &std::path::Path, report: &Report) -> serde_json::Value
             "what": p.what,
         })).collect::<Vec<_>>(),
         "more_problems": report.more_problems,
+        "signatures": {
+            "checkpoints": report.signatures.checkpoints,
+            "last": group(report.signatures.last),
+            "public_key": report.signatures.key.map(|k| signing::format_public_key(&k)),
+            "key_trusted": report.signatures.key_trusted,
+            "anchors": report.signatures.anchors,
+        },
     })
 }

@@ -72,6 +72,42 @@ pub struct LedgerConfig {
     pub chain_flush_groups: usize,
     /// Longest a committed group's `ledger_chain` row waits, in milliseconds.
     pub chain_flush_ms: u64,
+    /// The Ed25519 key that signs the chain's head (PKCS#8, 0600; created when missing).
+    /// Default: `ledger-signing.key` next to the ledger.
+    pub signing_key: Option<PathBuf>,
+    /// Sign the head every this many groups …
+    pub checkpoint_groups: u64,
+    /// … or this many seconds, whichever comes first (and when the ledger closes).
+    pub checkpoint_secs: u64,
+    /// Program and arguments (no shell) that get each signed head as one JSON line on
+    /// stdin, run off the gateway's loop.
+    pub anchor_command: Option<Vec<String>>,
+    /// Longest `anchor_command` may run before it is killed.
+    pub anchor_timeout_ms: u64,
+}
+
+impl LedgerConfig {
+    /// The signing key's path.
+    pub fn signing_key_path(&self) -> PathBuf {
+        self.signing_key
+            .clone()
+            .unwrap_or_else(|| self.state_dir().join("ledger-signing.key"))
+    }
+
+    /// The last signed head, rewritten next to the ledger for each checkpoint.
+    pub fn head_file_path(&self) -> PathBuf {
+        let mut name = self.path.as_os_str().to_owned();
+        name.push(".head");
+        PathBuf::from(name)
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."))
+    }
 }
 
 impl Default for LedgerConfig {
@@ -89,6 +125,11 @@ impl Default for LedgerConfig {
             wal_restart_bytes: 16 << 20,
             chain_flush_groups: 64,
             chain_flush_ms: 100,
+            signing_key: None,
+            checkpoint_groups: 1000,
+            checkpoint_secs: 60,
+            anchor_command: None,
+            anchor_timeout_ms: 10_000,
         }
     }
 }

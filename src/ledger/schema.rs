@@ -174,7 +174,8 @@ ALTER TABLE security_rule_events_v3 RENAME TO security_rule_events;
 /// hash that links it to the group before. Rows already in the file keep `chain_seq` NULL
 /// and are sealed by the chain's first row when the gateway next opens the ledger. Adding
 /// a column is O(1) in SQLite: no row is rewritten. `ledger_writer_state` says whether the
-/// last writer closed the ledger cleanly (see `chain::recovery`).
+/// last writer closed the ledger cleanly (see `chain::recovery`); `ledger_checkpoints` holds
+/// the signed heads (see `chain::signing`).
 const MIGRATION_4: &str = "
 ALTER TABLE tool_calls ADD COLUMN chain_seq INTEGER;
 ALTER TABLE security_rule_events ADD COLUMN chain_seq INTEGER;
@@ -189,6 +190,13 @@ CREATE TABLE ledger_chain (
 CREATE TABLE ledger_writer_state (
     id   INTEGER PRIMARY KEY CHECK (id = 1),
     open INTEGER NOT NULL
+);
+CREATE TABLE ledger_checkpoints (
+    seq          INTEGER PRIMARY KEY,
+    signed_at_ms INTEGER NOT NULL,
+    hash         BLOB NOT NULL,
+    public_key   BLOB NOT NULL,
+    signature    BLOB NOT NULL
 );
 ";
 

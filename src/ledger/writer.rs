@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use super::LedgerConfig;
 use super::body::{self, Preview};
+use super::chain::anchor::{self, Anchor, AnchorConfig};
+use super::chain::checkpoints::{self, Checkpoints};
 use super::chain::group::{ChainWriter, FlushPolicy};
+use super::chain::signing::SigningKey;
 use super::chain::{self, Head, recovery};
 use super::checkpointer::Checkpointer;
 use super::error::{LedgerError, LedgerErrorKind};
@@ -112,6 +115,8 @@ pub struct Ledger {
     busy_timeout: Duration,
     /// The hash chain: the group being written, groups waiting for their rows.
     chain: ChainWriter,
+    /// Signed heads.
+    checkpoints: Checkpoints,
     _writer_lock: WriterLock,
 }
 
@@ -197,6 +202,8 @@ impl Ledger {
             )
         })?;
         let head = open_chain(&mut conn, path)?;
+        let checkpoints = open_checkpoints(&conn, cfg)?;
+        let behind = compare_signed_head(&conn, cfg, &checkpoints);
         let mut ledger = Ledger {
             conn,
             path: path.to_path_buf(),
@@ -216,10 +223,15 @@ impl Ledger {
                     age: Duration::from_millis(cfg.chain_flush_ms),
                 },
             ),
+            checkpoints,
             _writer_lock: writer_lock,
         };
         if head == Head::GENESIS {
             ledger.start_chain()?;
+        }
+        if let Some(detail) = behind {
+            ledger.stage_event(chain::EVENT_BEHIND_SIGNED_HEAD, &detail);
+            ledger.commit()?;
         }
         Ok(ledger)
     }
@@ -245,7 +257,7 @@ impl Ledger {
         detail["schema_version"] = schema::current_version().into();
         self.stage_event(chain::EVENT_CHAIN_START, &detail);
         self.commit()?;
-        self.flush_chain()
+        self.flush_chain(true)
     }
 
     /// The last committed chain group.
@@ -253,34 +265,55 @@ impl Ledger {
         self.chain.head()
     }
 
-    /// Whether a commit has something to do: staged rows, or chain rows that are due.
+    /// Whether a commit has something to do: staged rows, chain rows or a signature due.
     pub fn has_work(&self) -> bool {
+        let now = Instant::now();
         self.staged.len() > 0
             || self.staged.dropped_rows() > 0
-            || self.chain.flush_due(Instant::now())
+            || self.chain.flush_due(now)
+            || (self.chain.waiting() == 0 && self.checkpoints.due(self.chain.head().seq, now))
     }
 
-    /// When waiting chain rows must be written even if nothing else is (the gateway's loop
-    /// wakes up for it and calls [`commit`](Self::commit)).
+    /// When waiting chain rows or a signature are due even if nothing else is written (the
+    /// gateway's loop wakes up for it and calls [`commit`](Self::commit)).
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.chain.deadline()
+        let sign = self.checkpoints.deadline(self.chain.head().seq);
+        self.chain.deadline().into_iter().chain(sign).min()
     }
 
-    /// Writes the chain rows still waiting, in a transaction of their own.
-    pub fn flush_chain(&mut self) -> Result<(), LedgerError> {
-        if self.chain.waiting() == 0 {
+    /// The public key that signs this ledger's checkpoints.
+    pub fn public_key(&self) -> [u8; chain::signing::PUBLIC_KEY_LEN] {
+        self.checkpoints.public_key()
+    }
+
+    /// Writes the chain rows still waiting and signs the head when due (always, with
+    /// `sign_now`), in a transaction of their own.
+    pub fn flush_chain(&mut self, sign_now: bool) -> Result<(), LedgerError> {
+        let now = Instant::now();
+        let head = self.chain.newest();
+        let sign = if sign_now {
+            self.checkpoints.deadline(head.seq).is_some()
+        } else {
+            self.checkpoints.due(head.seq, now)
+        };
+        if self.chain.waiting() == 0 && !sign {
             return Ok(());
         }
         let _waiting = Waiting::until(self.busy_timeout);
         let result = (|| -> rusqlite::Result<()> {
             self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
             self.chain.write_pending(&self.conn)?;
+            if sign {
+                self.checkpoints.sign_in(&self.conn, head, now_ms())?;
+            }
             self.conn.prepare_cached("COMMIT")?.execute([])?;
             Ok(())
         })();
         match result {
             Ok(()) => {
-                self.chain.committed(Instant::now());
+                let now = Instant::now();
+                self.chain.committed(now);
+                self.checkpoints.committed(now);
                 Ok(())
             }
             Err(e) => {
@@ -288,6 +321,7 @@ impl Ledger {
                     let _ = self.conn.execute_batch("ROLLBACK");
                 }
                 self.chain.rolled_back();
+                self.checkpoints.rolled_back();
                 Err(LedgerError::new(
                     LedgerErrorKind::Write,
                     &self.path,
@@ -297,10 +331,10 @@ impl Ledger {
         }
     }
 
-    /// Writes what waits and records that this writer closed the ledger cleanly (the next
-    /// one then skips recovery).
+    /// Writes what waits, signs the head, and records that this writer closed the ledger
+    /// cleanly (the next one then skips recovery).
     fn close_chain(&mut self) -> Result<(), LedgerError> {
-        self.flush_chain()?;
+        self.flush_chain(true)?;
         self.conn
             .execute(recovery::SQL_MARK_CLOSED, [])
             .map(drop)
@@ -518,9 +552,7 @@ impl Ledger {
     pub fn commit(&mut self) -> Result<usize, LedgerError> {
         let dropped = self.staged.dropped_rows();
         if self.staged.len() == 0 && dropped == 0 {
-            if self.chain.flush_due(Instant::now()) {
-                self.flush_chain()?;
-            }
+            self.flush_chain(false)?;
             return Ok(0);
         }
         match self.write_staged(dropped) {
@@ -565,14 +597,20 @@ impl Ledger {
         let seq = self.chain.begin();
         let result =
             write_rows(&self.conn, &self.staged, dropped, &mut self.chain, seq).and_then(|done| {
-                self.chain
-                    .close_group(&self.conn, now_ms(), Instant::now(), false)?;
+                let now = Instant::now();
+                self.chain.close_group(&self.conn, now_ms(), now, false)?;
+                let newest = self.chain.newest();
+                if self.chain.flushing() && self.checkpoints.due(newest.seq, now) {
+                    self.checkpoints.sign_in(&self.conn, newest, now_ms())?;
+                }
                 self.conn.prepare_cached("COMMIT")?.execute([])?;
                 Ok(done)
             });
         match result {
             Ok(done) => {
-                self.chain.committed(Instant::now());
+                let now = Instant::now();
+                self.chain.committed(now);
+                self.checkpoints.committed(now);
                 Ok(done)
             }
             Err(e) => {
@@ -582,6 +620,7 @@ impl Ledger {
                     let _ = self.conn.execute_batch("ROLLBACK");
                 }
                 self.chain.rolled_back();
+                self.checkpoints.rolled_back();
                 Err(e)
             }
         }
@@ -854,6 +893,84 @@ fn open_chain(conn: &mut Connection, path: &Path) -> Result<Head, LedgerError> {
     Ok(head)
 }
 
+/// Loads (or creates) the signing key and starts the anchor thread.
+fn open_checkpoints(conn: &Connection, cfg: &LedgerConfig) -> Result<Checkpoints, LedgerError> {
+    let path = cfg.path.as_path();
+    let key = SigningKey::load_or_create(&cfg.signing_key_path())
+        .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, e))?;
+    let last = checkpoints::last_signed(conn).map_err(|e| {
+        LedgerError::new(
+            LedgerErrorKind::Open,
+            path,
+            format!("reading the last checkpoint: {e}"),
+        )
+    })?;
+    let anchor = Anchor::start(AnchorConfig {
+        head_file: cfg.head_file_path(),
+        command: cfg.anchor_command.clone(),
+        timeout: Duration::from_millis(cfg.anchor_timeout_ms),
+    })
+    .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, format!("anchor thread: {e}")))?;
+    Ok(Checkpoints::new(
+        key,
+        cfg.checkpoint_groups,
+        Duration::from_secs(cfg.checkpoint_secs),
+        last,
+        anchor,
+    ))
+}
+
+/// Compares the database with the last head signed for it (the head file next to it). A
+/// database without that group, or with another hash there, was cut off or replaced by
+/// an older copy: logged as an error, and returned as the detail of the event recording it.
+fn compare_signed_head(
+    conn: &Connection,
+    cfg: &LedgerConfig,
+    checkpoints: &Checkpoints,
+) -> Option<serde_json::Value> {
+    let file = cfg.head_file_path();
+    let signed = match anchor::read_head_file(&file) {
+        Ok(Some(signed)) => signed,
+        Ok(None) => return None,
+        Err(e) => {
+            crate::warn!("ledger: head file {} unreadable: {e}", file.display());
+            return None;
+        }
+    };
+    if !signed.verify_with(&checkpoints.public_key()) {
+        crate::warn!(
+            "ledger: head file {} is not signed by this ledger's key; ignored",
+            file.display()
+        );
+        return None;
+    }
+    let found: Option<Vec<u8>> = conn
+        .query_row(
+            "SELECT hash FROM ledger_chain WHERE seq = ?1",
+            [signed.seq],
+            |r| r.get(0),
+        )
+        .ok();
+    let what = match found {
+        Some(hash) if hash == signed.hash => return None,
+        Some(_) => "holds another group under that number (replaced or rewritten)",
+        None => "does not reach that group (its last groups were lost, or it is an older copy)",
+    };
+    crate::error!(
+        "ledger {}: the last signed head ({}) is group {} signed at {}; this database {what}",
+        cfg.path.display(),
+        file.display(),
+        signed.seq,
+        super::format_utc_ms(signed.signed_at_ms)
+    );
+    Some(serde_json::json!({
+        "signed_seq": signed.seq,
+        "signed_hash": chain::canonical::hex(&signed.hash),
+        "signed_at_ms": signed.signed_at_ms,
+        "problem": what,
+    }))
+}
+
 fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
     let bad = |what: String| Err(LedgerError::new(LedgerErrorKind::Config, &cfg.path, what));
     if cfg.path.as_os_str().is_empty() {
@@ -867,6 +984,28 @@ fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
             "ledger.chain_flush_groups {} must be between 1 and {MAX_CHAIN_FLUSH_GROUPS}",
             cfg.chain_flush_groups
         ));
+    }
+    if cfg.checkpoint_groups == 0 || cfg.checkpoint_secs == 0 {
+        return bad(
+            "ledger.checkpoint_groups and ledger.checkpoint_secs must be at least 1".into(),
+        );
+    }
+    if cfg.checkpoint_secs > crate::config::MAX_TIMEOUT_SECS
+        || cfg.anchor_timeout_ms > crate::config::MAX_TIMEOUT_SECS * 1000
+    {
+        return bad(format!(
+            "ledger.checkpoint_secs and ledger.anchor_timeout_ms must be at most a day ({} s)",
+            crate::config::MAX_TIMEOUT_SECS
+        ));
+    }
+    if cfg
+        .anchor_command
+        .as_ref()
+        .is_some_and(|c| c.first().is_none_or(String::is_empty))
+    {
+        return bad(
+            "ledger.anchor_command must name a program (an array: program, arguments)".into(),
+        );
     }
     if cfg.chain_flush_ms > MAX_CHAIN_FLUSH_MS {
         return bad(format!(

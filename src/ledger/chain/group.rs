@@ -117,9 +117,18 @@ impl ChainWriter {
         self.head
     }
 
-    /// The last group whose `ledger_chain` row is on disk.
-    pub fn written_head(&self) -> i64 {
-        self.pending.first().map_or(self.head.seq, |p| p.seq - 1)
+    /// The newest group closed, committed or not (what a signature written with the
+    /// current transaction covers).
+    pub fn newest(&self) -> Head {
+        self.pending.last().map_or(self.head, |p| Head {
+            seq: p.seq,
+            hash: p.hash,
+        })
+    }
+
+    /// Whether the transaction being written also writes the waiting `ledger_chain` rows.
+    pub fn flushing(&self) -> bool {
+        self.flushing
     }
 
     /// Groups committed whose rows wait.

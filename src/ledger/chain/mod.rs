@@ -3,10 +3,13 @@
 //! previous group's hash and that manifest. `src/ledger/README.md` ("The chain") defines
 //! the bytes; `verify` recomputes them.
 
+pub mod anchor;
 pub mod canonical;
+pub mod checkpoints;
 pub mod group;
 pub mod recovery;
 pub mod seal;
+pub mod signing;
 pub mod verify;
 
 use rusqlite::{Connection, OptionalExtension};
@@ -17,6 +20,8 @@ use canonical::{Digest, GENESIS};
 pub const EVENT_CHAIN_START: &str = "ledger_chain_start";
 /// Event kind of a recovery group (see [`recovery`]).
 pub const EVENT_CHAIN_RECOVERED: &str = "ledger_chain_recovered";
+/// Event kind written when the database is behind (or beside) the last head signed for it.
+pub const EVENT_BEHIND_SIGNED_HEAD: &str = "ledger_behind_signed_head";
 
 /// The last committed group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -360,3 +360,208 @@ fn a_version_3_ledger_gets_a_chain_start_that_seals_its_rows() {
         );
     }
 }
+
+fn trusted(path: &Path, key: [u8; 32]) -> Report {
+    verify::verify_file(
+        path,
+        &Options {
+            trusted_key: Some(key),
+            ..Options::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn the_head_is_signed_every_n_groups_and_at_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LedgerConfig {
+        chain_flush_groups: 1,
+        checkpoint_groups: 5,
+        ..config(dir.path())
+    };
+    let key = {
+        let mut ledger = Ledger::open(&cfg).unwrap();
+        for i in 0..12 {
+            ledger.stage_event("tick", &serde_json::json!({ "i": i }));
+            ledger.commit().unwrap();
+        }
+        ledger.public_key()
+    };
+    let conn = raw(&cfg.path);
+    let signed: Vec<i64> = conn
+        .prepare("SELECT seq FROM ledger_checkpoints ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    // Group 1 (the chain start, signed as the chain begins), every 5 groups, the last one
+    // at close.
+    assert_eq!(signed, [1, 6, 11, 13], "{signed:?}");
+    let report = trusted(&cfg.path, key);
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert_eq!(report.signatures.checkpoints, 4);
+    assert_eq!(report.signatures.last.map(|l| l.0), Some(13));
+    // The key file is private, and the head file holds the last signed head.
+    let key_path = cfg.signing_key_path();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&key_path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let head = super::anchor::read_head_file(&cfg.head_file_path())
+        .unwrap()
+        .unwrap();
+    assert_eq!(head.seq, 13);
+    assert!(head.verify_with(&key));
+
+    // Another key: every signature fails.
+    let report = trusted(&cfg.path, [7u8; 32]);
+    assert!(!report.ok());
+    assert!(
+        report.problems[0].what.contains("the signature is not"),
+        "{:#?}",
+        report.problems
+    );
+    // A forged signature row, a re-signed group.
+    let copy = dir.path().join("copy.db");
+    conn.execute_batch(&format!("VACUUM INTO '{}'", copy.display()))
+        .unwrap();
+    raw(&copy)
+        .execute_batch(
+            "UPDATE ledger_checkpoints SET signed_at_ms = signed_at_ms + 1 WHERE seq = 6",
+        )
+        .unwrap();
+    assert!(!trusted(&copy, key).ok());
+}
+
+#[test]
+fn a_group_readable_key_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    drop(Ledger::open(&cfg).unwrap());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        cfg.signing_key_path(),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    let err = Ledger::open(&cfg).err().expect("a readable key is refused");
+    assert!(err.to_string().contains("chmod 600"), "{err}");
+}
+
+/// The database replaced by an older copy: a valid chain, shorter. The head shipped off
+/// the machine, and the head file next to it, both show it.
+#[test]
+fn an_older_copy_fails_against_the_shipped_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = dir.path().join("shipped.jsonl");
+    let cfg = LedgerConfig {
+        anchor_command: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            format!("cat >> '{}'", shipped.display()),
+        ]),
+        ..config(dir.path())
+    };
+    let write = |n: i64| {
+        let mut ledger = Ledger::open(&cfg).unwrap();
+        for i in 0..n {
+            ledger.stage_event("tick", &serde_json::json!({ "i": i }));
+            ledger.commit().unwrap();
+        }
+        ledger.public_key()
+    };
+    let key = write(3);
+    let old = dir.path().join("old.db");
+    raw(&cfg.path)
+        .execute_batch(&format!("VACUUM INTO '{}'", old.display()))
+        .unwrap();
+    write(5);
+    let heads: Vec<super::signing::SignedHead> = std::fs::read_to_string(&shipped)
+        .unwrap()
+        .lines()
+        .map(|l| super::signing::SignedHead::from_json(l).unwrap())
+        .collect();
+    // One per close at least (the mailbox may skip one a later head covers).
+    assert!(heads.len() >= 2, "{heads:?}");
+    assert!(heads.iter().all(|h| h.verify_with(&key)));
+    let last = heads.last().unwrap().clone();
+    let with_anchor = |path: &Path| {
+        verify::verify_file(
+            path,
+            &Options {
+                trusted_key: Some(key),
+                anchors: vec![last.clone()],
+                ..Options::default()
+            },
+        )
+        .unwrap()
+    };
+    let report = with_anchor(&cfg.path);
+    assert!(report.ok(), "{:#?}", report.problems);
+    // The older copy, in place of the database.
+    for suffix in ["-wal", "-shm"] {
+        let mut p = cfg.path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+    std::fs::copy(&old, &cfg.path).unwrap();
+    assert!(
+        trusted(&cfg.path, key).ok(),
+        "the old copy is a valid chain"
+    );
+    let report = with_anchor(&cfg.path);
+    assert!(!report.ok());
+    assert!(
+        report.problems[0].what.contains("this is an older copy"),
+        "{:#?}",
+        report.problems
+    );
+    // The next gateway sees it too, and records it.
+    drop(Ledger::open(&cfg).unwrap());
+    let behind: String = raw(&cfg.path)
+        .query_row(
+            "SELECT detail FROM events WHERE kind = 'ledger_behind_signed_head'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        behind.contains(&format!("\"signed_seq\":{}", last.seq)),
+        "{behind}"
+    );
+}
+
+#[test]
+fn a_failing_or_hanging_anchor_command_never_holds_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    for command in [
+        vec!["false".to_string()],
+        vec!["sleep".into(), "30".into()],
+        vec!["/nonexistent/anchor".into()],
+    ] {
+        let cfg = LedgerConfig {
+            anchor_command: Some(command.clone()),
+            anchor_timeout_ms: 300,
+            chain_flush_groups: 1,
+            checkpoint_groups: 1,
+            ..config(dir.path())
+        };
+        let started = std::time::Instant::now();
+        let mut ledger = Ledger::open(&cfg).unwrap();
+        for i in 0..20 {
+            ledger.stage_event("tick", &serde_json::json!({ "i": i }));
+            ledger.commit().unwrap();
+        }
+        drop(ledger);
+        // Bounded by the command's timeout, not by the command (generous: a loaded machine).
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "{command:?} held the ledger for {:?}",
+            started.elapsed()
+        );
+        assert_verifies(&cfg.path);
+    }
+}

@@ -18,6 +18,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::canonical::{self, Digest, Entry, GENESIS, Table};
 use super::seal::{self, LegacySeal};
+use super::signing::{PUBLIC_KEY_LEN, SignedHead, format_public_key};
 use super::{EVENT_CHAIN_RECOVERED, EVENT_CHAIN_START, Head};
 
 /// Problems listed in full; beyond it they are counted.
@@ -58,6 +59,7 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Rows committed by an open writer whose groups' chain rows are not written yet.
     pub waiting_rows: u64,
+    pub signatures: Signatures,
 }
 
 impl Report {
@@ -70,14 +72,35 @@ impl Report {
 #[derive(Debug, Clone)]
 pub struct Options {
     pub max_problems: usize,
+    /// The key the checkpoints must be signed with (`--public-key`). Without it they are
+    /// checked against the key each one names, which proves nothing about who signed.
+    pub trusted_key: Option<[u8; PUBLIC_KEY_LEN]>,
+    /// Signed heads shipped off the machine (`--anchor`): the ledger must hold each one's
+    /// group with its hash.
+    pub anchors: Vec<SignedHead>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             max_problems: DEFAULT_MAX_PROBLEMS,
+            trusted_key: None,
+            anchors: Vec::new(),
         }
     }
+}
+
+/// What the signatures showed.
+#[derive(Debug, Clone, Default)]
+pub struct Signatures {
+    /// Checkpoints in the ledger, and the last one: (seq, signed at ms).
+    pub checkpoints: u64,
+    pub last: Option<(i64, i64)>,
+    /// The key they were checked against, and whether the caller gave it.
+    pub key: Option<[u8; PUBLIC_KEY_LEN]>,
+    pub key_trusted: bool,
+    /// Anchors checked.
+    pub anchors: u64,
 }
 
 /// A failure to read the ledger at all (not a verification failure).
@@ -378,6 +401,7 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
             seal.total()
         ));
     }
+    check_signatures(conn, options, &mut report, &mut add)?;
     problems_found.sort_by_key(|(group, _)| group.map_or(i64::MAX, |g| g.0));
     let mut problems = Problems {
         report: &mut report,
@@ -387,6 +411,116 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
         problems.add(group, what);
     }
     Ok(report)
+}
+
+/// The stored hash and time of group `seq`, if the ledger has it.
+fn stored_group(conn: &Connection, seq: i64) -> rusqlite::Result<Option<(Vec<u8>, i64)>> {
+    conn.prepare_cached("SELECT hash, ts_ms FROM ledger_chain WHERE seq = ?1")?
+        .query_row([seq], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+}
+
+/// Every checkpoint's signature and group, then every anchor's.
+fn check_signatures(
+    conn: &Connection,
+    options: &Options,
+    report: &mut Report,
+    add: &mut dyn FnMut(Option<(i64, i64)>, String),
+) -> rusqlite::Result<()> {
+    let mut key = options.trusted_key;
+    report.signatures.key_trusted = key.is_some();
+    let mut stmt = conn.prepare(
+        "SELECT seq, signed_at_ms, hash, public_key, signature FROM ledger_checkpoints \
+         ORDER BY seq",
+    )?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let seq: i64 = row.get(0)?;
+        let signed_at_ms: i64 = row.get(1)?;
+        let parsed = (|| {
+            Some(SignedHead {
+                seq,
+                signed_at_ms,
+                hash: row.get::<_, Vec<u8>>(2).ok()?.try_into().ok()?,
+                public_key: row.get::<_, Vec<u8>>(3).ok()?.try_into().ok()?,
+                signature: row.get::<_, Vec<u8>>(4).ok()?.try_into().ok()?,
+            })
+        })();
+        report.signatures.checkpoints += 1;
+        report.signatures.last = Some((seq, signed_at_ms));
+        let Some(head) = parsed else {
+            add(None, format!("checkpoint of group {seq}: malformed row"));
+            continue;
+        };
+        let check_key = *key.get_or_insert(head.public_key);
+        if !head.verify_with(&check_key) {
+            add(
+                None,
+                format!(
+                    "checkpoint of group {seq} (signed {}): the signature is not {}'s",
+                    crate::ledger::format_utc_ms(signed_at_ms),
+                    format_public_key(&check_key)
+                ),
+            );
+            continue;
+        }
+        match stored_group(conn, seq)? {
+            Some((hash, ts)) if hash != head.hash => add(
+                Some((seq, ts)),
+                format!(
+                    "group {seq}: its hash is not the one signed at {} (the group was rewritten)",
+                    crate::ledger::format_utc_ms(signed_at_ms)
+                ),
+            ),
+            Some(_) => {}
+            None => add(
+                None,
+                format!(
+                    "a checkpoint signed group {seq} at {}, which this ledger does not hold \
+                     (its last groups were removed)",
+                    crate::ledger::format_utc_ms(signed_at_ms)
+                ),
+            ),
+        }
+    }
+    report.signatures.key = key;
+    for anchor in &options.anchors {
+        report.signatures.anchors += 1;
+        let check_key = options.trusted_key.unwrap_or(anchor.public_key);
+        if !anchor.verify_with(&check_key) {
+            add(
+                None,
+                format!(
+                    "the anchor for group {} is not signed by {}",
+                    anchor.seq,
+                    format_public_key(&check_key)
+                ),
+            );
+            continue;
+        }
+        let when = crate::ledger::format_utc_ms(anchor.signed_at_ms);
+        match stored_group(conn, anchor.seq)? {
+            Some((hash, _)) if hash == anchor.hash => {}
+            Some((_, ts)) => add(
+                Some((anchor.seq, ts)),
+                format!(
+                    "group {}: not the group the anchor signed at {when} (the ledger was \
+                     replaced or rewritten)",
+                    anchor.seq
+                ),
+            ),
+            None => add(
+                None,
+                format!(
+                    "the ledger ends at group {}, but the anchor signed group {} at {when}: \
+                     its last groups were removed, or this is an older copy",
+                    report.head.map_or(0, |h| h.seq),
+                    anchor.seq
+                ),
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// The seal in the chain start event that must open group 1.
