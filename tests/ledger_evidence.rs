@@ -405,3 +405,177 @@ fn an_older_copy_of_the_database_fails_against_the_head_anchor_command_shipped()
     assert!(gw.terminate().success());
     assert_eq!(gw.events("ledger_behind_signed_head").len(), 1);
 }
+
+fn lines_json(out: &Output) -> Vec<serde_json::Value> {
+    assert!(out.status.success(), "{}", text(out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+fn ids(rows: &[serde_json::Value]) -> Vec<i64> {
+    rows.iter().map(|r| r["id"].as_i64().unwrap()).collect()
+}
+
+#[test]
+fn query_show_and_stats_answer_from_the_rows_the_calls_made() {
+    let (gw, ledger) = written_ledger();
+    let l = ledger.to_str().unwrap();
+    let query = |args: &[&str]| {
+        let mut all = vec!["ledger", "query", "--ledger", l, "--json"];
+        all.extend_from_slice(args);
+        lines_json(&toolwall(&all))
+    };
+    // Calls 1, 5, 9, 13, 17 said "secret" and were blocked.
+    let blocked = [1, 5, 9, 13, 17];
+    assert_eq!(ids(&query(&["--decision", "denied"])), blocked);
+    assert_eq!(ids(&query(&["--rule", "block-secrets"])), blocked);
+    assert_eq!(query(&["--rule", "allow-echo"]).len(), 20);
+    assert_eq!(ids(&query(&["--text", "hello 14"])), [15]);
+    assert_eq!(
+        ids(&query(&["--text", "secret 8", "--decision", "denied"])),
+        [9]
+    );
+    assert_eq!(query(&["--tool", "local__e*"]).len(), 20);
+    assert_eq!(query(&["--tool", "echo", "--server", "local"]).len(), 20);
+    assert!(query(&["--tool", "fetch*"]).is_empty());
+    assert!(query(&["--principal", "uid:999999"]).is_empty());
+    assert_eq!(query(&["--transport", "unix", "--since", "1h"]).len(), 20);
+    assert!(query(&["--until", "1970-01-02"]).is_empty());
+    // Pages: the newest, then back and forth by cursor, without gaps or repeats.
+    assert_eq!(
+        ids(&query(&["--limit", "7"])),
+        (14..=20).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        ids(&query(&["--limit", "7", "--before", "14"])),
+        (7..=13).collect::<Vec<_>>()
+    );
+    let mut followed = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let page = query(&["--limit", "6", "--after", &cursor.to_string()]);
+        if page.is_empty() {
+            break;
+        }
+        cursor = *ids(&page).last().unwrap();
+        followed.extend(ids(&page));
+    }
+    assert_eq!(followed, (1..=20).collect::<Vec<_>>());
+    // Every column is in the JSON; the table and CSV say the same.
+    let row = &query(&["--text", "hello 14"])[0];
+    assert_eq!(row["tool_name"], "echo");
+    assert_eq!(row["decision"], "allowed");
+    assert_eq!(row["policy_rule"], "allow-echo");
+    let out = toolwall(&[
+        "ledger",
+        "query",
+        "--ledger",
+        l,
+        "--table",
+        "--decision",
+        "denied",
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.starts_with("ID"), "{table}");
+    assert!(table.contains("block-secrets"), "{table}");
+    assert!(table.contains("5 calls; next page: --after 17"), "{table}");
+    let out = toolwall(&["ledger", "query", "--ledger", l, "--csv", "--limit", "2"]);
+    let csv = String::from_utf8_lossy(&out.stdout);
+    assert!(csv.starts_with("id,ts_ms,transport"), "{csv}");
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    // Bad input is refused, naming it.
+    for (args, says) in [
+        (vec!["--since", "yesterday"], "is not a time"),
+        (vec!["--decision", "maybe"], "--decision must be"),
+        (vec!["--limit", "0"], "--limit must be"),
+        (vec!["--after", "x"], "--after needs a number"),
+    ] {
+        let mut all = vec!["ledger", "query", "--ledger", l];
+        all.extend(args);
+        let out = toolwall(&all);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{}",
+            text(&out)
+        );
+    }
+
+    // One call whole.
+    let out = toolwall(&["ledger", "show", "5", "--ledger", l, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let call: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(call["decision"], "denied");
+    assert_eq!(call["policy_rule"], "block-secrets");
+    assert!(
+        call["bodies"]["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("secret 4")
+    );
+    let rules: Vec<&str> = call["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rule_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(rules, ["allow-echo", "block-secrets"]);
+    assert!(
+        call["chain"].as_str().unwrap().starts_with("matches"),
+        "{call}"
+    );
+    let out = toolwall(&["ledger", "show", "6", "--ledger", l]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("hello 5"), "{shown}");
+    assert!(
+        shown.contains("rule       request #0 allow-echo allow"),
+        "{shown}"
+    );
+    assert!(shown.contains("response (what the agent got)"), "{shown}");
+    let out = toolwall(&["ledger", "show", "99", "--ledger", l]);
+    assert_eq!(out.status.code(), Some(1));
+    // An edited row says so.
+    let copy = copy_of(&gw, &ledger, "edited.db");
+    sqlite3(
+        &copy,
+        "UPDATE tool_calls SET decision = 'allowed' WHERE id = 5",
+    );
+    let out = toolwall(&["ledger", "show", "5", "--ledger", copy.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("DOES NOT MATCH"),
+        "{}",
+        text(&out)
+    );
+
+    // Counts.
+    let out = toolwall(&["ledger", "stats", "--ledger", l, "--json", "--since", "1h"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["calls"], 20);
+    assert_eq!(stats["by_decision"]["denied"], 5);
+    assert_eq!(stats["by_decision"]["allowed"], 15);
+    assert_eq!(stats["by_tool"][0]["name"], "local__echo");
+    assert_eq!(stats["by_tool"][0]["calls"], 20);
+    assert!(stats["by_tool"][0]["p99_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        stats["top_blocking_rules"],
+        json!([{"rule_id": "block-secrets", "calls": 5}])
+    );
+    let out = toolwall(&[
+        "ledger",
+        "stats",
+        "--ledger",
+        l,
+        "--since",
+        "1970-01-01",
+        "--until",
+        "1970-01-02",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(": 0"),
+        "{}",
+        text(&out)
+    );
+}

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use super::chain::canonical;
 use super::chain::signing::{self, SignedHead, SigningKey};
 use super::chain::verify::{self, Report};
+use super::query;
 use crate::config::Config;
+use std::io::IsTerminal as _;
 
 pub const USAGE: &str = "\
 Usage: toolwall ledger <COMMAND> [--config FILE] [--ledger FILE] [OPTIONS]
@@ -24,6 +26,20 @@ Usage: toolwall ledger <COMMAND> [--config FILE] [--ledger FILE] [OPTIONS]
                              (one JSON line each); the ledger must hold each one's group
   key [--json]               Print the public key that signs the checkpoints
                              (ed25519:<hex>), creating the key pair when missing
+  query [FILTERS] [--limit N] [--after ID | --before ID] [--table | --json | --csv]
+                             Calls matching every filter given, oldest first: the newest
+                             page, or the page after/before a cursor (the last/first id
+                             printed). A table on a terminal, JSON lines otherwise
+    --tool GLOB              server__tool or the bare tool name (*, ?, [..]; case-sensitive)
+    --server S  --principal P  --transport T  --decision D  --method M
+    --rule ID                the deciding rule, or any rule that matched
+    --since T  --until T     RFC 3339 (2025-06-01T09:00:00Z, 2025-06-01) or an age (30m, 2h, 7d)
+    --text STRING            in the argument or response previews
+  show ID [--json]           One call whole: bodies, every rule event, approval, timing, and
+                             whether its row matches its chain group
+  stats [--since T] [--until T] [--json]
+                             Calls by tool, decision and principal, top blocking rules,
+                             p50/p99 duration per tool (default --since 24h)
   --ledger FILE              The ledger to read (default: [ledger] path of the config); a
                              live ledger is read in one snapshot without stopping the
                              gateway, a copy works the same
@@ -61,6 +77,35 @@ struct Args {
     n: Option<usize>,
     public_key: Option<PathBuf>,
     anchor: Vec<PathBuf>,
+    filters: FilterArgs,
+    limit: Option<usize>,
+    after: Option<i64>,
+    before: Option<i64>,
+    csv: bool,
+    table: bool,
+}
+
+#[derive(Default)]
+struct FilterArgs {
+    tool: Option<String>,
+    server: Option<String>,
+    principal: Option<String>,
+    transport: Option<String>,
+    decision: Option<String>,
+    method: Option<String>,
+    rule: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    text: Option<String>,
+}
+
+fn number<T: std::str::FromStr>(
+    flag: &str,
+    v: Result<OsString, lexopt::Error>,
+) -> Result<T, String> {
+    let v = value_string(v)?;
+    v.parse()
+        .map_err(|_| format!("{flag} needs a number, got {v:?}"))
 }
 
 fn value_string(v: Result<OsString, lexopt::Error>) -> Result<String, String> {
@@ -84,6 +129,21 @@ fn parse(args: Vec<OsString>) -> Result<Option<Args>, String> {
             Long("anchor") => out
                 .anchor
                 .push(parser.value().map_err(|e| e.to_string())?.into()),
+            Long("tool") => out.filters.tool = Some(value_string(parser.value())?),
+            Long("server") => out.filters.server = Some(value_string(parser.value())?),
+            Long("principal") => out.filters.principal = Some(value_string(parser.value())?),
+            Long("transport") => out.filters.transport = Some(value_string(parser.value())?),
+            Long("decision") => out.filters.decision = Some(value_string(parser.value())?),
+            Long("method") => out.filters.method = Some(value_string(parser.value())?),
+            Long("rule") => out.filters.rule = Some(value_string(parser.value())?),
+            Long("since") => out.filters.since = Some(value_string(parser.value())?),
+            Long("until") => out.filters.until = Some(value_string(parser.value())?),
+            Long("text") => out.filters.text = Some(value_string(parser.value())?),
+            Long("limit") => out.limit = Some(number("--limit", parser.value())?),
+            Long("after") => out.after = Some(number("--after", parser.value())?),
+            Long("before") => out.before = Some(number("--before", parser.value())?),
+            Long("csv") => out.csv = true,
+            Long("table") => out.table = true,
             Short('n') => {
                 let v = value_string(parser.value())?;
                 out.n = Some(
@@ -105,6 +165,31 @@ fn parse(args: Vec<OsString>) -> Result<Option<Args>, String> {
 const MAX_SMALL_FILE: u64 = 1 << 20;
 
 impl Args {
+    fn query_filters(&self) -> Result<query::Filters, String> {
+        let now = super::now_ms();
+        let time = |t: &Option<String>| t.as_deref().map(|t| super::parse_time(t, now)).transpose();
+        let f = &self.filters;
+        if let Some(d) = &f.decision
+            && !["allowed", "denied", "error", "pending"].contains(&d.as_str())
+        {
+            return Err(format!(
+                "--decision must be allowed, denied, error or pending, not {d:?}"
+            ));
+        }
+        Ok(query::Filters {
+            tool: f.tool.clone(),
+            server: f.server.clone(),
+            principal: f.principal.clone(),
+            transport: f.transport.clone(),
+            decision: f.decision.clone(),
+            method: f.method.clone(),
+            rule: f.rule.clone(),
+            since_ms: time(&f.since)?,
+            until_ms: time(&f.until)?,
+            text: f.text.clone(),
+        })
+    }
+
     /// `--public-key FILE`, else the configured signing key when it exists and is readable.
     fn trusted_key(&self) -> Result<Option<[u8; signing::PUBLIC_KEY_LEN]>, String> {
         if let Some(file) = &self.public_key {
@@ -195,6 +280,74 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
                 );
             } else {
                 println!("{public}");
+            }
+            Ok(0)
+        }
+        ["ledger", "query"] => {
+            let path = args.ledger_path()?;
+            let filters = args.query_filters()?;
+            let page = match (args.after, args.before) {
+                (Some(_), Some(_)) => return Err("give --after or --before, not both".into()),
+                (Some(id), None) => query::Page::After(id),
+                (None, Some(id)) => query::Page::Before(id),
+                (None, None) => query::Page::Newest,
+            };
+            let limit = args.limit.unwrap_or(50);
+            if limit == 0 || limit > query::MAX_LIMIT {
+                return Err(format!(
+                    "--limit must be between 1 and {}",
+                    query::MAX_LIMIT
+                ));
+            }
+            let conn = query::open_read_only(&path).map_err(|e| e.to_string())?;
+            let calls = query::query(&conn, &filters, page, limit)
+                .map_err(|e| format!("ledger {}: {e}", path.display()))?;
+            let text = if args.csv {
+                query::format_csv(&calls)
+            } else if args.json || (!args.table && !std::io::stdout().is_terminal()) {
+                query::format_json(&calls)
+            } else {
+                query::format_table(&calls)
+            };
+            print!("{text}");
+            Ok(0)
+        }
+        ["ledger", "show", id] => {
+            let id: i64 = id
+                .parse()
+                .map_err(|_| format!("a call id is a number, not {id:?}"))?;
+            let path = args.ledger_path()?;
+            let conn = query::open_read_only(&path).map_err(|e| e.to_string())?;
+            let Some(call) =
+                query::show(&conn, id).map_err(|e| format!("ledger {}: {e}", path.display()))?
+            else {
+                eprintln!("toolwall: no call {id} in {}", path.display());
+                return Ok(1);
+            };
+            if args.json {
+                println!("{call}");
+            } else {
+                print!("{}", query::format_show(&call));
+            }
+            Ok(0)
+        }
+        ["ledger", "stats"] => {
+            let path = args.ledger_path()?;
+            let now = super::now_ms();
+            let since = super::parse_time(args.filters.since.as_deref().unwrap_or("24h"), now)?;
+            let until = args
+                .filters
+                .until
+                .as_deref()
+                .map(|t| super::parse_time(t, now))
+                .transpose()?;
+            let conn = query::open_read_only(&path).map_err(|e| e.to_string())?;
+            let stats = query::stats(&conn, since, until)
+                .map_err(|e| format!("ledger {}: {e}", path.display()))?;
+            if args.json {
+                println!("{stats}");
+            } else {
+                print!("{}", query::format_stats(&stats));
             }
             Ok(0)
         }

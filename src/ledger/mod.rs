@@ -14,6 +14,7 @@ mod error;
 mod file;
 mod lock_wait;
 pub mod measure;
+pub mod query;
 mod record;
 mod schema;
 mod staged;
@@ -29,7 +30,7 @@ pub use file::lock_path;
 pub use record::{CallEnd, CallStart, decision};
 pub use schema::{APPLICATION_ID, MIGRATIONS, Migration, current_version as schema_version};
 pub use tail::tail;
-pub use time::{format_utc_ms, now_ms};
+pub use time::{format_utc_ms, now_ms, parse_time};
 pub use writer::{EVENT_ROWS_DROPPED, EVENT_ROWS_REJECTED, Ledger};
 
 use serde::Deserialize;

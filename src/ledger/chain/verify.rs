@@ -710,3 +710,43 @@ pub fn verify_file(path: &std::path::Path, options: &Options) -> Result<Report, 
     .map_err(|e| ReadError(format!("ledger {}: open read-only: {e}", path.display())))?;
     verify(&conn, options).map_err(|e| ReadError(format!("ledger {}: {e}", path.display())))
 }
+
+/// Checks one row against the group that last wrote it (for `ledger show`): a sentence
+/// saying whether it matches. Verifying the whole chain is `verify`'s job.
+pub fn check_one(conn: &Connection, table: Table, key: &[Value]) -> rusqlite::Result<String> {
+    let Some(found) = lookup(conn, table, key)? else {
+        return Ok("row not found".into());
+    };
+    let Some(seq) = found.chain_seq else {
+        return Ok(
+            "older than the chain: covered by the seal in its first group (run verify)".into(),
+        );
+    };
+    let group: Option<(i64, Vec<u8>)> = conn
+        .prepare_cached("SELECT ts_ms, records FROM ledger_chain WHERE seq = ?1")?
+        .query_row([seq], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((ts_ms, records)) = group else {
+        return Ok(format!(
+            "written by group {seq}, whose chain row is not in the ledger (not written yet by a \
+             running gateway, or removed): NOT VERIFIED"
+        ));
+    };
+    let mut key_bytes = Vec::new();
+    for value in key {
+        canonical::push_value(&mut key_bytes, ValueRef::from(value));
+    }
+    let entry = canonical::parse_manifest(&records)
+        .unwrap_or_default()
+        .into_iter()
+        .rev()
+        .find(|e| e.table == table && e.key_bytes == key_bytes);
+    Ok(match entry {
+        Some(e) if e.digest == found.digest => format!(
+            "matches what group {seq} committed at {}",
+            crate::ledger::format_utc_ms(ts_ms)
+        ),
+        Some(_) => format!("DOES NOT MATCH what group {seq} committed: edited after the commit"),
+        None => format!("group {seq} did not write this row: added or altered after the fact"),
+    })
+}
