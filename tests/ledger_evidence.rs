@@ -579,3 +579,126 @@ fn query_show_and_stats_answer_from_the_rows_the_calls_made() {
         text(&out)
     );
 }
+
+#[test]
+fn retention_archives_while_a_load_runs_and_no_call_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "{RULES}\n[ledger]\npath = \"{d}/state/ledger.db\"\nretain_secs = 1\n\
+         retention_check_secs = 1\nretention_batch_rows = 100\n",
+        d = dir.path().display()
+    );
+    let config = base_config(dir.path(), "").replace(
+        &format!(
+            "[ledger]\npath = \"{}/state/ledger.db\"\n",
+            dir.path().display()
+        ),
+        "",
+    ) + &extra;
+    let mut gw = TestGateway::start_with(dir, &config);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failures = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let workers: Vec<_> = (0..3)
+        .map(|t| {
+            let sock = gw.sock.clone();
+            let stop = stop.clone();
+            let failures = failures.clone();
+            std::thread::spawn(move || {
+                let mut c = FramedClient::connect(&sock);
+                let mut answered = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = c.tool(
+                        "local__echo",
+                        json!({"text": format!("load {t} {answered}")}),
+                    );
+                    if r.get("result").is_none() || r["result"]["isError"] == true {
+                        failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    answered += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    // Until two archives are recorded and the first one's rows are gone from the live file.
+    let deadline = std::time::Instant::now() + PATIENCE * 3;
+    loop {
+        let conn = gw.ledger();
+        let archives: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM events WHERE kind = 'ledger_archived'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap_or(0);
+        let oldest: i64 = conn
+            .query_row("SELECT COALESCE(min(seq), 0) FROM ledger_chain", [], |r| {
+                r.get(0)
+            })
+            .unwrap_or(0);
+        if archives >= 2 && oldest > 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no archive; log:\n{}",
+            gw.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert_eq!(failures.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert!(answered > 0);
+    // Verify live, while it runs, then with the archives after a stop.
+    let out = verify(&gw.ledger);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(gw.terminate().success());
+    let archive = gw.dir.path().join("state/archive");
+    let out = toolwall(&[
+        "ledger",
+        "verify",
+        "--ledger",
+        gw.ledger.to_str().unwrap(),
+        "--archive",
+        archive.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("archives checked"), "{stdout}");
+    let out = toolwall(&[
+        "ledger",
+        "archive",
+        "list",
+        "--archive",
+        archive.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let listed = lines_json(&out);
+    assert!(listed.len() >= 2, "{listed:?}");
+    assert!(
+        listed
+            .iter()
+            .all(|a| a["problems"].as_array().unwrap().is_empty()),
+        "{listed:?}"
+    );
+    // Every answered call is in the live ledger or in an archive (an open call in both).
+    let archived_calls: u64 = listed
+        .iter()
+        .map(|a| {
+            let f = std::fs::File::open(a["file"].as_str().unwrap()).unwrap();
+            let mut s = String::new();
+            use std::io::Read;
+            flate2::read::GzDecoder::new(f)
+                .read_to_string(&mut s)
+                .unwrap();
+            s.matches("\"table\":\"tool_calls\"").count() as u64
+        })
+        .sum();
+    let live = gw.tool_calls().len() as u64;
+    assert!(
+        archived_calls + live >= answered,
+        "{archived_calls} + {live} < {answered}"
+    );
+}

@@ -10,6 +10,7 @@ use super::chain::canonical;
 use super::chain::signing::{self, SignedHead, SigningKey};
 use super::chain::verify::{self, Report};
 use super::query;
+use super::retention::archive_file;
 use crate::config::Config;
 use std::io::IsTerminal as _;
 
@@ -23,7 +24,12 @@ Usage: toolwall ledger <COMMAND> [--config FILE] [--ledger FILE] [OPTIONS]
                              and exits 1. --public-key: the key the checkpoints must be
                              signed with (default: the configured signing key, when
                              readable). --anchor: signed heads shipped by anchor_command
-                             (one JSON line each); the ledger must hold each one's group
+                             (one JSON line each); the ledger must hold each one's group.
+                             --archive DIR: also check the archives and that they and the
+                             live ledger continue each other
+  archive list [--archive DIR] [--json]
+                             The archive files (default: [ledger] archive_dir), each
+                             checked: groups, dates, rows, size
   key [--json]               Print the public key that signs the checkpoints
                              (ed25519:<hex>), creating the key pair when missing
   query [FILTERS] [--limit N] [--after ID | --before ID] [--table | --json | --csv]
@@ -77,6 +83,7 @@ struct Args {
     n: Option<usize>,
     public_key: Option<PathBuf>,
     anchor: Vec<PathBuf>,
+    archive: Option<PathBuf>,
     filters: FilterArgs,
     limit: Option<usize>,
     after: Option<i64>,
@@ -129,6 +136,9 @@ fn parse(args: Vec<OsString>) -> Result<Option<Args>, String> {
             Long("anchor") => out
                 .anchor
                 .push(parser.value().map_err(|e| e.to_string())?.into()),
+            Long("archive") => {
+                out.archive = Some(parser.value().map_err(|e| e.to_string())?.into())
+            }
             Long("tool") => out.filters.tool = Some(value_string(parser.value())?),
             Long("server") => out.filters.server = Some(value_string(parser.value())?),
             Long("principal") => out.filters.principal = Some(value_string(parser.value())?),
@@ -258,6 +268,7 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
             let options = verify::Options {
                 trusted_key: args.trusted_key()?,
                 anchors: args.anchors()?,
+                archive_dir: args.archive.clone(),
                 ..verify::Options::default()
             };
             let report = verify::verify_file(&path, &options).map_err(|e| e.to_string())?;
@@ -267,6 +278,64 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
                 print!("{}", report_text(&path, &report));
             }
             Ok(if report.ok() { 0 } else { 1 })
+        }
+        ["ledger", "archive", "list"] => {
+            let dir = match &args.archive {
+                Some(d) => d.clone(),
+                None => args.config()?.ledger.archive_dir_path(),
+            };
+            let files = archive_file::list(&dir)?;
+            let key = args.trusted_key()?;
+            let mut listed = Vec::new();
+            let mut bad = 0;
+            for file in &files {
+                let (summary, problems) = archive_file::check(file, key.as_ref())?;
+                bad += problems.len();
+                listed.push((summary, problems));
+            }
+            if args.json {
+                for (s, problems) in &listed {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "file": s.path.display().to_string(),
+                            "first_seq": s.first_seq,
+                            "last_seq": s.last_seq,
+                            "first_ts_ms": s.first_ts_ms,
+                            "last_ts_ms": s.last_ts_ms,
+                            "rows": s.rows,
+                            "checkpoints": s.checkpoints,
+                            "bytes": s.bytes,
+                            "prev_hash": canonical::hex(&s.prev_hash),
+                            "last_hash": canonical::hex(&s.last_hash),
+                            "problems": problems,
+                        })
+                    );
+                }
+            } else {
+                if listed.is_empty() {
+                    println!("no archives in {}", dir.display());
+                }
+                for (s, problems) in &listed {
+                    let when = |t: Option<i64>| t.map(super::format_utc_ms).unwrap_or_default();
+                    println!(
+                        "{}  groups {}..{}  {} .. {}  {} rows  {} checkpoints  {} bytes  {}",
+                        s.path.display(),
+                        s.first_seq,
+                        s.last_seq,
+                        when(s.first_ts_ms),
+                        when(s.last_ts_ms),
+                        s.rows,
+                        s.checkpoints,
+                        s.bytes,
+                        if problems.is_empty() { "OK" } else { "BAD" }
+                    );
+                    for p in problems {
+                        println!("  BAD: {p}");
+                    }
+                }
+            }
+            Ok(if bad == 0 { 0 } else { 1 })
         }
         ["ledger", "key"] => {
             let config = args.config()?;
@@ -422,6 +491,13 @@ pub fn report_text(path: &std::path::Path, report: &Report) -> String {
     }
     if sigs.anchors > 0 {
         let _ = writeln!(out, "  anchors checked: {}", sigs.anchors);
+    }
+    if sigs.archives > 0 {
+        let _ = writeln!(
+            out,
+            "  archives checked: {} ({} rows)",
+            sigs.archives, sigs.archived_rows
+        );
     }
     for note in &report.notes {
         let _ = writeln!(out, "  note: {note}");

@@ -16,6 +16,7 @@ mod lock_wait;
 pub mod measure;
 pub mod query;
 mod record;
+pub mod retention;
 mod schema;
 mod staged;
 mod tail;
@@ -85,6 +86,20 @@ pub struct LedgerConfig {
     pub anchor_command: Option<Vec<String>>,
     /// Longest `anchor_command` may run before it is killed.
     pub anchor_timeout_ms: u64,
+    /// Groups older than this many days move to archive files (0: keep everything).
+    pub retain_days: u64,
+    /// The same in seconds, for short retention in tests; overrides `retain_days`.
+    pub retain_secs: Option<u64>,
+    /// While the live data (pages in use) is larger, the oldest day is archived (0: no cap).
+    pub max_bytes: u64,
+    /// Where archives go. Default: `archive/` next to the ledger.
+    pub archive_dir: Option<PathBuf>,
+    /// Rows deleted per transaction after an archive.
+    pub retention_batch_rows: usize,
+    /// Pause between those transactions, in milliseconds.
+    pub retention_pause_ms: u64,
+    /// How often retention looks for groups to archive, in seconds.
+    pub retention_check_secs: u64,
 }
 
 impl LedgerConfig {
@@ -93,6 +108,18 @@ impl LedgerConfig {
         self.signing_key
             .clone()
             .unwrap_or_else(|| self.state_dir().join("ledger-signing.key"))
+    }
+
+    /// Where archives go.
+    pub fn archive_dir_path(&self) -> PathBuf {
+        self.archive_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir().join("archive"))
+    }
+
+    /// Whether retention runs.
+    pub fn retention_enabled(&self) -> bool {
+        self.retain_days > 0 || self.retain_secs.is_some() || self.max_bytes > 0
     }
 
     /// The last signed head, rewritten next to the ledger for each checkpoint.
@@ -131,6 +158,13 @@ impl Default for LedgerConfig {
             checkpoint_secs: 60,
             anchor_command: None,
             anchor_timeout_ms: 10_000,
+            retain_days: 0,
+            retain_secs: None,
+            max_bytes: 0,
+            archive_dir: None,
+            retention_batch_rows: 500,
+            retention_pause_ms: 5,
+            retention_check_secs: 600,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The gateway's writer: stage rows during a loop turn, commit them in one transaction.
 
-use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, ToSql, params};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::LedgerConfig;
 use super::body::{self, Preview};
 use super::chain::anchor::{self, Anchor, AnchorConfig};
+use super::chain::canonical::{self, Table};
 use super::chain::checkpoints::{self, Checkpoints};
 use super::chain::group::{ChainWriter, FlushPolicy};
 use super::chain::signing::SigningKey;
@@ -17,6 +18,7 @@ use super::error::{LedgerError, LedgerErrorKind};
 use super::file::{self, WriterLock};
 use super::lock_wait::{self, Waiting};
 use super::record::{CallEnd, CallStart};
+use super::retention::{self, ArchiveRequest, Retention, RetentionConfig};
 use super::schema;
 use super::staged::{Op, Span, Staged};
 use super::time::now_ms;
@@ -117,6 +119,10 @@ pub struct Ledger {
     chain: ChainWriter,
     /// Signed heads.
     checkpoints: Checkpoints,
+    /// Archives old groups on a thread of its own (when configured).
+    retention: Option<Retention>,
+    /// The archive request the commit being written records.
+    archive_taken: Option<ArchiveRequest>,
     _writer_lock: WriterLock,
 }
 
@@ -224,6 +230,8 @@ impl Ledger {
                 },
             ),
             checkpoints,
+            retention: None,
+            archive_taken: None,
             _writer_lock: writer_lock,
         };
         if head == Head::GENESIS {
@@ -232,6 +240,29 @@ impl Ledger {
         if let Some(detail) = behind {
             ledger.stage_event(chain::EVENT_BEHIND_SIGNED_HEAD, &detail);
             ledger.commit()?;
+        }
+        if cfg.retention_enabled() {
+            let retention = Retention::start(RetentionConfig {
+                ledger: path.to_path_buf(),
+                retain: cfg
+                    .retain_secs
+                    .or((cfg.retain_days > 0).then(|| cfg.retain_days.saturating_mul(86_400)))
+                    .map(Duration::from_secs),
+                max_bytes: (cfg.max_bytes > 0).then_some(cfg.max_bytes),
+                archive_dir: cfg.archive_dir_path(),
+                batch_rows: cfg.retention_batch_rows,
+                pause: Duration::from_millis(cfg.retention_pause_ms),
+                every: Duration::from_secs(cfg.retention_check_secs),
+                busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
+            })
+            .map_err(|e| {
+                LedgerError::new(
+                    LedgerErrorKind::Open,
+                    path,
+                    format!("retention thread: {e}"),
+                )
+            })?;
+            ledger.retention = Some(retention);
         }
         Ok(ledger)
     }
@@ -265,11 +296,29 @@ impl Ledger {
         self.chain.head()
     }
 
-    /// Whether a commit has something to do: staged rows, chain rows or a signature due.
+    /// Whether the retention thread waits for this writer to record an archive.
+    fn archive_pending(&self) -> bool {
+        self.retention
+            .as_ref()
+            .is_some_and(|r| r.shared.request.lock().is_ok_and(|slot| slot.is_some()))
+    }
+
+    /// Groups up to this are being archived (0: none).
+    fn archiving_upto(&self) -> i64 {
+        self.retention.as_ref().map_or(0, |r| {
+            r.shared
+                .archiving_upto
+                .load(std::sync::atomic::Ordering::SeqCst)
+        })
+    }
+
+    /// Whether a commit has something to do: staged rows, chain rows or a signature due,
+    /// an archive to record.
     pub fn has_work(&self) -> bool {
         let now = Instant::now();
         self.staged.len() > 0
             || self.staged.dropped_rows() > 0
+            || self.archive_pending()
             || self.chain.flush_due(now)
             || (self.chain.waiting() == 0 && self.checkpoints.due(self.chain.head().seq, now))
     }
@@ -278,7 +327,17 @@ impl Ledger {
     /// gateway's loop wakes up for it and calls [`commit`](Self::commit)).
     pub fn next_deadline(&self) -> Option<Instant> {
         let sign = self.checkpoints.deadline(self.chain.head().seq);
-        self.chain.deadline().into_iter().chain(sign).min()
+        // The retention thread's requests are looked for a few times a second.
+        let retention = self
+            .retention
+            .as_ref()
+            .map(|_| Instant::now() + RETENTION_POLL);
+        self.chain
+            .deadline()
+            .into_iter()
+            .chain(sign)
+            .chain(retention)
+            .min()
     }
 
     /// The public key that signs this ledger's checkpoints.
@@ -551,7 +610,7 @@ impl Ledger {
     /// fails closed.
     pub fn commit(&mut self) -> Result<usize, LedgerError> {
         let dropped = self.staged.dropped_rows();
-        if self.staged.len() == 0 && dropped == 0 {
+        if self.staged.len() == 0 && dropped == 0 && !self.archive_pending() {
             self.flush_chain(false)?;
             return Ok(0);
         }
@@ -595,22 +654,41 @@ impl Ledger {
         let _waiting = Waiting::until(self.busy_timeout);
         self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let seq = self.chain.begin();
-        let result =
-            write_rows(&self.conn, &self.staged, dropped, &mut self.chain, seq).and_then(|done| {
-                let now = Instant::now();
-                self.chain.close_group(&self.conn, now_ms(), now, false)?;
-                let newest = self.chain.newest();
-                if self.chain.flushing() && self.checkpoints.due(newest.seq, now) {
-                    self.checkpoints.sign_in(&self.conn, newest, now_ms())?;
-                }
-                self.conn.prepare_cached("COMMIT")?.execute([])?;
-                Ok(done)
-            });
+        let carry_upto = self.archiving_upto();
+        self.archive_taken = self.retention.as_ref().and_then(|r| {
+            r.shared
+                .request
+                .lock()
+                .ok()
+                .and_then(|mut slot| slot.take())
+        });
+        let result = write_rows(
+            &self.conn,
+            &self.staged,
+            dropped,
+            &mut self.chain,
+            seq,
+            carry_upto,
+        )
+        .and_then(|done| {
+            if let Some(request) = &self.archive_taken {
+                record_archive(&self.conn, &mut self.chain, request, seq)?;
+            }
+            let now = Instant::now();
+            self.chain.close_group(&self.conn, now_ms(), now, false)?;
+            let newest = self.chain.newest();
+            if self.chain.flushing() && self.checkpoints.due(newest.seq, now) {
+                self.checkpoints.sign_in(&self.conn, newest, now_ms())?;
+            }
+            self.conn.prepare_cached("COMMIT")?.execute([])?;
+            Ok(done)
+        });
         match result {
             Ok(done) => {
                 let now = Instant::now();
                 self.chain.committed(now);
                 self.checkpoints.committed(now);
+                self.answer_archive(Ok(()));
                 Ok(done)
             }
             Err(e) => {
@@ -621,8 +699,27 @@ impl Ledger {
                 }
                 self.chain.rolled_back();
                 self.checkpoints.rolled_back();
+                self.answer_archive(Err(e.to_string()));
                 Err(e)
             }
+        }
+    }
+
+    /// Tells the retention thread how the commit that recorded its archive went, and
+    /// counts the commit (the thread waits for one before it reads what to archive).
+    fn answer_archive(&mut self, outcome: Result<(), String>) {
+        let Some(retention) = &self.retention else {
+            return;
+        };
+        retention
+            .shared
+            .commits
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.archive_taken.take().is_some() {
+            if let Ok(mut answer) = retention.shared.answer.lock() {
+                *answer = Some(outcome);
+            }
+            retention.shared.answered.notify_all();
         }
     }
 
@@ -683,6 +780,7 @@ fn write_rows(
     dropped: u64,
     chain: &mut ChainWriter,
     seq: i64,
+    carry_upto: i64,
 ) -> rusqlite::Result<(usize, u64, Option<String>)> {
     let mut written = 0usize;
     let mut rejected = 0u64;
@@ -812,6 +910,21 @@ fn write_rows(
                         first_refusal = Some(format!("no tool_calls row {id} for its outcome"));
                     }
                 }
+                // A body already stored by a group being archived moves into this one.
+                Ok(0) if carry_upto > 0 => {
+                    if let Op::Blob { digest, .. } = op {
+                        let hash = body::hex(&staged.digest(*digest));
+                        let hash = String::from_utf8_lossy(&hash).into_owned();
+                        carry(
+                            tx,
+                            chain,
+                            Table::Blobs,
+                            &[Value::Text(hash)],
+                            carry_upto,
+                            seq,
+                        )?;
+                    }
+                }
                 Ok(0) => {}
                 Ok(changed) => {
                     chain.record(tx, staged, op)?;
@@ -851,6 +964,110 @@ fn write_rows(
         }
     }
     Ok((written, rejected, first_refusal))
+}
+
+/// How often the loop looks for the retention thread's requests.
+const RETENTION_POLL: Duration = Duration::from_millis(250);
+
+/// Moves a row of a group being archived (`chain_seq` up to `upto`) into group `seq`, so
+/// it stays in the live chain. Returns whether it did.
+fn carry(
+    tx: &Connection,
+    chain: &mut ChainWriter,
+    table: Table,
+    key: &[Value],
+    upto: i64,
+    seq: i64,
+) -> rusqlite::Result<bool> {
+    let condition = table
+        .key_columns()
+        .split(", ")
+        .enumerate()
+        .map(|(i, c)| format!("{c} = ?{}", i + 3))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let sql = format!(
+        "UPDATE {} SET chain_seq = ?1 WHERE chain_seq <= ?2 AND {condition}",
+        table.name()
+    );
+    let mut values: Vec<Value> = vec![Value::Integer(seq), Value::Integer(upto)];
+    values.extend_from_slice(key);
+    if tx
+        .prepare_cached(&sql)?
+        .execute(rusqlite::params_from_iter(values.iter()))?
+        == 0
+    {
+        return Ok(false);
+    }
+    let digest = tx
+        .prepare_cached(&table.select_by_key_sql())?
+        .query_row(rusqlite::params_from_iter(key.iter()), |row| {
+            canonical::row_digest(table, row)
+        })?;
+    let key_refs: Vec<ValueRef<'_>> = key.iter().map(ValueRef::from).collect();
+    chain.carried(table, &key_refs, &digest);
+    Ok(true)
+}
+
+/// Records an archive in group `seq`: the bodies newer calls still use and the calls still
+/// open move into the group, and a `ledger_archived` event says where the chain now starts.
+fn record_archive(
+    tx: &Connection,
+    chain: &mut ChainWriter,
+    request: &ArchiveRequest,
+    seq: i64,
+) -> rusqlite::Result<()> {
+    let upto = request.last;
+    for hash in &request.keep_blobs {
+        carry(
+            tx,
+            chain,
+            Table::Blobs,
+            &[Value::Text(hash.clone())],
+            upto,
+            seq,
+        )?;
+    }
+    for id in chain.open_call_ids() {
+        if carry(
+            tx,
+            chain,
+            Table::ToolCalls,
+            &[Value::Integer(id)],
+            upto,
+            seq,
+        )? {
+            let blob: Option<String> = tx
+                .prepare_cached("SELECT request_body_hash FROM tool_calls WHERE id = ?1")?
+                .query_row([id], |r| r.get(0))?;
+            if let Some(hash) = blob {
+                carry(tx, chain, Table::Blobs, &[Value::Text(hash)], upto, seq)?;
+            }
+        }
+    }
+    let now = now_ms();
+    let detail = serde_json::json!({
+        "file": request.file,
+        "first_seq": request.first,
+        "last_seq": request.last,
+        "prev_hash": canonical::hex(&request.prev_hash),
+        "last_hash": canonical::hex(&request.last_hash),
+        "rows": request.rows,
+    })
+    .to_string();
+    tx.prepare_cached(SQL_INSERT_EVENT)?.execute(params![
+        now,
+        retention::EVENT_ARCHIVED,
+        detail,
+        seq
+    ])?;
+    chain.event(
+        tx.last_insert_rowid(),
+        now,
+        retention::EVENT_ARCHIVED.as_bytes(),
+        detail.as_bytes(),
+    );
+    Ok(())
 }
 
 /// Bytes of manifests that may wait for their `ledger_chain` rows.

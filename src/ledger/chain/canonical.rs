@@ -68,6 +68,8 @@ pub const OP_INSERT: u8 = 1;
 pub const OP_UPDATE: u8 = 2;
 /// A row sealed after an unclean stop (see `recovery`).
 pub const OP_RECOVERED: u8 = 3;
+/// A row of an archived group that stays live, moved into this group (see `retention`).
+pub const OP_CARRIED: u8 = 4;
 
 /// A table whose rows are in the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -400,7 +402,7 @@ pub fn parse_manifest(records: &[u8]) -> Result<Vec<Entry>, BadManifest> {
         let table = Table::from_tag(records[at]).ok_or(bad(start, "unknown table tag"))?;
         at += 1;
         let op = *records.get(at).ok_or(bad(start, "entry cut short"))?;
-        if !matches!(op, OP_INSERT | OP_UPDATE | OP_RECOVERED) {
+        if !matches!(op, OP_INSERT | OP_UPDATE | OP_RECOVERED | OP_CARRIED) {
             return Err(bad(start, "unknown entry kind"));
         }
         at += 1;

@@ -346,6 +346,16 @@ impl ChainWriter {
         Ok(())
     }
 
+    /// Records a row this commit moved into its group (`chain_seq` rewritten).
+    pub fn carried(&mut self, table: Table, key: &[ValueRef<'_>], digest: &Digest) {
+        self.entry(table, canonical::OP_CARRIED, key, digest);
+    }
+
+    /// The calls whose start was committed and whose outcome was not.
+    pub fn open_call_ids(&self) -> Vec<i64> {
+        self.open_calls.keys().copied().collect()
+    }
+
     /// Records the `events` row `id` this commit inserted.
     pub fn event(&mut self, id: i64, ts_ms: i64, kind: &[u8], detail: &[u8]) {
         let row = RowHasher::new(Table::Events)

@@ -565,3 +565,161 @@ fn a_failing_or_hanging_anchor_command_never_holds_the_ledger() {
         assert_verifies(&cfg.path);
     }
 }
+
+/// Retention moves old groups to an archive that verifies, and the live ledger starts
+/// where the archive ends; a call open across the archive, and a body still used by newer
+/// calls, stay live and in the chain.
+#[test]
+fn retention_archives_old_groups_and_both_halves_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LedgerConfig {
+        retain_secs: Some(1),
+        retention_check_secs: 1,
+        preview_bytes: 16,
+        ..config(dir.path())
+    };
+    let archive_dir = cfg.archive_dir_path();
+    let mut ledger = Ledger::open(&cfg).unwrap();
+    let body = br#"{"text":"a body longer than the preview, stored as a blob"}"#;
+    let mut ids = Vec::new();
+    for _ in 0..50 {
+        let id = ledger.new_call_id();
+        ledger.stage_call(&start(id, body));
+        ledger.stage_rule_event(id, 0, "ask-echo", "ask", "request", "config");
+        ledger.commit().unwrap();
+        ledger.stage_call_end(id, &end(b"{}"));
+        ledger.commit().unwrap();
+        ids.push(id);
+    }
+    // Open across the archive: started now, ended after.
+    let open = ledger.new_call_id();
+    ledger.stage_call(&start(open, b"{\"open\":true}"));
+    ledger.commit().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    // Keep committing (as a live gateway does) until the archive is recorded and deleted.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut later = 0;
+    loop {
+        let id = ledger.new_call_id();
+        // The same body again: the blob already stored belongs to a group being archived.
+        ledger.stage_call(&start(id, body));
+        ledger.stage_call_end(id, &end(b"{}"));
+        ledger
+            .commit()
+            .expect("no commit fails while retention runs");
+        later += 1;
+        let conn = raw(&cfg.path);
+        let archived: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM events WHERE kind = 'ledger_archived'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let oldest: i64 = conn
+            .query_row("SELECT min(seq) FROM ledger_chain", [], |r| r.get(0))
+            .unwrap();
+        if archived > 0 && oldest > 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no archive in time");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    ledger.stage_call_end(open, &end(b"{\"late\":true}"));
+    ledger
+        .commit()
+        .expect("the open call's outcome finds its row");
+    drop(ledger);
+
+    let conn = raw(&cfg.path);
+    let live_calls: i64 = conn
+        .query_row("SELECT count(*) FROM tool_calls", [], |r| r.get(0))
+        .unwrap();
+    let ended: Option<i64> = conn
+        .query_row(
+            "SELECT duration_us FROM tool_calls WHERE id = ?1",
+            [open],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(ended, Some(1234));
+    // The body newer calls use is still there.
+    let blobs: i64 = conn
+        .query_row("SELECT count(*) FROM event_body_blobs", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(blobs, 1);
+    let report = verify_path(&cfg.path);
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert!(
+        report.notes.iter().any(|n| n.contains("archived")),
+        "{:?}",
+        report.notes
+    );
+    let with_archive = verify::verify_file(
+        &cfg.path,
+        &Options {
+            archive_dir: Some(archive_dir.clone()),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert!(with_archive.ok(), "{:#?}", with_archive.problems);
+    let archived_rows = with_archive.signatures.archived_rows;
+    assert!(archived_rows > 0);
+    // Every call is in exactly one of the halves (the open one in both: its start in the
+    // archive, its outcome live).
+    let files = crate::ledger::retention::archive_file::list(&archive_dir).unwrap();
+    let mut archived_calls = 0;
+    for f in &files {
+        let text = {
+            use std::io::Read;
+            let mut s = String::new();
+            flate2::read::GzDecoder::new(std::fs::File::open(f).unwrap())
+                .read_to_string(&mut s)
+                .unwrap();
+            s
+        };
+        archived_calls += text.matches("\"table\":\"tool_calls\"").count() as i64;
+    }
+    assert_eq!(
+        archived_calls + live_calls,
+        50 + 1 + later + 1,
+        "{archived_calls} + {live_calls}"
+    );
+
+    // An archive edited after the fact fails, naming it.
+    let first = &files[0];
+    let text = {
+        use std::io::Read;
+        let mut s = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(first).unwrap())
+            .read_to_string(&mut s)
+            .unwrap();
+        s
+    };
+    let edited = text.replacen("uid:1000", "uid:1001", 1);
+    assert_ne!(edited, text);
+    {
+        use std::io::Write;
+        let mut out = flate2::write::GzEncoder::new(
+            std::fs::File::create(first).unwrap(),
+            flate2::Compression::default(),
+        );
+        out.write_all(edited.as_bytes()).unwrap();
+        out.finish().unwrap();
+    }
+    let report = verify::verify_file(
+        &cfg.path,
+        &Options {
+            archive_dir: Some(archive_dir),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert!(!report.ok());
+    assert!(
+        format!("{:?}", report.problems).contains("does not match what the group committed"),
+        "{:#?}",
+        report.problems
+    );
+}

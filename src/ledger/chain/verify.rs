@@ -78,6 +78,8 @@ pub struct Options {
     /// Signed heads shipped off the machine (`--anchor`): the ledger must hold each one's
     /// group with its hash.
     pub anchors: Vec<SignedHead>,
+    /// Archives to check, and to tie to the live chain (`--archive DIR`).
+    pub archive_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
@@ -86,6 +88,7 @@ impl Default for Options {
             max_problems: DEFAULT_MAX_PROBLEMS,
             trusted_key: None,
             anchors: Vec::new(),
+            archive_dir: None,
         }
     }
 }
@@ -101,6 +104,9 @@ pub struct Signatures {
     pub key_trusted: bool,
     /// Anchors checked.
     pub anchors: u64,
+    /// Archive files checked, and their rows.
+    pub archives: u64,
+    pub archived_rows: u64,
 }
 
 /// A failure to read the ledger at all (not a verification failure).
@@ -180,8 +186,44 @@ pub fn verify(conn: &Connection, options: &Options) -> Result<Report, ReadError>
     result
 }
 
+/// A range of groups a `ledger_archived` event says moved to an archive file.
+#[derive(Debug, Clone)]
+pub struct Archived {
+    pub file: String,
+    pub first: i64,
+    pub last: i64,
+    pub prev_hash: Digest,
+    pub last_hash: Digest,
+}
+
+/// Every `ledger_archived` event, oldest first.
+pub fn archived_ranges(conn: &Connection) -> rusqlite::Result<Vec<Archived>> {
+    let mut stmt =
+        conn.prepare("SELECT detail FROM events WHERE kind = 'ledger_archived' ORDER BY id")?;
+    let mut rows = stmt.query([])?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        let detail: String = r.get(0)?;
+        let Ok(d) = serde_json::from_str::<serde_json::Value>(&detail) else {
+            continue;
+        };
+        let parsed = (|| {
+            Some(Archived {
+                file: d["file"].as_str()?.to_owned(),
+                first: d["first_seq"].as_i64()?,
+                last: d["last_seq"].as_i64()?,
+                prev_hash: canonical::from_hex(d["prev_hash"].as_str()?)?,
+                last_hash: canonical::from_hex(d["last_hash"].as_str()?)?,
+            })
+        })();
+        out.extend(parsed);
+    }
+    Ok(out)
+}
+
 fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, ReadError> {
     let mut report = Report::default();
+    let archived = archived_ranges(conn)?;
     let mut finals = [0u64; 4];
     let mut seal_in_chain: Option<LegacySeal> = None;
     let mut problems_found: Vec<(Option<(i64, i64)>, String)> = Vec::new();
@@ -216,19 +258,45 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
                 report.first_group = at;
             }
             report.last_group = at;
+            // The first group links to the one an archive ended with, if the groups
+            // before it were archived; while an archive's rows are being deleted, the
+            // chain may start inside its range.
+            let mut start_unlinked = false;
             let prev_hash = match prev {
                 None if seq == 1 => GENESIS,
-                None => {
-                    add(
-                        at,
-                        format!(
-                            "the chain starts at group {seq}: groups 1..{} are not in this \
-                             ledger (removed)",
-                            seq - 1
-                        ),
-                    );
-                    GENESIS
-                }
+                None => match archived.iter().find(|a| a.last == seq - 1) {
+                    Some(a) => {
+                        report.notes.push(format!(
+                            "groups 1..{} are archived (the last archive: {}, groups {}..{}); \
+                             pass --archive DIR to check them",
+                            a.last, a.file, a.first, a.last
+                        ));
+                        a.last_hash
+                    }
+                    None => match archived.iter().find(|a| a.first <= seq && seq <= a.last) {
+                        Some(a) if a.first == seq => a.prev_hash,
+                        Some(a) => {
+                            report.notes.push(format!(
+                                "groups {}..{} are being deleted after their archive ({}); the \
+                                 chain is checked from group {seq}",
+                                a.first, a.last, a.file
+                            ));
+                            start_unlinked = true;
+                            GENESIS
+                        }
+                        None => {
+                            add(
+                                at,
+                                format!(
+                                    "the chain starts at group {seq}: groups 1..{} are not in \
+                                     this ledger and no archive took them (removed)",
+                                    seq - 1
+                                ),
+                            );
+                            GENESIS
+                        }
+                    },
+                },
                 Some(p) => {
                     if seq != p.seq + 1 {
                         add(
@@ -247,7 +315,7 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
             };
             // A gap is reported above; the link across it says nothing more.
             let linked = match prev {
-                None => seq == 1,
+                None => !start_unlinked,
                 Some(p) => seq == p.seq + 1,
             };
             if linked && canonical::group_hash(&prev_hash, seq, ts_ms, &records) != stored {
@@ -276,7 +344,10 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
             if seq == 1 {
                 seal_in_chain = chain_start_seal(conn, &entries, &mut |w| add(at, w))?;
             }
-            check_entries(conn, seq, &entries, &mut finals, &mut |w| add(at, w))?;
+            let deleting = archived.iter().any(|a| a.first <= seq && seq <= a.last);
+            check_entries(conn, seq, &entries, deleting, &mut finals, &mut |w| {
+                add(at, w)
+            })?;
         }
         report.head = prev;
     }
@@ -345,7 +416,9 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
         }
     }
     let legacy_total: u64 = report.legacy_rows.iter().sum();
+    let legacy_archived = archived.iter().any(|a| a.first == 1);
     match &seal_in_chain {
+        _ if legacy_archived => {}
         Some(sealed) if legacy_total > 0 || sealed.total() > 0 => {
             let now = seal::compute(conn)?;
             if now != *sealed {
@@ -362,7 +435,7 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
             }
         }
         Some(_) => {}
-        None if legacy_total > 0 => add(
+        None if legacy_total > 0 && !legacy_archived => add(
             None,
             format!(
                 "{legacy_total} rows have no chain group and no seal covers them (added after \
@@ -402,6 +475,9 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
         ));
     }
     check_signatures(conn, options, &mut report, &mut add)?;
+    if let Some(dir) = &options.archive_dir {
+        check_archives(dir, options, &archived, &mut report, &mut add);
+    }
     problems_found.sort_by_key(|(group, _)| group.map_or(i64::MAX, |g| g.0));
     let mut problems = Problems {
         report: &mut report,
@@ -411,6 +487,96 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
         problems.add(group, what);
     }
     Ok(report)
+}
+
+/// Checks every archive file in `dir`, that they continue each other, and that each
+/// archive the live ledger recorded is there with the hashes it recorded.
+fn check_archives(
+    dir: &std::path::Path,
+    options: &Options,
+    archived: &[Archived],
+    report: &mut Report,
+    add: &mut dyn FnMut(Option<(i64, i64)>, String),
+) {
+    let files = match crate::ledger::retention::archive_file::list(dir) {
+        Ok(files) => files,
+        Err(e) => {
+            add(None, e);
+            return;
+        }
+    };
+    let key = options.trusted_key.or(report.signatures.key);
+    let mut previous: Option<(i64, Digest)> = None;
+    let mut by_name = std::collections::HashMap::new();
+    for file in &files {
+        match crate::ledger::retention::archive_file::check(file, key.as_ref()) {
+            Ok((summary, problems)) => {
+                report.signatures.archives += 1;
+                report.signatures.archived_rows += summary.rows;
+                for p in problems {
+                    add(None, p);
+                }
+                match previous {
+                    None if summary.first_seq != 1 => report.notes.push(format!(
+                        "the archives start at group {} ({}): older ones are not in the directory",
+                        summary.first_seq,
+                        file.display()
+                    )),
+                    Some((last, _)) if summary.first_seq != last + 1 => add(
+                        None,
+                        format!(
+                            "{}: starts at group {}, but the archive before it ends at group {last}",
+                            file.display(),
+                            summary.first_seq
+                        ),
+                    ),
+                    Some((_, hash)) if summary.prev_hash != hash => add(
+                        None,
+                        format!(
+                            "{}: does not continue the archive before it (its first group's link \
+                             differs)",
+                            file.display()
+                        ),
+                    ),
+                    _ => {}
+                }
+                previous = Some((summary.last_seq, summary.last_hash));
+                if let Some(name) = file.file_name() {
+                    by_name.insert(name.to_string_lossy().into_owned(), summary);
+                }
+            }
+            Err(e) => add(None, e),
+        }
+    }
+    for a in archived {
+        match by_name.get(&a.file) {
+            None => add(
+                None,
+                format!(
+                    "the ledger archived groups {}..{} to {}, which is not in {}",
+                    a.first,
+                    a.last,
+                    a.file,
+                    dir.display()
+                ),
+            ),
+            Some(s)
+                if s.first_seq != a.first
+                    || s.last_seq != a.last
+                    || s.prev_hash != a.prev_hash
+                    || s.last_hash != a.last_hash =>
+            {
+                add(
+                    None,
+                    format!(
+                        "{}: not the archive the ledger recorded (its groups or hashes differ)",
+                        a.file
+                    ),
+                )
+            }
+            Some(_) => {}
+        }
+    }
 }
 
 /// The stored hash and time of group `seq`, if the ledger has it.
@@ -568,6 +734,7 @@ fn check_entries(
     conn: &Connection,
     seq: i64,
     entries: &[Entry],
+    archived: bool,
     finals: &mut [u64; 4],
     add: &mut dyn FnMut(String),
 ) -> rusqlite::Result<()> {
@@ -581,6 +748,8 @@ fn check_entries(
         }
         let what = || format!("{} {}", entry.table.name(), entry.describe_key());
         match lookup(conn, entry.table, &entry.key)? {
+            // An archived group's rows leave the live ledger one batch at a time.
+            None if archived => {}
             None => add(format!(
                 "group {seq}: {} is missing (deleted after it was committed)",
                 what()
