@@ -17,12 +17,16 @@ use toolwall::ledger::{CallEnd, CallStart, Ledger, LedgerConfig, decision, now_m
 struct Options {
     rows: u64,
     keep: Option<PathBuf>,
+    verify: bool,
+    archive_rows: u64,
 }
 
 fn options() -> Result<Options, String> {
     let mut out = Options {
         rows: 1_000_000,
         keep: None,
+        verify: true,
+        archive_rows: 200_000,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -34,6 +38,13 @@ fn options() -> Result<Options, String> {
                     .ok_or("--rows needs a number")?
             }
             "--keep" => out.keep = Some(args.next().ok_or("--keep needs a directory")?.into()),
+            "--no-verify" => out.verify = false,
+            "--archive-rows" => {
+                out.archive_rows = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--archive-rows needs a number (0: no archive run)")?
+            }
             "--bench" => {}
             "--help" | "-h" => {
                 return Err("cargo bench --bench ledger -- [--rows N] [--keep DIR]".into());
@@ -161,6 +172,71 @@ fn time<T>(
     value
 }
 
+/// Builds a ledger of `calls` calls, then lets retention archive all of it but the newest
+/// group while a writer keeps committing (as a live gateway would), and times the run.
+fn archive_run(calls: u64, rows: &mut Vec<(String, Duration, String)>) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = config(tmp.path());
+    build(&cfg, calls);
+    std::thread::sleep(Duration::from_millis(1100));
+    let started = Instant::now();
+    let mut ledger = Ledger::open(&LedgerConfig {
+        retain_secs: Some(1),
+        retention_check_secs: 1,
+        ..cfg.clone()
+    })
+    .expect("open");
+    let conn = query::open_read_only(&cfg.path).expect("open read-only");
+    let mut commit_worst = Duration::ZERO;
+    let mut commits = 0u64;
+    let archived_at = loop {
+        ledger.stage_event("tick", &serde_json::json!({}));
+        let t = Instant::now();
+        ledger.commit().expect("commit");
+        commit_worst = commit_worst.max(t.elapsed());
+        commits += 1;
+        let done = conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM events WHERE kind = 'ledger_archived'), \
+                 (SELECT min(seq) FROM ledger_chain)",
+                [],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .is_ok_and(|(archived, oldest)| archived > 0 && oldest > 1);
+        if done {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3600),
+            "no archive in an hour"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    drop(ledger);
+    let bytes: u64 = std::fs::read_dir(cfg.archive_dir_path())
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    let db = std::fs::metadata(&cfg.path).map(|m| m.len()).unwrap_or(0);
+    let note = format!(
+        "{:.0} calls/s archived and deleted; archive {:.1} MiB gzip for a {:.1} MiB ledger; \
+         {commits} commits meanwhile, the slowest {:.2} ms",
+        calls as f64 / archived_at.as_secs_f64(),
+        bytes as f64 / (1 << 20) as f64,
+        db as f64 / (1 << 20) as f64,
+        commit_worst.as_secs_f64() * 1e3
+    );
+    eprintln!("archive: {note}");
+    rows.push((
+        format!("archive {calls} calls (export, record, delete)"),
+        archived_at,
+        note,
+    ));
+}
+
 fn main() {
     let opts = match options() {
         Ok(o) => o,
@@ -280,18 +356,23 @@ fn main() {
             ),
         )
     });
-    time("verify (the whole chain)", &mut rows, || {
-        let r = verify::verify_file(&cfg.path, &verify::Options::default()).expect("verify");
-        (
-            (),
-            format!(
-                "ok={} groups={} rows={:?}",
-                r.ok(),
-                r.groups,
-                r.chained_rows
-            ),
-        )
-    });
+    if opts.verify {
+        time("verify (the whole chain)", &mut rows, || {
+            let r = verify::verify_file(&cfg.path, &verify::Options::default()).expect("verify");
+            (
+                (),
+                format!(
+                    "ok={} groups={} rows={:?}",
+                    r.ok(),
+                    r.groups,
+                    r.chained_rows
+                ),
+            )
+        });
+    }
+    if opts.archive_rows > 0 {
+        archive_run(opts.archive_rows, &mut rows);
+    }
     println!(
         "\nledger: {} calls, {:.2} GiB ({})\n",
         opts.rows,

@@ -37,10 +37,9 @@ Tokens for the HTTP door (stored as hashes in the ledger database):
   token revoke ID
 
 Files (no daemon needed):
-  ledger tail [-n N] [--json] [--ledger FILE]
-                             Recent tool calls from the ledger
-  ledger verify [--ledger FILE] [--json]
-                             Check the ledger's hash chain; see `toolwall ledger --help`
+  ledger tail | query | show ID | stats | verify | key | archive list
+                             Read, question and check the ledger (live or a copy):
+                             `toolwall ledger --help` for filters and options
   policy check               Validate the policy (config, corp layer); non-zero on any fault
   policy explain --tool NAME [--args JSON] [--principal P] [--transport T]
                  [--process P] [--method M] [--resource URI]

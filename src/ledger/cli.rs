@@ -14,6 +14,26 @@ use super::retention::archive_file;
 use crate::config::Config;
 use std::io::IsTerminal as _;
 
+/// Writes to stdout; a reader that went away (`| head`) ends the output quietly instead of
+/// a panic.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let text = format!($($arg)*);
+        let mut stdout = std::io::stdout().lock();
+        if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        out!("{}\n", format!($($arg)*));
+    }};
+}
+
 pub const USAGE: &str = "\
 Usage: toolwall ledger <COMMAND> [--config FILE] [--ledger FILE] [OPTIONS]
 
@@ -251,7 +271,7 @@ impl Args {
 /// exit status, or an error for bad usage and unreadable files.
 pub fn run(args: Vec<OsString>) -> Result<i32, String> {
     let Some(args) = parse(args)? else {
-        print!("{USAGE}");
+        out!("{USAGE}");
         return Ok(0);
     };
     let words: Vec<&str> = args.words.iter().map(String::as_str).collect();
@@ -260,7 +280,7 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
             let path = args.ledger_path()?;
             let text =
                 super::tail(&path, args.n.unwrap_or(20), args.json).map_err(|e| e.to_string())?;
-            print!("{text}");
+            out!("{text}");
             Ok(0)
         }
         ["ledger", "verify"] => {
@@ -273,9 +293,9 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
             };
             let report = verify::verify_file(&path, &options).map_err(|e| e.to_string())?;
             if args.json {
-                println!("{}", report_json(&path, &report));
+                outln!("{}", report_json(&path, &report));
             } else {
-                print!("{}", report_text(&path, &report));
+                out!("{}", report_text(&path, &report));
             }
             Ok(if report.ok() { 0 } else { 1 })
         }
@@ -295,7 +315,7 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
             }
             if args.json {
                 for (s, problems) in &listed {
-                    println!(
+                    outln!(
                         "{}",
                         serde_json::json!({
                             "file": s.path.display().to_string(),
@@ -314,11 +334,11 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
                 }
             } else {
                 if listed.is_empty() {
-                    println!("no archives in {}", dir.display());
+                    outln!("no archives in {}", dir.display());
                 }
                 for (s, problems) in &listed {
                     let when = |t: Option<i64>| t.map(super::format_utc_ms).unwrap_or_default();
-                    println!(
+                    outln!(
                         "{}  groups {}..{}  {} .. {}  {} rows  {} checkpoints  {} bytes  {}",
                         s.path.display(),
                         s.first_seq,
@@ -331,7 +351,7 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
                         if problems.is_empty() { "OK" } else { "BAD" }
                     );
                     for p in problems {
-                        println!("  BAD: {p}");
+                        outln!("  BAD: {p}");
                     }
                 }
             }
@@ -343,12 +363,12 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
             let key = SigningKey::load_or_create(&key_path)?;
             let public = signing::format_public_key(&key.public_key());
             if args.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({"public_key": public, "path": key_path.display().to_string()})
                 );
             } else {
-                println!("{public}");
+                outln!("{public}");
             }
             Ok(0)
         }
@@ -378,7 +398,7 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
             } else {
                 query::format_table(&calls)
             };
-            print!("{text}");
+            out!("{text}");
             Ok(0)
         }
         ["ledger", "show", id] => {
@@ -394,9 +414,9 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
                 return Ok(1);
             };
             if args.json {
-                println!("{call}");
+                outln!("{call}");
             } else {
-                print!("{}", query::format_show(&call));
+                out!("{}", query::format_show(&call));
             }
             Ok(0)
         }
@@ -414,9 +434,9 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
             let stats = query::stats(&conn, since, until)
                 .map_err(|e| format!("ledger {}: {e}", path.display()))?;
             if args.json {
-                println!("{stats}");
+                outln!("{stats}");
             } else {
-                print!("{}", query::format_stats(&stats));
+                out!("{}", query::format_stats(&stats));
             }
             Ok(0)
         }

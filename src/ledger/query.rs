@@ -101,7 +101,9 @@ pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
 /// `None` when every call is older.
 fn first_id_at(conn: &Connection, ts_ms: i64) -> rusqlite::Result<Option<i64>> {
     let bounds: (Option<i64>, Option<i64>) =
-        conn.query_row("SELECT min(id), max(id) FROM tool_calls", [], |r| {
+        // Two subqueries: SQLite answers a lone min() or max() of the rowid from the
+        // b-tree's ends, but scans the whole table for both in one SELECT.
+        conn.query_row("SELECT (SELECT min(id) FROM tool_calls), (SELECT max(id) FROM tool_calls)", [], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })?;
     let (Some(mut lo), Some(mut hi)) = bounds else {
@@ -640,17 +642,36 @@ impl Latencies {
 #[derive(Default, Clone)]
 struct Tally {
     calls: u64,
-    by_decision: HashMap<String, u64>,
+    /// A handful of decision values: a short list beats a map.
+    by_decision: Vec<(Vec<u8>, u64)>,
     latencies: Latencies,
 }
 
-fn bump<'a>(map: &'a mut HashMap<String, Tally>, key: &str) -> &'a mut Tally {
-    let key = if map.len() >= MAX_GROUPS && !map.contains_key(key) {
-        "(other)"
+impl Tally {
+    fn add(&mut self, decision: &[u8], duration: Option<i64>) {
+        self.calls += 1;
+        match self.by_decision.iter_mut().find(|(d, _)| d == decision) {
+            Some((_, n)) => *n += 1,
+            None => self.by_decision.push((decision.to_vec(), 1)),
+        }
+        if let Some(us) = duration {
+            self.latencies.add(us);
+        }
+    }
+}
+
+/// The tally of `key`, without allocating when it exists (every row of the window goes
+/// through here).
+fn bump<'a>(map: &'a mut HashMap<Vec<u8>, Tally>, key: &[u8]) -> &'a mut Tally {
+    let key: &[u8] = if map.len() >= MAX_GROUPS && !map.contains_key(key) {
+        b"(other)"
     } else {
         key
     };
-    map.entry(key.to_owned()).or_default()
+    if !map.contains_key(key) {
+        map.insert(key.to_vec(), Tally::default());
+    }
+    map.get_mut(key).expect("inserted above")
 }
 
 /// `ledger stats`: calls by tool, decision and principal in a time window, the rules that
@@ -664,36 +685,31 @@ pub fn stats(
     let result = (|| {
         let (lo, hi) = id_range(conn, Some(since_ms), until_ms)?;
         let until = until_ms.unwrap_or(i64::MAX);
-        let mut by_tool: HashMap<String, Tally> = HashMap::new();
-        let mut by_principal: HashMap<String, Tally> = HashMap::new();
-        let mut by_decision: HashMap<String, u64> = HashMap::new();
-        let mut total = 0u64;
+        let mut by_tool: HashMap<Vec<u8>, Tally> = HashMap::new();
+        let mut by_principal: HashMap<Vec<u8>, Tally> = HashMap::new();
+        let mut all = Tally::default();
+        let mut tool_key = Vec::with_capacity(128);
         let mut stmt = conn.prepare(
             "SELECT server_name, tool_name, principal, decision, duration_us FROM tool_calls \
              WHERE id BETWEEN ?1 AND ?2 AND ts_ms >= ?3 AND ts_ms <= ?4",
         )?;
         let mut rows = stmt.query(rusqlite::params![lo, hi, since_ms, until])?;
         while let Some(r) = rows.next()? {
-            let text = |i: usize| -> String {
+            let bytes = |i: usize| -> &[u8] {
                 match r.get_ref(i) {
-                    Ok(ValueRef::Text(t)) => String::from_utf8_lossy(t).into_owned(),
-                    _ => String::new(),
+                    Ok(ValueRef::Text(t)) => t,
+                    _ => b"",
                 }
             };
-            let decision = text(3);
+            let decision = bytes(3);
             let duration: Option<i64> = r.get(4)?;
-            total += 1;
-            *by_decision.entry(decision.clone()).or_default() += 1;
-            for tally in [
-                bump(&mut by_tool, &format!("{}__{}", text(0), text(1))),
-                bump(&mut by_principal, &text(2)),
-            ] {
-                tally.calls += 1;
-                *tally.by_decision.entry(decision.clone()).or_default() += 1;
-                if let Some(us) = duration {
-                    tally.latencies.add(us);
-                }
-            }
+            tool_key.clear();
+            tool_key.extend_from_slice(bytes(0));
+            tool_key.extend_from_slice(b"__");
+            tool_key.extend_from_slice(bytes(1));
+            all.add(decision, None);
+            bump(&mut by_tool, &tool_key).add(decision, duration);
+            bump(&mut by_principal, bytes(2)).add(decision, duration);
         }
         let mut blocking = Vec::new();
         let mut stmt = conn.prepare(
@@ -705,15 +721,24 @@ pub fn stats(
         while let Some(r) = rows.next()? {
             blocking.push(serde_json::json!({"rule_id": r.get::<_, String>(0)?, "calls": r.get::<_, i64>(1)?}));
         }
-        let tallies = |map: HashMap<String, Tally>| {
-            let mut list: Vec<(String, Tally)> = map.into_iter().collect();
+        let decisions = |t: &Tally| -> serde_json::Map<String, serde_json::Value> {
+            t.by_decision
+                .iter()
+                .map(|(d, n)| (String::from_utf8_lossy(d).into_owned(), (*n).into()))
+                .collect()
+        };
+        let tallies = |map: HashMap<Vec<u8>, Tally>| {
+            let mut list: Vec<(String, Tally)> = map
+                .into_iter()
+                .map(|(k, t)| (String::from_utf8_lossy(&k).into_owned(), t))
+                .collect();
             list.sort_by(|a, b| b.1.calls.cmp(&a.1.calls).then(a.0.cmp(&b.0)));
             list.into_iter()
                 .map(|(name, t)| {
                     serde_json::json!({
                         "name": name,
                         "calls": t.calls,
-                        "by_decision": t.by_decision,
+                        "by_decision": decisions(&t),
                         "p50_ms": t.latencies.quantile(0.5).map(|us| (us / 10.0).round() / 100.0),
                         "p99_ms": t.latencies.quantile(0.99).map(|us| (us / 10.0).round() / 100.0),
                     })
@@ -723,8 +748,8 @@ pub fn stats(
         Ok(serde_json::json!({
             "since_ms": since_ms,
             "until_ms": until_ms,
-            "calls": total,
-            "by_decision": by_decision,
+            "calls": all.calls,
+            "by_decision": decisions(&all),
             "by_tool": tallies(by_tool),
             "by_principal": tallies(by_principal),
             "top_blocking_rules": blocking,

@@ -258,6 +258,38 @@ fn bad_limits_are_config_errors() {
             busy_timeout_ms: u64::MAX,
             ..config(dir.path())
         },
+        LedgerConfig {
+            chain_flush_groups: 0,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            chain_flush_ms: u64::MAX,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            checkpoint_groups: 0,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            checkpoint_secs: u64::MAX,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            anchor_command: Some(vec![]),
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            anchor_timeout_ms: u64::MAX,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            retention_batch_rows: 0,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            retention_check_secs: 0,
+            ..config(dir.path())
+        },
     ] {
         let err = Ledger::open(&cfg).err().expect("must be refused");
         assert_eq!(err.kind(), LedgerErrorKind::Config, "{err}");

@@ -1224,6 +1224,22 @@ fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
             "ledger.anchor_command must name a program (an array: program, arguments)".into(),
         );
     }
+    if cfg.retention_batch_rows == 0 || cfg.retention_batch_rows > 100_000 {
+        return bad(format!(
+            "ledger.retention_batch_rows {} must be between 1 and 100000",
+            cfg.retention_batch_rows
+        ));
+    }
+    if cfg.retention_check_secs == 0
+        || cfg.retention_check_secs > crate::config::MAX_TIMEOUT_SECS
+        || cfg.retention_pause_ms > 60_000
+    {
+        return bad(
+            "ledger.retention_check_secs must be between 1 and 86400, retention_pause_ms at \
+             most 60000"
+                .into(),
+        );
+    }
     if cfg.chain_flush_ms > MAX_CHAIN_FLUSH_MS {
         return bad(format!(
             "ledger.chain_flush_ms {} is above {MAX_CHAIN_FLUSH_MS}",

@@ -203,9 +203,12 @@ fn live_bytes(conn: &Connection) -> rusqlite::Result<u64> {
 fn plan(config: &RetentionConfig, conn: &Connection) -> Result<Option<(i64, i64)>, String> {
     let e = |e: rusqlite::Error| e.to_string();
     let bounds: (Option<i64>, Option<i64>, Option<i64>) = conn
-        .query_row("SELECT min(seq), max(seq), (SELECT ts_ms FROM ledger_chain ORDER BY seq LIMIT 1) FROM ledger_chain", [], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
+        .query_row(
+            "SELECT (SELECT min(seq) FROM ledger_chain), (SELECT max(seq) FROM ledger_chain), \
+             (SELECT ts_ms FROM ledger_chain ORDER BY seq LIMIT 1)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
         .map_err(e)?;
     let (Some(first), Some(newest), Some(first_ts)) = bounds else {
         return Ok(None);
