@@ -162,8 +162,8 @@ impl Default for LedgerConfig {
             retain_secs: None,
             max_bytes: 0,
             archive_dir: None,
-            retention_batch_rows: 500,
-            retention_pause_ms: 5,
+            retention_batch_rows: 100,
+            retention_pause_ms: 10,
             retention_check_secs: 600,
         }
     }

@@ -82,7 +82,10 @@ pub fn unhex(text: &str) -> Option<Vec<u8>> {
 /// Writes an archive to `<dir>/<name>.tmp`, then renames it into place once it is whole
 /// and synced.
 pub struct ArchiveWriter {
-    out: GzEncoder<BufWriter<std::fs::File>>,
+    // Buffered in front of the encoder too: it zeroes its 32 KiB output buffer on every
+    // write it gets, and JSON is written in small pieces (measured: 45% of the export's
+    // CPU in memset without this buffer).
+    out: BufWriter<GzEncoder<BufWriter<std::fs::File>>>,
     tmp: PathBuf,
     path: PathBuf,
     groups: u64,
@@ -112,7 +115,11 @@ impl ArchiveWriter {
             .mode(0o600)
             .open(&tmp)?;
         let mut writer = ArchiveWriter {
-            out: GzEncoder::new(BufWriter::new(file), Compression::default()),
+            // The fastest level: archiving runs beside a live gateway on the same CPUs.
+            out: BufWriter::with_capacity(
+                1 << 18,
+                GzEncoder::new(BufWriter::new(file), Compression::fast()),
+            ),
             tmp,
             path,
             groups: 0,
@@ -165,6 +172,8 @@ impl ArchiveWriter {
         self.line(&end)?;
         let file = self
             .out
+            .into_inner()
+            .map_err(|e| std::io::Error::other(e.to_string()))?
             .finish()?
             .into_inner()
             .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -202,10 +211,10 @@ pub fn check(path: &Path, key: Option<&[u8; 32]>) -> Result<(ArchiveSummary, Vec
     let name = path.display().to_string();
     let file = std::fs::File::open(path).map_err(|e| format!("{name}: {e}"))?;
     let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut reader = BufReader::new(GzDecoder::new(file));
+    let mut reader = BufReader::with_capacity(1 << 18, GzDecoder::new(BufReader::new(file)));
     let mut problems = Vec::new();
     let mut line = String::new();
-    let mut next = |reader: &mut BufReader<GzDecoder<std::fs::File>>| -> Result<Option<serde_json::Value>, String> {
+    let mut next = |reader: &mut BufReader<GzDecoder<BufReader<std::fs::File>>>| -> Result<Option<serde_json::Value>, String> {
         line.clear();
         let n = Read::by_ref(reader)
             .take(MAX_LINE as u64)
