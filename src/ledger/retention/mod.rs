@@ -13,8 +13,8 @@
 //!    stay in the live chain), and records a `ledger_archived` event (file, A, B, the hash
 //!    before A and the hash of B): the live chain then starts after B.
 //! 4. It deletes the archived rows by key, `batch_rows` per transaction with a pause
-//!    between, then the groups and checkpoints: each transaction holds the write lock for
-//!    about a millisecond, so commits wait at most that long.
+//!    between, then the groups and checkpoints; a commit of the gateway waits for at most
+//!    one batch.
 //!
 //! A run interrupted (crash, stop) resumes its deletions at the next start.
 
