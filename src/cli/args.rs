@@ -40,18 +40,6 @@ pub const FLAGS: &[Flag] = &[
         help: "Print the daemon's answer as JSON",
     },
     Flag {
-        long: "n",
-        short: Some('n'),
-        value: Some("N"),
-        help: "How many calls (default 20)",
-    },
-    Flag {
-        long: "ledger",
-        short: None,
-        value: Some("FILE"),
-        help: "The ledger file (default: the config's [ledger] path)",
-    },
-    Flag {
         long: "reason",
         short: None,
         value: Some("TEXT"),
@@ -236,11 +224,13 @@ pub const COMMANDS: &[Command] = &[
         summary: "Revoke a token",
     },
     Command {
-        words: &["ledger", "tail"],
-        positional: &[],
-        flags: &["n", "json", "ledger"],
+        // Shown in the usage only: `toolwall ledger ...` is parsed by `crate::ledger::cli`,
+        // which has its own subcommands, filters and --help.
+        words: &["ledger"],
+        positional: &["tail|query|show ID|stats|verify|key|archive list"],
+        flags: &[],
         group: "Files (no daemon needed)",
-        summary: "Recent calls from the ledger",
+        summary: "Read, question and check the ledger, live or a copy (`toolwall ledger --help` for filters and options)",
     },
     Command {
         words: &["policy", "check"],
@@ -488,14 +478,14 @@ mod tests {
     fn each_command_takes_only_its_own_flags() {
         let e = run(&["serve", "--tool", "x"]).unwrap_err();
         assert!(e.contains("toolwall serve does not take --tool"), "{e}");
-        let e = run(&["status", "-n", "3"]).unwrap_err();
-        assert!(e.contains("does not take --n"), "{e}");
+        let e = run(&["status", "--reason", "3"]).unwrap_err();
+        assert!(e.contains("does not take --reason"), "{e}");
         assert!(run(&["serve", "--config", "x.toml"]).is_ok());
         assert!(run(&["--config", "x.toml", "status", "--json"]).is_ok());
-        let Ok(Outcome::Run(p)) = run(&["ledger", "tail", "-n", "5", "--json"]) else {
+        let Ok(Outcome::Run(p)) = run(&["deny", "7", "--reason", "no", "--json"]) else {
             panic!("parses")
         };
-        assert_eq!((p.flag("n"), p.switch("json")), (Some("5"), true));
+        assert_eq!((p.flag("reason"), p.switch("json")), (Some("no"), true));
         let e = run(&["deny", "3", "--reason", "a", "--reason", "b"]).unwrap_err();
         assert!(e.contains("twice"), "{e}");
     }

@@ -30,7 +30,12 @@ pub fn main() -> i32 {
 }
 
 fn run() -> Result<i32, String> {
-    let parsed = match args::parse(std::env::args_os().skip(1))? {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // The ledger's subcommands have their own filters and help (src/ledger/cli.rs).
+    if crate::ledger::cli::is_ledger_command(&args) {
+        return crate::ledger::cli::run(args);
+    }
+    let parsed = match args::parse(args)? {
         Outcome::Run(p) => p,
         Outcome::Help(text) => {
             print!("{text}");
@@ -183,21 +188,6 @@ fn run() -> Result<i32, String> {
                 &serde_json::json!({"op": "pin_approve", "tool": tool, "digest": digest}),
             )?;
             admin_outcome(&reply, json_out)
-        }
-        ["ledger", "tail"] => {
-            let n: usize = match parsed.flag("n") {
-                Some(v) => v
-                    .parse()
-                    .map_err(|_| format!("-n needs a number, got {v:?}"))?,
-                None => 20,
-            };
-            let path = match parsed.flag("ledger") {
-                Some(p) => p.into(),
-                None => load(config_path)?.ledger.path,
-            };
-            let text = crate::ledger::tail(&path, n, json_out).map_err(|e| e.to_string())?;
-            print!("{text}");
-            Ok(0)
         }
         ["policy", "check"] => {
             let config = match Config::load(config_path.as_deref()) {
