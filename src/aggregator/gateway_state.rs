@@ -741,7 +741,14 @@ impl UpstreamsState {
         self.next_refresh
             .into_iter()
             .chain(self.schedule.next_deadline())
+            .chain(self.stderr.next_deadline())
             .min()
+    }
+
+    /// On timers: local servers' counts of stderr lines not logged, when due.
+    pub fn on_timer(&mut self, now: Instant) {
+        let logs = self.stderr.on_timer(now);
+        self.logs.extend(logs);
     }
 
     /// On timers: true when every server should be listed again now (and the next

@@ -100,6 +100,37 @@ impl StderrBoard {
         logs
     }
 
+    /// When a count of lines not logged may be logged (the budget allows one line): the
+    /// count must not wait for the server's next line, which may never come.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.rings
+            .values()
+            .filter(|r| r.not_logged > 0)
+            .map(|r| {
+                let wait = ((1.0 - r.tokens).max(0.0) / LOG_LINES_PER_SEC).min(60.0);
+                r.refilled + std::time::Duration::from_secs_f64(wait)
+            })
+            .min()
+    }
+
+    /// The counts of lines not logged whose time has come.
+    pub fn on_timer(&mut self, now: Instant) -> Vec<String> {
+        let mut logs = Vec::new();
+        for (server, ring) in self.rings.iter_mut().filter(|(_, r)| r.not_logged > 0) {
+            let elapsed = now.saturating_duration_since(ring.refilled).as_secs_f64();
+            ring.refilled = now;
+            ring.tokens = (ring.tokens + elapsed * LOG_LINES_PER_SEC).min(LOG_BURST);
+            if ring.tokens >= 1.0 {
+                ring.tokens -= 1.0;
+                logs.push(format!(
+                    "server {server}: {} stderr lines not logged (`toolwall status {server}` shows the last ones)",
+                    std::mem::take(&mut ring.not_logged)
+                ));
+            }
+        }
+        logs
+    }
+
     /// `toolwall status NAME`: the last lines and how many were dropped.
     pub fn json(&self, server: &str) -> Value {
         match self.rings.get(server) {
@@ -145,5 +176,21 @@ mod tests {
         assert!(!logs[1].contains('\u{1b}'), "escaped: {logs:?}");
         assert_eq!(b.tail("fs", 2).len(), 2);
         assert!(b.tail("nope", 2).is_empty());
+    }
+
+    #[test]
+    fn the_count_is_logged_without_another_line() {
+        let t0 = Instant::now();
+        let mut b = StderrBoard::new(3);
+        let lines: Vec<String> = (0..30).map(|i| format!("l{i}")).collect();
+        b.on_event("fs", &json!({"lines": lines}), t0);
+        // The server says nothing more: the timer brings the count once a line is due.
+        let due = b.next_deadline().expect("a count is waiting");
+        assert!(due > t0 && due <= t0 + Duration::from_secs(1), "{due:?}");
+        assert!(b.on_timer(t0).is_empty(), "no budget yet");
+        let logs = b.on_timer(due);
+        assert_eq!(logs.len(), 1, "{logs:?}");
+        assert!(logs[0].contains("10 stderr lines not logged"), "{logs:?}");
+        assert_eq!(b.next_deadline(), None);
     }
 }

@@ -109,6 +109,13 @@ impl<R: Recorder> Core<R> {
         let Some(u) = self.upstreams.as_mut() else {
             return;
         };
+        u.on_timer(now);
+        for line in u.take_logs() {
+            self.log(Level::Info, line);
+        }
+        let Some(u) = self.upstreams.as_mut() else {
+            return;
+        };
         let applied = u.take_reviewed(&mut self.catalog, now);
         self.carry_out(applied);
         // Listings of a server whose worker is down stay pending until it is back.
