@@ -371,3 +371,105 @@ fn stdio_and_the_framed_door_relay_both_ways() {
     assert_eq!(out["cancelled"], true);
     wait_cancelled(&fixture, 2);
 }
+
+/// The same fixture as local servers (toolwall starts it and speaks MCP over its stdin and
+/// stdout, behind the walls): `loc` in the era it detects, `locold` forced to legacy. What
+/// it sends during a call reaches the client over the HTTP door, and a cancelled call
+/// reaches it.
+#[test]
+fn local_servers_relay_both_ways() {
+    common::deps::ensure(&["python"]);
+    let dir = tempfile::tempdir().unwrap();
+    // The local servers run as the agent user: the record goes where it may write.
+    let records = dir.path().join("records");
+    std::fs::create_dir(&records).unwrap();
+    std::fs::set_permissions(
+        &records,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let record = records.join("record.jsonl");
+    let venv = repo().join("target/mcp-venv");
+    let site = venv.join("lib/python3.11/site-packages");
+    let table = |name: &str, era: &str| {
+        format!(
+            r#"
+[servers.{name}]
+command = ["/usr/bin/python3", "{script}", "stdio", "{record}"]
+env = {{ PYTHONPATH = "{site}" }}
+read_paths = ["{venv}", "{fixtures}"]
+write_paths = ["{records}"]
+era = "{era}"
+pin = "off"
+start_timeout_secs = 30
+discover_timeout_ms = 60000
+"#,
+            script = repo().join("tests/fixtures/sdk_relay_server.py").display(),
+            record = record.display(),
+            site = site.display(),
+            venv = venv.display(),
+            fixtures = repo().join("tests/fixtures").display(),
+            records = records.display(),
+        )
+    };
+    let servers = format!(
+        "[servers]\nstate_dir = \"{}/servers\"\n{}{}",
+        dir.path().display(),
+        table("loc", "auto"),
+        table("locold", "legacy")
+    );
+    let gw = HttpGateway::start("", &servers);
+    let token = gw.client_token("alice");
+    let url = format!("http://127.0.0.1:{}/mcp", gw.port);
+    let records_of = || -> Vec<Value> {
+        std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let mut cancelled = 0;
+    for mode in ["legacy", "2026-07-28"] {
+        for server in ["loc", "locold"] {
+            let label = format!("{mode} {server}");
+            let run = |scenario: &str| client(&["http", &url, &token, mode, server, scenario]);
+            let out = run("count");
+            assert_eq!(texts(&out), "counted to 3", "{label}: {out}");
+            let steps: Vec<&str> = out["progress"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|p| p[2].as_str())
+                .collect();
+            assert_eq!(
+                steps,
+                ["step 1 of 3", "step 2 of 3", "step 3 of 3"],
+                "{label}: {out}"
+            );
+            assert_eq!(
+                out["logs"],
+                serde_json::json!(["counted 1", "counted 2", "counted 3"]),
+                "{label}: {out}"
+            );
+            let out = run("greet");
+            assert_eq!(texts(&out), "Hello Ada", "{label}: {out}");
+            let out = run("cancel");
+            assert_eq!(out["cancelled"], true, "{label}: {out}");
+            cancelled += 1;
+            let deadline = Instant::now() + PATIENCE;
+            while records_of()
+                .iter()
+                .filter(|r| r["tool"] == "wait" && r["event"] == "cancelled")
+                .count()
+                < cancelled
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "{label}: the cancellation did not reach the server: {:?}",
+                    records_of()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}

@@ -37,7 +37,13 @@ pub struct CallLink {
     state: Mutex<LinkState>,
     changed: Condvar,
     sockets: Mutex<Vec<Weak<dyn ShutdownHandle>>>,
+    /// What else a cancellation must wake (a request waiting on a local server's pipe),
+    /// alive while its owner holds it.
+    hooks: Mutex<Vec<Weak<CancelHook>>>,
 }
+
+/// Run once when the call is cancelled.
+pub type CancelHook = dyn Fn() + Send + Sync;
 
 /// Why no answer came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +59,7 @@ impl CallLink {
             state: Mutex::new(LinkState::default()),
             changed: Condvar::new(),
             sockets: Mutex::new(Vec::new()),
+            hooks: Mutex::new(Vec::new()),
         })
     }
 
@@ -71,6 +78,28 @@ impl CallLink {
         let sockets = std::mem::take(&mut *self.sockets.lock().unwrap_or_else(|p| p.into_inner()));
         for socket in sockets.iter().filter_map(Weak::upgrade) {
             socket.shutdown();
+        }
+        let hooks = std::mem::take(&mut *self.hooks.lock().unwrap_or_else(|p| p.into_inner()));
+        for hook in hooks.iter().filter_map(Weak::upgrade) {
+            hook();
+        }
+    }
+
+    /// Run `hook` when the call is cancelled (at once if it is already), as long as the
+    /// caller keeps the `Arc`.
+    pub fn on_cancel(&self, hook: &Arc<CancelHook>) {
+        if self.is_cancelled() {
+            hook();
+            return;
+        }
+        let mut hooks = self.hooks.lock().unwrap_or_else(|p| p.into_inner());
+        hooks.retain(|w| w.strong_count() > 0);
+        hooks.push(Arc::downgrade(hook));
+        drop(hooks);
+        // Cancelled between the check and the push: `cancel` may have taken the list
+        // before this hook was in it.
+        if self.is_cancelled() {
+            hook();
         }
     }
 

@@ -23,6 +23,16 @@ pub trait LineChannel: Send + Sync {
     fn reset(&self, why: &UpstreamError);
     /// Write `body` (one message); when `want` is a request id, wait for its answer.
     fn post(&self, body: &[u8], want: Option<u64>) -> Result<Reply, UpstreamError>;
+    /// `post` for an agent's call: while it waits, the server's log messages and requests
+    /// go to `notice` (on this thread) when this is the only call waiting, since a pipe
+    /// has no stream per request that would say which call they belong to; otherwise
+    /// they go to `listen`.
+    fn post_for_call(
+        &self,
+        body: &[u8],
+        want: Option<u64>,
+        notice: &mut dyn FnMut(Notice),
+    ) -> Result<Reply, UpstreamError>;
     /// Like `post`, but a request the server does not answer within the probe's own short
     /// timeout comes back as a reply without an answer (a legacy server may ignore
     /// `server/discover`).
@@ -34,6 +44,9 @@ pub trait LineChannel: Send + Sync {
         body: Option<&[u8]>,
         notice: &mut dyn FnMut(Notice),
     ) -> Result<(), UpstreamError>;
+    /// Stop waiting for the answer to request `want`: the thread waiting for it returns a
+    /// cancellation error at once (the agent cancelled the call).
+    fn abandon(&self, want: u64);
     /// Facts for `toolwall status` (pid, starts), merged into `upstream_state` events.
     fn describe(&self) -> Value;
     /// The server was found to speak the legacy era: its next start skips the probe.
@@ -95,7 +108,7 @@ impl Channel {
     ) -> Result<Reply, UpstreamError> {
         match self {
             Channel::Http(t) => t.post_for_call(protocol_headers, body, want, notice),
-            Channel::Lines(l) => l.post(body, want),
+            Channel::Lines(l) => l.post_for_call(body, want, notice),
         }
     }
 
@@ -123,6 +136,14 @@ impl Channel {
         match self {
             Channel::Http(t) => t.listen(protocol_headers, body, idle, notice),
             Channel::Lines(l) => l.listen(body, notice),
+        }
+    }
+
+    /// The line channel, when it is one.
+    pub fn lines(&self) -> Option<&Arc<dyn LineChannel>> {
+        match self {
+            Channel::Http(_) => None,
+            Channel::Lines(l) => Some(l),
         }
     }
 

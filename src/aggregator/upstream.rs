@@ -22,7 +22,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::budget::ListingBudget;
-use super::call_link::NoAnswer;
+use super::call_link::{CancelHook, NoAnswer};
 use super::call_relay::{self, CallContext};
 use super::channel::Channel;
 use super::config::EraChoice;
@@ -597,6 +597,17 @@ impl Upstream {
                 c.link.set_upstream_id(Some(id.to_string()));
             }
             let for_call = ctx.is_some();
+            // A cancellation wakes a request waiting on a local server's pipe (an HTTP
+            // request is woken by its socket's shutdown).
+            let _abandon = match (ctx.as_deref(), transport.lines()) {
+                (Some(c), Some(lines)) => {
+                    let lines = Arc::clone(lines);
+                    let hook: Arc<CancelHook> = Arc::new(move || lines.abandon(id));
+                    c.link.on_cancel(&hook);
+                    Some(hook)
+                }
+                _ => None,
+            };
             let posted = {
                 let mut on_notice =
                     |n: Notice| self.on_notice(&era, n, notices, ctx.as_deref_mut());
@@ -705,10 +716,12 @@ impl Upstream {
         }
     }
 
-    /// A legacy upstream is told that the call's request is cancelled (a modern one was
-    /// told by closing the connection).
+    /// A legacy upstream, and any local server, is told that the call's request is
+    /// cancelled (a modern HTTP one was told by closing the connection; a pipe has no
+    /// connection per request to close).
     fn tell_cancelled(&self, era: &Era, ctx: &CallContext) {
-        if era.is_modern() {
+        let lines = self.transport.as_ref().is_some_and(Channel::always_listens);
+        if era.is_modern() && !lines {
             return;
         }
         let (Ok(transport), Some(id)) = (self.transport(), ctx.link.upstream_id()) else {

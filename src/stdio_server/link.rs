@@ -14,7 +14,7 @@
 //! dropped), and the stderr log's tail and batch.
 
 use serde_json::{Value, json};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
@@ -76,6 +76,11 @@ type Answer = Result<String, RpcFailure>;
 struct Shared {
     /// Requests in flight, by id, and their answer once it came.
     waiting: HashMap<u64, Option<Answer>>,
+    /// Requests in `waiting` whose caller gave up (a cancelled call).
+    abandoned: HashSet<u64>,
+    /// Requests of agents' calls in `waiting`, with what the server sent for the call
+    /// (log messages, requests) while it was the only one: see `post_for_call`.
+    for_calls: HashMap<u64, VecDeque<Notice>>,
     /// The program has answered something: requests are bounded by `timeout` from now on
     /// (before, by `start_timeout` from its start).
     answered: bool,
@@ -86,6 +91,16 @@ struct Shared {
     list_changed: u8,
     /// The program's pid, once its leader said it.
     pid: Option<i32>,
+}
+
+impl Shared {
+    /// The queue of the one agent's call waiting, when there is exactly one.
+    fn only_call(&mut self) -> Option<&mut VecDeque<Notice>> {
+        match self.for_calls.len() {
+            1 => self.for_calls.values_mut().next(),
+            _ => None,
+        }
+    }
 }
 
 /// One run of the program.
@@ -349,6 +364,7 @@ impl StdioLink {
         body: &[u8],
         want: Option<u64>,
         probe: Option<Duration>,
+        mut for_call: Option<&mut dyn FnMut(Notice)>,
     ) -> Result<Option<Answer>, UpstreamError> {
         let inst = self.live()?;
         let now = Instant::now();
@@ -362,20 +378,50 @@ impl StdioLink {
             deadline = deadline.min(now + p);
         }
         if let Some(id) = want {
-            inst.lock().waiting.insert(id, None);
+            let mut sh = inst.lock();
+            sh.waiting.insert(id, None);
+            if for_call.is_some() {
+                sh.for_calls.insert(id, VecDeque::new());
+            }
         }
         let written = self.write_line(&inst, body, deadline);
         let Some(id) = want else {
             return written.map(|()| None);
         };
+        // However this ends, the call's queue goes (what is left in it: for nobody).
+        let _queue = ForCall { inst: &inst, id };
         if let Err(e) = written {
             inst.lock().waiting.remove(&id);
             return Err(e);
         }
         let mut sh = inst.lock();
         loop {
+            if let Some(sink) = for_call.as_mut() {
+                let mine: Vec<Notice> = sh
+                    .for_calls
+                    .get_mut(&id)
+                    .map(|q| q.drain(..).collect())
+                    .unwrap_or_default();
+                if !mine.is_empty() {
+                    drop(sh);
+                    for n in mine {
+                        sink(n);
+                    }
+                    sh = inst.lock();
+                    continue;
+                }
+            }
             if let Some(Some(_)) = sh.waiting.get(&id) {
+                sh.abandoned.remove(&id);
                 return Ok(sh.waiting.remove(&id).flatten());
+            }
+            if sh.abandoned.remove(&id) {
+                sh.waiting.remove(&id);
+                // The caller sees the cancellation (Upstream::request_in), not this.
+                return Err(self.error(
+                    UpstreamErrorCode::Internal,
+                    "the call was cancelled before its answer came",
+                ));
             }
             if let Some(e) = &sh.broken {
                 let e = e.clone();
@@ -439,6 +485,18 @@ fn reply(answer: Option<Answer>) -> Reply {
     }
 }
 
+/// Removes a call's queue of notices when its request ends, however it ends.
+struct ForCall<'a> {
+    inst: &'a Instance,
+    id: u64,
+}
+
+impl Drop for ForCall<'_> {
+    fn drop(&mut self) {
+        self.inst.lock().for_calls.remove(&self.id);
+    }
+}
+
 impl LineChannel for StdioLink {
     fn open(&self) -> Result<(), UpstreamError> {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
@@ -465,7 +523,20 @@ impl LineChannel for StdioLink {
     }
 
     fn post(&self, body: &[u8], want: Option<u64>) -> Result<Reply, UpstreamError> {
-        let answer = self.exchange(body, want, None)?;
+        let answer = self.exchange(body, want, None, None)?;
+        if want.is_some() && answer.is_none() {
+            return Err(self.error(UpstreamErrorCode::BadResponse, "no answer"));
+        }
+        Ok(reply(answer))
+    }
+
+    fn post_for_call(
+        &self,
+        body: &[u8],
+        want: Option<u64>,
+        notice: &mut dyn FnMut(Notice),
+    ) -> Result<Reply, UpstreamError> {
+        let answer = self.exchange(body, want, None, Some(notice))?;
         if want.is_some() && answer.is_none() {
             return Err(self.error(UpstreamErrorCode::BadResponse, "no answer"));
         }
@@ -473,7 +544,7 @@ impl LineChannel for StdioLink {
     }
 
     fn probe(&self, body: &[u8], want: u64) -> Result<Reply, UpstreamError> {
-        let answer = self.exchange(body, Some(want), Some(self.cfg.discover_timeout))?;
+        let answer = self.exchange(body, Some(want), Some(self.cfg.discover_timeout), None)?;
         Ok(Reply {
             // No answer in time: a legacy server that ignores what comes before
             // `initialize`.
@@ -516,6 +587,19 @@ impl LineChannel for StdioLink {
             if let Some(e) = broken {
                 return Err(e);
             }
+        }
+    }
+
+    fn abandon(&self, want: u64) {
+        let Some(inst) = self.current() else {
+            return;
+        };
+        let mut sh = inst.lock();
+        // Only a request still waiting: the set never holds ids nobody will look for.
+        if sh.waiting.contains_key(&want) {
+            sh.abandoned.insert(want);
+            drop(sh);
+            inst.cond.notify_all();
         }
     }
 
@@ -763,6 +847,12 @@ impl Reader {
                 let mut sh = self.inst.lock();
                 if let Some(bit) = list_changed_bit(&method) {
                     sh.list_changed |= bit;
+                } else if method == "notifications/message"
+                    && let Some(q) = sh.only_call()
+                {
+                    if q.len() < MAX_QUEUED_NOTICES {
+                        q.push_back(Notice::Notification { method, params });
+                    }
                 } else if sh.notices.len() < MAX_QUEUED_NOTICES {
                     sh.notices
                         .push_back(Notice::Notification { method, params });
@@ -775,7 +865,11 @@ impl Reader {
             Ok(Incoming::ServerRequest { id, method, params }) => {
                 let mut sh = self.inst.lock();
                 sh.answered = true;
-                if sh.notices.len() < MAX_QUEUED_NOTICES {
+                if let Some(q) = sh.only_call() {
+                    if q.len() < MAX_QUEUED_NOTICES {
+                        q.push_back(Notice::ServerRequest { id, method, params });
+                    }
+                } else if sh.notices.len() < MAX_QUEUED_NOTICES {
                     sh.notices
                         .push_back(Notice::ServerRequest { id, method, params });
                 } else {
