@@ -1012,6 +1012,14 @@ fn gateway_credential_reaches_upstream_and_nowhere_else() {
     let answer = r.to_string();
     assert!(answer.contains("authorization_present"), "{answer}");
     assert!(!answer.contains(token));
+    // A server that quotes the credential back, in a result or in an error: the agent
+    // gets neither (it could call the server directly with it, past every rule).
+    for how in ["text", "error"] {
+        let r = c.tool("fx__leak", json!({"as": how}));
+        let answer = r.to_string();
+        assert!(!answer.contains(token), "{how}: {answer}");
+        assert!(answer.contains("[redacted credential]"), "{how}: {answer}");
+    }
     assert!(
         up.log()
             .iter()

@@ -22,6 +22,7 @@ pub mod listing_pages;
 pub mod message;
 pub mod prepare;
 pub mod relist;
+pub mod scrub;
 pub mod setup;
 pub mod spec;
 pub mod sse;

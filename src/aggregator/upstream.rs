@@ -36,6 +36,7 @@ use super::listing_pages::PageCollector;
 use super::message::{
     answer_body, list_changed_kind, notification_body, refusal_body, request_body,
 };
+use super::scrub::Scrubber;
 use super::setup::{Limits, UpstreamSetup};
 use crate::mcp::catalog::Kind;
 use crate::mcp::token_bucket::TokenBucket;
@@ -173,6 +174,8 @@ pub struct Upstream {
     changes_pending: AtomicU8,
     /// Announcements folded into one already pending, not reported yet.
     coalesced: AtomicU64,
+    /// The server's own credentials, cut from what it sends back.
+    scrub: Scrubber,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -227,7 +230,20 @@ impl Upstream {
             events,
             changes_pending: AtomicU8::new(0),
             coalesced: AtomicU64::new(0),
+            scrub: Scrubber::new(setup),
         })
+    }
+
+    /// What came back from the server, without its own credentials.
+    pub fn scrubbed(&self, r: Result<String, UpstreamError>) -> Result<String, UpstreamError> {
+        r.map(|text| self.scrub.text(text))
+            .map_err(|e| self.scrubbed_error(e))
+    }
+
+    /// An error about the server (it may quote the server), without its credentials.
+    pub fn scrubbed_error(&self, mut e: UpstreamError) -> UpstreamError {
+        e.message = self.scrub.text(e.message);
+        e
     }
 
     pub fn name(&self) -> &str {
@@ -313,10 +329,10 @@ impl Upstream {
     fn mark_down(&self, error: &UpstreamError) {
         {
             let mut st = self.lock();
-            let changed =
-                st.phase != Phase::Down || st.last_error.as_deref() != Some(&error.message);
+            let changed = st.phase != Phase::Down
+                || st.last_error.as_deref() != Some(&self.scrub.text(error.message.clone()));
             st.phase = Phase::Down;
-            st.last_error = Some(error.message.clone());
+            st.last_error = Some(self.scrub.text(error.message.clone()));
             if changed {
                 self.emit_state(&st);
             }
@@ -780,7 +796,10 @@ impl Upstream {
         ctx: Option<&mut CallContext>,
     ) {
         match notice {
-            Notice::Notification { method, params } => {
+            Notice::Notification { method, mut params } => {
+                if let Some(p) = params.as_mut() {
+                    self.scrub.value(p);
+                }
                 notices.count(&method);
                 if let Some(kind) = list_changed_kind(&method).and_then(Kind::parse) {
                     self.emit_list_changed(&[kind]);
@@ -791,7 +810,14 @@ impl Upstream {
                     notices.count("dropped (relay.notifications_per_sec)");
                 }
             }
-            Notice::ServerRequest { id, method, params } => {
+            Notice::ServerRequest {
+                id,
+                method,
+                mut params,
+            } => {
+                if let Some(p) = params.as_mut() {
+                    self.scrub.value(p);
+                }
                 notices.count(&format!("request {method}"));
                 match ctx {
                     Some(ctx) if call_relay::relayed_request(&method) => {
@@ -1067,6 +1093,10 @@ impl Upstream {
                         crate::debug!("server {}: its {} changed", self.name, kind.word());
                     }
                 } else if call_relay::relayed_notification(&method) && bucket.take(Instant::now()) {
+                    let mut params = params;
+                    if let Some(p) = params.as_mut() {
+                        self.scrub.value(p);
+                    }
                     let note = CallNotification {
                         call: None,
                         server: self.name.clone(),

@@ -386,8 +386,11 @@ fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message
                 .listing(upstream.name(), kind),
         };
         match upstream.list(kind, budget) {
-            Ok((items, facts)) => response_ok(id, items, Some(facts.to_string())),
-            Err(e) => response_err(id, &e),
+            Ok((items, facts)) => match upstream.scrubbed(Ok(items)) {
+                Ok(items) => response_ok(id, items, Some(facts.to_string())),
+                Err(e) => response_err(id, &e),
+            },
+            Err(e) => response_err(id, &upstream.scrubbed_error(e)),
         }
     };
     match job.op {
@@ -407,6 +410,7 @@ fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message
             }
             let args = job.args.as_deref().unwrap_or("{}");
             let (result, notices) = upstream.call_tool(&job.item, args, ctx.as_mut());
+            let result = upstream.scrubbed(result);
             let facts = json!({"server": upstream.name(), "notifications": notices.counts});
             match result {
                 Ok(r) => response_ok(id, r, Some(facts.to_string())),
@@ -441,7 +445,7 @@ fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message
                 }
                 "prompts/get"
             };
-            match upstream.forward(method, params, ctx.as_mut()) {
+            match upstream.scrubbed(upstream.forward(method, params, ctx.as_mut())) {
                 Ok(r) => response_ok(id, r, None),
                 Err(e) => response_err(id, &e),
             }
