@@ -79,10 +79,8 @@ impl Scrubber {
             return;
         }
         match value {
-            Value::String(s) => {
-                if self.secrets.iter().any(|k| s.contains(k.as_str())) {
-                    *s = self.text(std::mem::take(s));
-                }
+            Value::String(s) if self.secrets.iter().any(|k| s.contains(k.as_str())) => {
+                *s = self.text(std::mem::take(s));
             }
             Value::Array(items) => items.iter_mut().for_each(|v| self.value(v)),
             Value::Object(map) => {
