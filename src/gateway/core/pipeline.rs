@@ -201,6 +201,12 @@ impl<R: Recorder> Core<R> {
             },
             _ => (self.catalog.get(routed.kind(), &name).cloned(), None),
         };
+        // Policy, pins and the ledger know a tool or prompt by `server__name`, whatever
+        // agents call it (`prefix = false`: see mcp::catalog::names).
+        let name = match &entry {
+            Some(e) if routed != Routed::ReadResource => e.name.clone(),
+            _ => name,
+        };
         match &entry {
             Some(e) => {
                 x.target.worker = e.worker;
