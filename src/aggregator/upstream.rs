@@ -749,6 +749,13 @@ impl Upstream {
                 )
                 .with_status(reply.status)
                 .with_rpc_code(f.code))
+                .map_err(|mut e: UpstreamError| {
+                    if f.code == super::missing_capability::CODE {
+                        e.missing_capability =
+                            super::missing_capability::forwarded_data(f.data.as_ref());
+                    }
+                    e
+                })
             }
             (_, Some(e)) => Err(e.with_status(reply.status)),
             (Some(Ok(result)), None) => Ok(result),

@@ -14,6 +14,7 @@ use super::dispatch::RequestCtx;
 use super::exchange::{Exchange, Requester, Routed, Target};
 use super::{AskRoute, Core, Recorder};
 use crate::aggregator::gateway_state::UpstreamsState;
+use crate::aggregator::missing_capability;
 use crate::ledger::{CallEnd, CallStart, decision};
 use crate::mcp::catalog::split_namespaced;
 use crate::mcp::jsonrpc;
@@ -568,6 +569,10 @@ impl<R: Recorder> Core<R> {
                         return;
                     }
                 },
+                (None, Some(e)) if e.kind == missing_capability::KIND => {
+                    let (message, data) = missing_capability::agent_error(&e.message);
+                    Answer::error(missing_capability::CODE, &message, Some(data))
+                }
                 (None, Some(e)) if x.routed.refuses_as_result() => Answer::result(
                     tool_error_result(&e.kind, jsonrpc::INTERNAL_ERROR, &e.message, None),
                 ),
