@@ -795,6 +795,49 @@ impl UpstreamsState {
     }
 }
 
+/// Tool or prompt names in clash now that were not before: an event and a warning each
+/// (the first few; `toolwall status` has them all counted).
+fn name_clashes(kind: Kind, new: &[(String, String)], applied: &mut Applied) {
+    if new.is_empty() {
+        return;
+    }
+    let sample: Vec<Value> = new
+        .iter()
+        .take(CONFLICT_SAMPLE)
+        .map(|(name, why)| json!({"name": name, "why": why}))
+        .collect();
+    applied.events.push((
+        "name_clash",
+        json!({"kind": kind.list_key(), "count": new.len(), "sample": sample}),
+    ));
+    for (_, why) in new.iter().take(3) {
+        applied.logs.push((true, format!("name clash: {why}")));
+    }
+    if new.len() > 3 {
+        applied.logs.push((
+            true,
+            format!(
+                "name clash: {} more {} (see `toolwall status`)",
+                new.len() - 3,
+                kind.word()
+            ),
+        ));
+    }
+}
+
+/// `toolwall status`: the tool and prompt name clashes of `server`.
+fn name_clashes_json(catalog: &Catalog, server: &str) -> Value {
+    let (tools, mut sample) = catalog.clashes(Kind::Tools, server, CONFLICT_SAMPLE);
+    let (prompts, psample) = catalog.clashes(Kind::Prompts, server, CONFLICT_SAMPLE);
+    sample.extend(psample);
+    sample.truncate(CONFLICT_SAMPLE);
+    let sample: Vec<Value> = sample
+        .into_iter()
+        .map(|(name, why)| json!({"name": name, "why": why}))
+        .collect();
+    json!({"count": tools + prompts, "sample": sample})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -928,47 +971,4 @@ mod tests {
             "{status}"
         );
     }
-}
-
-/// Tool or prompt names in clash now that were not before: an event and a warning each
-/// (the first few; `toolwall status` has them all counted).
-fn name_clashes(kind: Kind, new: &[(String, String)], applied: &mut Applied) {
-    if new.is_empty() {
-        return;
-    }
-    let sample: Vec<Value> = new
-        .iter()
-        .take(CONFLICT_SAMPLE)
-        .map(|(name, why)| json!({"name": name, "why": why}))
-        .collect();
-    applied.events.push((
-        "name_clash",
-        json!({"kind": kind.list_key(), "count": new.len(), "sample": sample}),
-    ));
-    for (_, why) in new.iter().take(3) {
-        applied.logs.push((true, format!("name clash: {why}")));
-    }
-    if new.len() > 3 {
-        applied.logs.push((
-            true,
-            format!(
-                "name clash: {} more {} (see `toolwall status`)",
-                new.len() - 3,
-                kind.word()
-            ),
-        ));
-    }
-}
-
-/// `toolwall status`: the tool and prompt name clashes of `server`.
-fn name_clashes_json(catalog: &Catalog, server: &str) -> Value {
-    let (tools, mut sample) = catalog.clashes(Kind::Tools, server, CONFLICT_SAMPLE);
-    let (prompts, psample) = catalog.clashes(Kind::Prompts, server, CONFLICT_SAMPLE);
-    sample.extend(psample);
-    sample.truncate(CONFLICT_SAMPLE);
-    let sample: Vec<Value> = sample
-        .into_iter()
-        .map(|(name, why)| json!({"name": name, "why": why}))
-        .collect();
-    json!({"count": tools + prompts, "sample": sample})
 }
