@@ -752,7 +752,7 @@ impl Upstream {
                 .map_err(|mut e: UpstreamError| {
                     if f.code == super::missing_capability::CODE {
                         e.missing_capability =
-                            super::missing_capability::forwarded_data(f.data.as_ref());
+                            super::missing_capability::report(f.data.as_ref(), &e.message);
                     }
                     e
                 })

@@ -554,6 +554,19 @@ impl<R: Recorder> Core<R> {
                 json!({"call_id": x.ledger_id, "facts": facts}),
             );
         }
+        let error = match error {
+            Some(e) if e.kind == missing_capability::KIND => {
+                match missing_capability::for_agent(&e.message, x.relay.modern) {
+                    Ok((message, data)) => {
+                        let answer = Answer::error(missing_capability::CODE, &message, Some(data));
+                        self.respond(x, started, answer);
+                        return;
+                    }
+                    Err(e) => Some(e),
+                }
+            }
+            other => other,
+        };
         let answer =
             match (ok, error) {
                 (Some(text), _) => match serde_json::from_str::<Value>(&text) {
@@ -569,10 +582,6 @@ impl<R: Recorder> Core<R> {
                         return;
                     }
                 },
-                (None, Some(e)) if e.kind == missing_capability::KIND => {
-                    let (message, data) = missing_capability::agent_error(&e.message);
-                    Answer::error(missing_capability::CODE, &message, Some(data))
-                }
                 (None, Some(e)) if x.routed.refuses_as_result() => Answer::result(
                     tool_error_result(&e.kind, jsonrpc::INTERNAL_ERROR, &e.message, None),
                 ),
