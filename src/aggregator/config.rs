@@ -795,6 +795,23 @@ mod tests {
     }
 
     #[test]
+    fn prefix_defaults_to_true_and_is_a_known_key() {
+        let c = load(
+            "[servers.a]\nurl = \"http://127.0.0.1:1/mcp\"\n\n[servers.b]\nurl = \"http://127.0.0.1:2/mcp\"\nprefix = false\n",
+        )
+        .unwrap();
+        assert!(c.servers["a"].prefix);
+        assert!(!c.servers["b"].prefix);
+        let err =
+            load("[servers.a]\nurl = \"http://127.0.0.1:1/mcp\"\nprefixes = false\n").unwrap_err();
+        assert!(
+            err.contains("servers.a.prefixes") && err.contains("prefix,"),
+            "{err}"
+        );
+        assert!(load("[servers.a]\nurl = \"http://127.0.0.1:1/mcp\"\nprefix = \"no\"\n").is_err());
+    }
+
+    #[test]
     fn settings_and_servers_share_the_table() {
         let c = load(
             r#"
