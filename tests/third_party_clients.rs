@@ -238,6 +238,9 @@ fn parse_baseline(text: &str) -> Result<Vec<BaselineEntry>, String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Check {
     id: String,
+    /// A scenario may report one check id several times (one per case): the n-th report of
+    /// this id (from 0), so each case is compared with the same case of the other run.
+    nth: usize,
     status: String,
     /// The suite says it could not exercise the check (a fixture of its own is missing).
     untestable: bool,
@@ -282,7 +285,8 @@ fn differences(direct: &Results, through: &Results) -> Vec<Difference> {
             continue;
         };
         for check in checks.iter().filter(|c| !c.failed()) {
-            let message = match theirs.iter().find(|t| t.id == check.id) {
+            let same = |t: &&Check| t.id == check.id && t.nth == check.nth;
+            let message = match theirs.iter().find(same) {
                 Some(t) if t.failed() => t.message.clone(),
                 Some(_) => continue,
                 None if theirs.iter().any(Check::failed) => {
@@ -291,7 +295,7 @@ fn differences(direct: &Results, through: &Results) -> Vec<Difference> {
                 // Checks some runs emit and others do not (the scenario passed).
                 None => continue,
             };
-            let untestable = theirs.iter().any(|t| t.id == check.id && t.untestable);
+            let untestable = theirs.iter().any(|t| same(&t) && t.untestable);
             out.push(Difference {
                 era: era.clone(),
                 scenario: scenario.clone(),
@@ -365,13 +369,20 @@ fn read_results(dir: &Path, era: &str, results: &mut Results) {
         let text = std::fs::read_to_string(entry.path().join("checks.json"))
             .unwrap_or_else(|e| panic!("{name}/checks.json: {e}"));
         let checks: Vec<Value> = serde_json::from_str(&text).expect("checks.json is JSON");
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
         let list = checks
             .iter()
-            .map(|c| Check {
-                id: c["id"].as_str().unwrap_or("?").to_owned(),
-                status: c["status"].as_str().unwrap_or("?").to_owned(),
-                untestable: c["details"]["untestable"] == true,
-                message: c["errorMessage"].as_str().unwrap_or("").to_owned(),
+            .map(|c| {
+                let id = c["id"].as_str().unwrap_or("?").to_owned();
+                let nth = seen.entry(id.clone()).or_default();
+                *nth += 1;
+                Check {
+                    nth: *nth - 1,
+                    id,
+                    status: c["status"].as_str().unwrap_or("?").to_owned(),
+                    untestable: c["details"]["untestable"] == true,
+                    message: c["errorMessage"].as_str().unwrap_or("").to_owned(),
+                }
             })
             .collect();
         assert!(
@@ -530,6 +541,7 @@ fn conformance_suite_passes_through_toolwall_what_passes_directly() {
 fn baseline_comparison_flags_differences_and_stale_entries() {
     let check = |id: &str, status: &str, untestable: bool| Check {
         id: id.to_owned(),
+        nth: 0,
         status: status.to_owned(),
         untestable,
         message: format!("{id} says {status}"),
@@ -622,6 +634,27 @@ fn baseline_comparison_flags_differences_and_stale_entries() {
         compare(&direct, &through, &whole)
             .iter()
             .any(|p| p.contains("whole"))
+    );
+
+    // One check id reported for several cases: each case is compared with its own.
+    let twice = |second: &str| {
+        vec![
+            check("x", "SUCCESS", false),
+            Check {
+                nth: 1,
+                ..check("x", second, false)
+            },
+        ]
+    };
+    let mut cases_direct = direct.clone();
+    cases_direct.insert(key("2026-07-28", "cases"), twice("SUCCESS"));
+    let mut cases_through = through.clone();
+    cases_through.insert(key("2026-07-28", "cases"), twice("FAILURE"));
+    assert!(
+        compare(&cases_direct, &cases_through, &baseline)
+            .iter()
+            .any(|p| p.contains("DIFFERENCE 2026-07-28:cases/x")),
+        "the second case's failure is a difference even though the first passes"
     );
 
     // A scenario that ran directly and not through toolwall.
