@@ -11,7 +11,7 @@ mod common;
 use common::http::HttpGateway;
 use common::{BIN, wait_timeout};
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -156,13 +156,43 @@ fn ledger_rows(path: &Path) -> Vec<Value> {
 
 // ---------------------------------------------------------------- conformance suite
 
+/// The eras the suite runs in (`--spec-version`): 2025-11-25 sessions and 2026-07-28
+/// stateless requests. The tasks extension's scenarios run in neither (they run only
+/// without `--spec-version`, and the fixture serves no tasks).
+const ERAS: &[&str] = &["2025-11-25", "2026-07-28"];
+
+/// The name toolwall knows the fixture server by (`prefix = false`: agents never see it).
+const FIXTURE_SERVER: &str = "conformance";
+
 /// One line of tests/conformance-baseline.txt.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct BaselineEntry {
+    /// None: both eras.
+    era: Option<String>,
     scenario: String,
-    /// None: every failing check of the scenario.
+    /// None: every difference of the scenario.
     check: Option<String>,
     reason: String,
+}
+
+impl BaselineEntry {
+    fn key(&self) -> String {
+        let era = self
+            .era
+            .as_ref()
+            .map(|e| format!("{e}:"))
+            .unwrap_or_default();
+        match &self.check {
+            Some(c) => format!("{era}{}/{c}", self.scenario),
+            None => format!("{era}{}", self.scenario),
+        }
+    }
+
+    fn covers(&self, d: &Difference) -> bool {
+        self.era.as_ref().is_none_or(|e| *e == d.era)
+            && self.scenario == d.scenario
+            && self.check.as_ref().is_none_or(|c| *c == d.check)
+    }
 }
 
 fn parse_baseline(text: &str) -> Result<Vec<BaselineEntry>, String> {
@@ -175,11 +205,23 @@ fn parse_baseline(text: &str) -> Result<Vec<BaselineEntry>, String> {
         let (key, reason) = line
             .split_once(char::is_whitespace)
             .ok_or_else(|| format!("baseline line {}: no reason given: {line}", n + 1))?;
+        let (era, key) = match key.split_once(':') {
+            Some((era, rest)) if ERAS.contains(&era) => (Some(era.to_owned()), rest),
+            Some((era, _)) => {
+                return Err(format!(
+                    "baseline line {}: unknown era {era:?} (known: {})",
+                    n + 1,
+                    ERAS.join(", ")
+                ));
+            }
+            None => (None, key),
+        };
         let (scenario, check) = match key.split_once('/') {
             Some((s, c)) => (s.to_owned(), Some(c.to_owned())),
             None => (key.to_owned(), None),
         };
         let entry = BaselineEntry {
+            era,
             scenario,
             check,
             reason: reason.trim().to_owned(),
@@ -192,77 +234,120 @@ fn parse_baseline(text: &str) -> Result<Vec<BaselineEntry>, String> {
     Ok(entries)
 }
 
-/// One failing check of a run.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Failure {
-    scenario: String,
-    check: String,
+/// One check of one scenario.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Check {
+    id: String,
+    /// A scenario may report one check id several times (one per case): the n-th report of
+    /// this id (from 0), so each case is compared with the same case of the other run.
+    nth: usize,
+    status: String,
     /// The suite says it could not exercise the check (a fixture of its own is missing).
     untestable: bool,
     message: String,
 }
 
-/// Results of a run: scenario → its checks (id, status, untestable, message).
-type Results = BTreeMap<String, Vec<(String, String, bool, String)>>;
+impl Check {
+    fn failed(&self) -> bool {
+        !NOT_FAILED.contains(&self.status.as_str())
+    }
+}
+
+/// Results of the runs: (era, scenario) → its checks.
+type Results = BTreeMap<(String, String), Vec<Check>>;
 
 /// Statuses that are not failures: the suite itself counts only FAILURE (and errors).
 const NOT_FAILED: &[&str] = &["SUCCESS", "SKIPPED", "WARNING", "INFO"];
 
-/// What is wrong with a run compared to the baseline; empty when it matches.
-fn compare(results: &Results, baseline: &[BaselineEntry]) -> Vec<String> {
-    let mut problems = Vec::new();
-    let failures: BTreeSet<Failure> = results
-        .iter()
-        .flat_map(|(scenario, checks)| {
-            checks
-                .iter()
-                .filter(|(_, status, _, _)| !NOT_FAILED.contains(&status.as_str()))
-                .map(|(check, _, untestable, message)| Failure {
-                    scenario: scenario.clone(),
-                    check: check.clone(),
-                    untestable: *untestable,
-                    message: message.clone(),
-                })
-        })
-        .collect();
-    let covers = |e: &BaselineEntry, f: &Failure| {
-        e.scenario == f.scenario && e.check.as_ref().is_none_or(|c| *c == f.check)
-    };
-    for required in REQUIRED_SCENARIOS {
-        if !results.contains_key(*required) {
-            problems.push(format!("required scenario {required} did not run"));
+/// A check that passes against the fixture directly and not through toolwall.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Difference {
+    era: String,
+    scenario: String,
+    check: String,
+    untestable: bool,
+    message: String,
+}
+
+/// Every check that does not fail directly but fails (or is missing) through toolwall; a
+/// scenario that ran directly and not through toolwall is one difference (check `*`).
+fn differences(direct: &Results, through: &Results) -> Vec<Difference> {
+    let mut out = Vec::new();
+    for ((era, scenario), checks) in direct {
+        let Some(theirs) = through.get(&(era.clone(), scenario.clone())) else {
+            out.push(Difference {
+                era: era.clone(),
+                scenario: scenario.clone(),
+                check: "*".into(),
+                untestable: false,
+                message: "ran against the fixture, not through toolwall".into(),
+            });
+            continue;
+        };
+        for check in checks.iter().filter(|c| !c.failed()) {
+            let same = |t: &&Check| t.id == check.id && t.nth == check.nth;
+            let message = match theirs.iter().find(same) {
+                Some(t) if t.failed() => t.message.clone(),
+                Some(_) => continue,
+                None if theirs.iter().any(Check::failed) => {
+                    "not reached through toolwall (the scenario failed earlier)".into()
+                }
+                // Checks some runs emit and others do not (the scenario passed).
+                None => continue,
+            };
+            let untestable = theirs.iter().any(|t| same(&t) && t.untestable);
+            out.push(Difference {
+                era: era.clone(),
+                scenario: scenario.clone(),
+                check: check.id.clone(),
+                untestable,
+                message,
+            });
         }
     }
-    for f in &failures {
-        match baseline.iter().find(|e| covers(e, f)) {
+    out.sort();
+    out
+}
+
+/// What is wrong with the runs compared to the baseline; empty when it matches.
+fn compare(direct: &Results, through: &Results, baseline: &[BaselineEntry]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for required in REQUIRED_SCENARIOS {
+        for results in [direct, through] {
+            if !results.keys().any(|(_, s)| s == required) {
+                problems.push(format!("required scenario {required} did not run"));
+            }
+        }
+    }
+    let diffs = differences(direct, through);
+    for d in &diffs {
+        match baseline.iter().find(|e| e.covers(d)) {
             None => problems.push(format!(
-                "NEW FAILURE {}/{}: {}",
-                f.scenario, f.check, f.message
+                "DIFFERENCE {}:{}/{}: passes against the fixture, through toolwall: {}",
+                d.era, d.scenario, d.check, d.message
             )),
-            Some(_) if REQUIRED_SCENARIOS.contains(&f.scenario.as_str()) && !f.untestable => {
+            Some(_) if REQUIRED_SCENARIOS.contains(&d.scenario.as_str()) && !d.untestable => {
                 problems.push(format!(
-                    "required scenario {} failed {}: {} (only checks the suite reports \
+                    "required scenario {} differs in {}:{}: {} (only checks the suite reports \
                      untestable may be baselined there)",
-                    f.scenario, f.check, f.message
+                    d.scenario, d.era, d.check, d.message
                 ))
             }
             Some(_) => {}
         }
     }
     for e in baseline {
-        let key = match &e.check {
-            Some(c) => format!("{}/{c}", e.scenario),
-            None => e.scenario.clone(),
-        };
         if REQUIRED_SCENARIOS.contains(&e.scenario.as_str()) && e.check.is_none() {
             problems.push(format!(
-                "baseline lists the required scenario {key} whole; list single checks"
+                "baseline lists the required scenario {} whole; list single checks",
+                e.key()
             ));
         }
-        if !failures.iter().any(|f| covers(e, f)) {
+        if !diffs.iter().any(|d| e.covers(d)) {
             problems.push(format!(
-                "baseline entry {key} covers no failure (it passes now, or did not run): \
-                 remove it ({})",
+                "baseline entry {} covers no difference (it passes through toolwall now, or \
+                 did not run): remove it ({})",
+                e.key(),
                 e.reason
             ));
         }
@@ -270,11 +355,10 @@ fn compare(results: &Results, baseline: &[BaselineEntry]) -> Vec<String> {
     problems
 }
 
-/// Read the suite's output directory: one `server-SCENARIO-TIMESTAMP/checks.json` per
-/// scenario.
-fn read_results(dir: &Path) -> Results {
+/// Read one run's output directory (`server-SCENARIO-TIMESTAMP/checks.json` per scenario)
+/// into `results` under `era`.
+fn read_results(dir: &Path, era: &str, results: &mut Results) {
     let stamp = regex::Regex::new(r"^server-(.+)-\d{4}-\d{2}-\d{2}T[0-9-]+Z$").unwrap();
-    let mut results = Results::new();
     for entry in std::fs::read_dir(dir).expect("conformance output dir") {
         let entry = entry.unwrap();
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -285,155 +369,311 @@ fn read_results(dir: &Path) -> Results {
         let text = std::fs::read_to_string(entry.path().join("checks.json"))
             .unwrap_or_else(|e| panic!("{name}/checks.json: {e}"));
         let checks: Vec<Value> = serde_json::from_str(&text).expect("checks.json is JSON");
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
         let list = checks
             .iter()
             .map(|c| {
-                (
-                    c["id"].as_str().unwrap_or("?").to_owned(),
-                    c["status"].as_str().unwrap_or("?").to_owned(),
-                    c["details"]["untestable"] == true,
-                    c["errorMessage"].as_str().unwrap_or("").to_owned(),
-                )
+                let id = c["id"].as_str().unwrap_or("?").to_owned();
+                let nth = seen.entry(id.clone()).or_default();
+                *nth += 1;
+                Check {
+                    nth: *nth - 1,
+                    id,
+                    status: c["status"].as_str().unwrap_or("?").to_owned(),
+                    untestable: c["details"]["untestable"] == true,
+                    message: c["errorMessage"].as_str().unwrap_or("").to_owned(),
+                }
             })
             .collect();
         assert!(
-            results.insert(scenario.clone(), list).is_none(),
-            "{scenario} ran twice"
+            results
+                .insert((era.to_owned(), scenario.clone()), list)
+                .is_none(),
+            "{era} {scenario} ran twice"
+        );
+    }
+}
+
+/// Scenarios in which no check failed, of all that ran.
+fn passing(results: &Results) -> (usize, usize) {
+    let passed = results
+        .values()
+        .filter(|checks| !checks.iter().any(Check::failed))
+        .count();
+    (passed, results.len())
+}
+
+/// The suite's fixture server (tests/fixtures/conformance_server.py on the official Python
+/// SDK), killed when dropped.
+struct ConformanceFixture {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl ConformanceFixture {
+    fn start() -> ConformanceFixture {
+        let port = common::http::free_port();
+        let child = Command::new(sdk_python())
+            .arg(repo().join("tests/fixtures/conformance_server.py"))
+            .arg(port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the conformance fixture server");
+        let fixture = ConformanceFixture { child, port };
+        let deadline = std::time::Instant::now() + TOOL_PATIENCE;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the conformance fixture never listened"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        fixture
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+impl Drop for ConformanceFixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `conformance server --suite all` against `url` in every era; `label` names the runs.
+fn run_suite(url: &str, home: &Path, label: &str) -> Results {
+    let mut results = Results::new();
+    for era in ERAS {
+        let out_dir = home.join(format!("conformance-{label}-{era}"));
+        let mut cmd = node_command("conformance", home);
+        cmd.args([
+            "server",
+            "--url",
+            url,
+            "--suite",
+            "all",
+            "--spec-version",
+            era,
+        ])
+        .arg("-o")
+        .arg(&out_dir);
+        let ran = run(cmd);
+        let summary = ran
+            .stdout
+            .lines()
+            .skip_while(|l| !l.contains("SUMMARY"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        eprintln!(
+            "conformance {} {label} {era} ({url}):\n{summary}",
+            pins()["CONFORMANCE_VERSION"]
+        );
+        let before = results.len();
+        read_results(&out_dir, era, &mut results);
+        assert!(
+            results.len() > before,
+            "the suite ran no scenario in {era}; stdout:\n{}\nstderr:\n{}",
+            ran.stdout,
+            ran.stderr
         );
     }
     results
 }
 
 #[test]
-fn conformance_suite_matches_the_baseline() {
+fn conformance_suite_passes_through_toolwall_what_passes_directly() {
     ensure_installed();
+    let fixture = ConformanceFixture::start();
     let gw = HttpGateway::start(
         "http_auth = \"none\"\npublic_url = \"http://127.0.0.1:{port}/mcp\"",
-        "",
+        &format!(
+            "[servers.{FIXTURE_SERVER}]\nurl = \"{}\"\nprefix = false\n",
+            fixture.url()
+        ),
     );
     let url = format!("http://127.0.0.1:{}/mcp", gw.port);
-    let out_dir = gw.dir.path().join("conformance");
-    let mut cmd = node_command("conformance", gw.dir.path());
-    cmd.args(["server", "--url", &url, "--suite", "all", "-o"])
-        .arg(&out_dir);
-    let ran = run(cmd);
-    let summary = ran
-        .stdout
-        .lines()
-        .skip_while(|l| !l.contains("SUMMARY"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let direct = run_suite(&fixture.url(), gw.dir.path(), "direct");
+    let through = run_suite(&url, gw.dir.path(), "through-toolwall");
+    let (d_pass, d_all) = passing(&direct);
+    let (t_pass, t_all) = passing(&through);
     eprintln!(
-        "conformance {} against {url}:\n{summary}",
-        pins()["CONFORMANCE_VERSION"]
-    );
-    let results = read_results(&out_dir);
-    assert!(
-        results.len() >= REQUIRED_SCENARIOS.len(),
-        "the suite ran {} scenarios; stdout:\n{}\nstderr:\n{}",
-        results.len(),
-        ran.stdout,
-        ran.stderr
+        "scenarios passing (both eras): {d_pass} of {d_all} against the fixture, \
+         {t_pass} of {t_all} through toolwall"
     );
     let baseline_text =
         std::fs::read_to_string(repo().join("tests/conformance-baseline.txt")).unwrap();
     let baseline = parse_baseline(&baseline_text).unwrap_or_else(|e| panic!("{e}"));
-    let problems = compare(&results, &baseline);
+    let problems = compare(&direct, &through, &baseline);
     assert!(
         problems.is_empty(),
-        "conformance results differ from tests/conformance-baseline.txt:\n  {}\n\nsummary:\n{summary}",
+        "through toolwall differs from the fixture beyond tests/conformance-baseline.txt:\n  {}",
         problems.join("\n  ")
     );
     for required in REQUIRED_SCENARIOS {
-        let passed = results[*required]
+        let passed = through
             .iter()
-            .filter(|(_, s, _, _)| s == "SUCCESS")
+            .filter(|((_, s), _)| s == required)
+            .flat_map(|(_, checks)| checks)
+            .filter(|c| c.status == "SUCCESS")
             .count();
-        assert!(passed > 0, "{required} passed no check");
+        assert!(passed > 0, "{required} passed no check through toolwall");
     }
-    // The suite's requests reached the gateway and were recorded (no tool calls: the
-    // suite's tools do not exist here, and an unknown tool is no call).
-    assert!(!gw.events("initialize").is_empty());
+    // The fixture's tools were called through toolwall under their own names, and the
+    // ledger knows the real server and the qualified name policy saw.
+    let rows = ledger_rows(&gw.ledger);
+    let simple: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["tool_name"] == "test_simple_text")
+        .collect();
+    assert!(!simple.is_empty(), "no ledger row for test_simple_text");
+    assert!(
+        simple.iter().all(|r| r["server_name"] == FIXTURE_SERVER),
+        "{simple:?}"
+    );
 }
 
 #[test]
-fn baseline_comparison_flags_new_failures_and_stale_entries() {
-    let check = |id: &str, status: &str, untestable: bool| {
-        (
-            id.to_owned(),
-            status.to_owned(),
-            untestable,
-            format!("{id} says no"),
-        )
+fn baseline_comparison_flags_differences_and_stale_entries() {
+    let check = |id: &str, status: &str, untestable: bool| Check {
+        id: id.to_owned(),
+        nth: 0,
+        status: status.to_owned(),
+        untestable,
+        message: format!("{id} says {status}"),
     };
-    let mut results = Results::new();
+    let key = |era: &str, s: &str| (era.to_owned(), s.to_owned());
+    let mut direct = Results::new();
     for s in REQUIRED_SCENARIOS {
-        results.insert(s.to_string(), vec![check("ok", "SUCCESS", false)]);
+        direct.insert(key("2025-11-25", s), vec![check("ok", "SUCCESS", false)]);
     }
-    results.insert(
-        "server-stateless".into(),
+    direct.insert(
+        key("2026-07-28", "server-stateless"),
+        vec![check("a", "SUCCESS", false), check("b", "SUCCESS", false)],
+    );
+    direct.insert(
+        key("2026-07-28", "tools-call-x"),
+        vec![check("c", "SUCCESS", false)],
+    );
+    direct.insert(
+        key("2025-11-25", "fails-anyway"),
+        vec![check("f", "FAILURE", false)],
+    );
+    let mut through = direct.clone();
+    through.insert(
+        key("2026-07-28", "server-stateless"),
         vec![check("a", "SUCCESS", false), check("b", "FAILURE", true)],
     );
-    results.insert("tools-call-x".into(), vec![check("c", "FAILURE", false)]);
-    results.insert("warned".into(), vec![check("w", "WARNING", false)]);
+    through.insert(
+        key("2026-07-28", "tools-call-x"),
+        vec![check("c", "FAILURE", false)],
+    );
     let baseline = parse_baseline(
-        "# comment\nserver-stateless/b untestable here\ntools-call-x needs a fixture\n",
+        "# comment\nserver-stateless/b untestable here\n2026-07-28:tools-call-x a reason\n",
     )
     .unwrap();
-    assert_eq!(compare(&results, &baseline), Vec::<String>::new());
+    assert_eq!(
+        compare(&direct, &through, &baseline),
+        Vec::<String>::new(),
+        "failing in both is no difference"
+    );
 
-    // A new failure.
-    let mut worse = results.clone();
-    worse
-        .get_mut("warned")
-        .unwrap()
-        .push(check("n", "FAILURE", false));
-    let problems = compare(&worse, &baseline);
+    // A difference no line covers (the era of a line counts).
+    let other_era =
+        parse_baseline("server-stateless/b untestable here\n2025-11-25:tools-call-x a reason\n")
+            .unwrap();
+    let problems = compare(&direct, &through, &other_era);
     assert!(
-        problems.len() == 1 && problems[0].contains("NEW FAILURE warned/n"),
+        problems
+            .iter()
+            .any(|p| p.contains("DIFFERENCE 2026-07-28:tools-call-x/c")),
         "{problems:?}"
     );
 
-    // A baseline entry that now passes.
-    let mut better = results.clone();
-    better.insert("tools-call-x".into(), vec![check("c", "SUCCESS", false)]);
-    let problems = compare(&better, &baseline);
+    // A check missing through toolwall after an earlier failure is a difference too.
+    let mut cut = through.clone();
+    cut.insert(
+        key("2025-11-25", "ping"),
+        vec![check("early", "FAILURE", false)],
+    );
+    assert!(
+        compare(&direct, &cut, &baseline)
+            .iter()
+            .any(|p| p.contains("ping") && p.contains("ok")),
+    );
+
+    // A baseline entry that now passes through toolwall.
+    let mut better = through.clone();
+    better.insert(
+        key("2026-07-28", "tools-call-x"),
+        vec![check("c", "SUCCESS", false)],
+    );
+    let problems = compare(&direct, &better, &baseline);
     assert!(
         problems.len() == 1 && problems[0].contains("tools-call-x"),
         "{problems:?}"
     );
 
-    // A required scenario may not hide a real failure behind the baseline.
-    let mut real = results.clone();
+    // A required scenario may not hide a real difference behind the baseline.
+    let mut real = through.clone();
     real.insert(
-        "server-stateless".into(),
-        vec![check("b", "FAILURE", false)],
+        key("2026-07-28", "server-stateless"),
+        vec![check("a", "SUCCESS", false), check("b", "FAILURE", false)],
     );
-    let problems = compare(&real, &baseline);
     assert!(
-        problems
+        compare(&direct, &real, &baseline)
             .iter()
             .any(|p| p.contains("required scenario server-stateless")),
-        "{problems:?}"
     );
-    let whole = parse_baseline("server-stateless everything\ntools-call-x f\n").unwrap();
+    let whole = parse_baseline("server-stateless everything\n2026-07-28:tools-call-x f\n").unwrap();
     assert!(
-        compare(&results, &whole)
+        compare(&direct, &through, &whole)
             .iter()
             .any(|p| p.contains("whole"))
     );
 
-    // A required scenario that did not run.
-    let mut missing = results.clone();
-    missing.remove("ping");
+    // One check id reported for several cases: each case is compared with its own.
+    let twice = |second: &str| {
+        vec![
+            check("x", "SUCCESS", false),
+            Check {
+                nth: 1,
+                ..check("x", second, false)
+            },
+        ]
+    };
+    let mut cases_direct = direct.clone();
+    cases_direct.insert(key("2026-07-28", "cases"), twice("SUCCESS"));
+    let mut cases_through = through.clone();
+    cases_through.insert(key("2026-07-28", "cases"), twice("FAILURE"));
     assert!(
-        compare(&missing, &baseline)
+        compare(&cases_direct, &cases_through, &baseline)
             .iter()
-            .any(|p| p.contains("ping did not run"))
+            .any(|p| p.contains("DIFFERENCE 2026-07-28:cases/x")),
+        "the second case's failure is a difference even though the first passes"
     );
 
+    // A scenario that ran directly and not through toolwall.
+    let mut missing = through.clone();
+    missing.remove(&key("2026-07-28", "tools-call-x"));
+    let stateless_only = parse_baseline("server-stateless/b untestable here\n").unwrap();
+    assert!(
+        compare(&direct, &missing, &stateless_only)
+            .iter()
+            .any(|p| p.contains("tools-call-x/*"))
+    );
+
+    assert_eq!(
+        passing(&direct),
+        (REQUIRED_SCENARIOS.len() + 2, REQUIRED_SCENARIOS.len() + 3)
+    );
     assert!(parse_baseline("no-reason\n").is_err());
     assert!(parse_baseline("a b\na b\n").is_err());
+    assert!(parse_baseline("1999-01-01:a b\n").is_err());
 }
 
 // ---------------------------------------------------------------- MCP Inspector CLI

@@ -202,6 +202,11 @@ pub struct ServerConfig {
     pub new_tools: Option<NewTools>,
     /// The name this server had before a rename: its pins follow it (only when set).
     pub renamed_from: Option<String>,
+    /// `true` (default): agents see this server's tools and prompts as `NAME__tool`.
+    /// `false`: under the server's own names (policy, pins and the ledger still say
+    /// `NAME__tool`); a name another server also offers is served by neither (see
+    /// `crate::mcp::catalog::names`).
+    pub prefix: bool,
     /// Resource URIs (globs) this server owns: no other server may serve them, and a
     /// contested URI goes to its configured owner.
     pub owns_resources: Vec<String>,
@@ -237,6 +242,7 @@ impl Default for ServerConfig {
             pin: PinMode::Enforce,
             new_tools: None,
             renamed_from: None,
+            prefix: true,
             owns_resources: Vec::new(),
             max_tools: None,
             max_resources: None,
@@ -604,7 +610,7 @@ impl ServerConfig {
                 ""
             };
             return Err(format!(
-                "unknown key {}; known keys: url, headers, bearer_token_file, bearer_token_env, timeout_secs, enabled, pin, new_tools, renamed_from, owns_resources, era, max_tools, max_resources, max_prompts, max_resource_templates, max_listing_bytes, max_pages, and for a local server {}{hint} (its value is not shown)",
+                "unknown key {}; known keys: url, headers, bearer_token_file, bearer_token_env, timeout_secs, enabled, pin, new_tools, renamed_from, prefix, owns_resources, era, max_tools, max_resources, max_prompts, max_resource_templates, max_listing_bytes, max_pages, and for a local server {}{hint} (its value is not shown)",
                 at(key.as_str()),
                 crate::stdio_server::config::LOCAL_KEYS
             ));
@@ -786,6 +792,23 @@ mod tests {
         let doc: Doc = toml::from_str(text).map_err(|e| e.to_string())?;
         doc.servers.validate()?;
         Ok(doc.servers)
+    }
+
+    #[test]
+    fn prefix_defaults_to_true_and_is_a_known_key() {
+        let c = load(
+            "[servers.a]\nurl = \"http://127.0.0.1:1/mcp\"\n\n[servers.b]\nurl = \"http://127.0.0.1:2/mcp\"\nprefix = false\n",
+        )
+        .unwrap();
+        assert!(c.servers["a"].prefix);
+        assert!(!c.servers["b"].prefix);
+        let err =
+            load("[servers.a]\nurl = \"http://127.0.0.1:1/mcp\"\nprefixes = false\n").unwrap_err();
+        assert!(
+            err.contains("servers.a.prefixes") && err.contains("prefix,"),
+            "{err}"
+        );
+        assert!(load("[servers.a]\nurl = \"http://127.0.0.1:1/mcp\"\nprefix = \"no\"\n").is_err());
     }
 
     #[test]

@@ -81,6 +81,9 @@ pub struct UpstreamError {
     pub status: Option<u16>,
     /// The JSON-RPC error code the server answered with, when it did.
     pub rpc_code: Option<i64>,
+    /// A -32021 the agent reads as the server gave it: the error data to forward (see
+    /// [`super::missing_capability`]).
+    pub missing_capability: Option<String>,
 }
 
 impl UpstreamError {
@@ -90,6 +93,7 @@ impl UpstreamError {
             message: message.into(),
             status: None,
             rpc_code: None,
+            missing_capability: None,
         }
     }
 

@@ -83,6 +83,7 @@ fn server_rules(config: &ServersConfig, name: &str) -> Arc<ServerRules> {
         retention_ms: i64::try_from(config.pin_retention_secs.saturating_mul(1000))
             .unwrap_or(i64::MAX),
         absent_cap: config.budget(name).max_tools,
+        prefix: s.prefix,
     })
 }
 
@@ -419,7 +420,9 @@ impl UpstreamsState {
                     self.hidden
                         .insert(server.to_owned(), reviewed.hidden.into_iter().collect());
                 }
-                catalog.replace(kind, server, reviewed.entries)
+                let change = catalog.replace(kind, server, reviewed.entries);
+                name_clashes(kind, &change.new_clashes, applied);
+                change.changed
             }
             Kind::Resources | Kind::Templates => {
                 self.resources_listed.insert((server.to_owned(), kind));
@@ -631,10 +634,20 @@ impl UpstreamsState {
     // ---- pins -------------------------------------------------------------------------
 
     /// `tools/call` of `tool` (`server__tool`) before "unknown tool": the refusal message
-    /// when its pin hides it (changed, or new and held).
+    /// when its pin hides it (changed, or new and held). A name without `__` is looked up
+    /// among the servers with `prefix = false` (one of theirs alone may hide it).
     pub fn pin_refusal(&self, tool: &str) -> Option<String> {
-        let (server, _) = split_namespaced(tool)?;
-        self.hidden.get(server)?.get(tool).cloned()
+        if let Some((server, _)) = split_namespaced(tool) {
+            return self.hidden.get(server)?.get(tool).cloned();
+        }
+        let mut found = self.rules.values().filter(|r| !r.prefix).filter_map(|r| {
+            let qualified = format!("{}{NAMESPACE_SEP}{tool}", r.server);
+            self.hidden.get(&r.server)?.get(&qualified).cloned()
+        });
+        match (found.next(), found.next()) {
+            (Some(message), None) => Some(message),
+            _ => None,
+        }
     }
 
     /// `toolwall pins approve TOOL --digest D` (admin socket): approves exactly that
@@ -728,6 +741,7 @@ impl UpstreamsState {
                 "tools": tools,
                 "tools_hidden": self.hidden.get(server).map_or(0, HashMap::len),
                 "resource_conflicts": conflicts + tconflicts,
+                "name_clashes": name_clashes_json(catalog, server),
                 "resource_conflict_sample": sample,
                 "list_changed_coalesced": self.board.get(server).map_or(0, |b| b.list_changed_coalesced) + self.schedule.coalesced(server),
             })
@@ -779,6 +793,49 @@ impl UpstreamsState {
         self.next_refresh = self.refresh.map(|r| now + r);
         self.stderr.set_capacity(config.stderr_lines);
     }
+}
+
+/// Tool or prompt names in clash now that were not before: an event and a warning each
+/// (the first few; `toolwall status` has them all counted).
+fn name_clashes(kind: Kind, new: &[(String, String)], applied: &mut Applied) {
+    if new.is_empty() {
+        return;
+    }
+    let sample: Vec<Value> = new
+        .iter()
+        .take(CONFLICT_SAMPLE)
+        .map(|(name, why)| json!({"name": name, "why": why}))
+        .collect();
+    applied.events.push((
+        "name_clash",
+        json!({"kind": kind.list_key(), "count": new.len(), "sample": sample}),
+    ));
+    for (_, why) in new.iter().take(3) {
+        applied.logs.push((true, format!("name clash: {why}")));
+    }
+    if new.len() > 3 {
+        applied.logs.push((
+            true,
+            format!(
+                "name clash: {} more {} (see `toolwall status`)",
+                new.len() - 3,
+                kind.word()
+            ),
+        ));
+    }
+}
+
+/// `toolwall status`: the tool and prompt name clashes of `server`.
+fn name_clashes_json(catalog: &Catalog, server: &str) -> Value {
+    let (tools, mut sample) = catalog.clashes(Kind::Tools, server, CONFLICT_SAMPLE);
+    let (prompts, psample) = catalog.clashes(Kind::Prompts, server, CONFLICT_SAMPLE);
+    sample.extend(psample);
+    sample.truncate(CONFLICT_SAMPLE);
+    let sample: Vec<Value> = sample
+        .into_iter()
+        .map(|(name, why)| json!({"name": name, "why": why}))
+        .collect();
+    json!({"count": tools + prompts, "sample": sample})
 }
 
 #[cfg(test)]

@@ -314,6 +314,20 @@ pub fn format_servers(servers: &Value) -> String {
                 );
             }
         }
+        let clashes = s["name_clashes"]["count"].as_u64().unwrap_or(0);
+        if clashes > 0 {
+            let _ = writeln!(
+                out,
+                "    {clashes} tool or prompt names in clash (served by no server):"
+            );
+            for c in s["name_clashes"]["sample"].as_array().into_iter().flatten() {
+                let _ = writeln!(
+                    out,
+                    "      {}",
+                    super::error::quote_upstream(c["why"].as_str().unwrap_or(""), 300)
+                );
+            }
+        }
     }
     out
 }

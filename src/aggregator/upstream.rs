@@ -778,6 +778,13 @@ impl Upstream {
                 )
                 .with_status(reply.status)
                 .with_rpc_code(f.code))
+                .map_err(|mut e: UpstreamError| {
+                    if f.code == super::missing_capability::CODE {
+                        e.missing_capability =
+                            super::missing_capability::report(f.data.as_ref(), &e.message);
+                    }
+                    e
+                })
             }
             (_, Some(e)) => Err(e.with_status(reply.status)),
             (Some(Ok(result)), None) => Ok(result),

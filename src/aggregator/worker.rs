@@ -84,9 +84,15 @@ fn response_err(id: u64, e: &UpstreamError) -> Message {
     Message::Response {
         id,
         ok: None,
-        error: Some(RpcError {
-            kind: e.code.as_str().to_owned(),
-            message: e.message.clone(),
+        error: Some(match &e.missing_capability {
+            Some(data) => RpcError {
+                kind: super::missing_capability::KIND.to_owned(),
+                message: data.clone(),
+            },
+            None => RpcError {
+                kind: e.code.as_str().to_owned(),
+                message: e.message.clone(),
+            },
         }),
         facts: None,
     }

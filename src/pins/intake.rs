@@ -51,6 +51,8 @@ pub struct ServerRules {
     pub retention_ms: i64,
     /// Most pins of tools no longer listed kept per server (its `max_tools`).
     pub absent_cap: usize,
+    /// Agents see its tools and prompts as `server__name` (else under its own names).
+    pub prefix: bool,
 }
 
 pub struct ListingJob {
@@ -437,7 +439,10 @@ pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewe
     if job.kind != Kind::Tools || job.rules.mode == PinMode::Off {
         let entries = items
             .into_iter()
-            .filter_map(|raw| Entry::of(job.kind, &job.server, job.worker, listing::parse(raw)))
+            .filter_map(|raw| {
+                let item = listing::parse(raw);
+                Entry::listed(job.kind, &job.server, job.worker, item, job.rules.prefix)
+            })
             .collect();
         return Ok(Reviewed {
             entries,
@@ -554,7 +559,9 @@ fn review_tools(
                     note(&mut summary, &name, r.note);
                     match r.outcome {
                         Outcome::Serve => {
-                            if let Some(e) = Entry::of(Kind::Tools, server, job.worker, item) {
+                            if let Some(e) =
+                                Entry::listed(Kind::Tools, server, job.worker, item, rules.prefix)
+                            {
                                 out.entries.push(e);
                             }
                         }
@@ -618,7 +625,9 @@ fn push_unreviewed(out: &mut Reviewed, job: &ListingJob, item: Value, enforce: b
             name.clone(),
             format!("{name} cannot be checked against its pin ({why}), so it is not served"),
         ));
-    } else if let Some(e) = Entry::of(Kind::Tools, &job.server, job.worker, item) {
+    } else if let Some(e) =
+        Entry::listed(Kind::Tools, &job.server, job.worker, item, job.rules.prefix)
+    {
         out.entries.push(e);
     }
 }
@@ -690,6 +699,7 @@ mod tests {
             configured: vec![server.into()],
             retention_ms: 1_000_000,
             absent_cap: 100,
+            prefix: true,
         })
     }
 

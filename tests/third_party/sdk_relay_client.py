@@ -22,6 +22,7 @@ import anyio
 import mcp.types as types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.client import Client
+from mcp.shared.exceptions import MCPError
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -82,7 +83,12 @@ async def call(do_call, seen, tool, args):
         # Give the cancellation time to travel before the session closes.
         await anyio.sleep(1.0)
         return
-    result = await do_call(tool, args, progress_callback=seen.progress)
+    try:
+        result = await do_call(tool, args, progress_callback=seen.progress)
+    except MCPError as e:
+        # A JSON-RPC error answer (a 2026-07-28 server's -32021, say).
+        seen.out["error"] = {"code": e.code, "message": e.message, "data": e.data}
+        return
     seen.out["is_error"] = bool(result.is_error)
     seen.out["texts"] = [c.text for c in result.content if getattr(c, "type", None) == "text"]
 

@@ -391,14 +391,7 @@ impl<R: Recorder> Core<R> {
         if claims.expires_ms <= now_ms {
             return Err("the approval has expired (policy.ask_timeout_secs)".into());
         }
-        let name = params
-            .get(routed.target_field())
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let named = match routed {
-            Routed::ReadResource => name.to_owned(),
-            _ => name.to_owned(),
-        };
+        let named = self.called_name(routed, params);
         if named != claims.tool {
             return Err("it was issued for another tool".into());
         }

@@ -44,6 +44,23 @@ pub fn request_state(params: &Value) -> Option<&Value> {
 }
 
 impl<R: Recorder> Core<R> {
+    /// The tool or prompt a retry names, as the call and its state know it: an agent calls
+    /// a `prefix = false` server's tool by the server's own name, the call is `server__name`
+    /// (a name no longer in the catalog stays as it came, and matches nothing). A URI as it is.
+    pub(super) fn called_name(&self, routed: Routed, params: &Value) -> String {
+        let name = params
+            .get(routed.target_field())
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        match routed {
+            Routed::ReadResource => name.to_owned(),
+            _ => self
+                .catalog
+                .get(routed.kind(), name)
+                .map_or_else(|| name.to_owned(), |e| e.name.clone()),
+        }
+    }
+
     /// A request that carries a `requestState`: resume the call it names, or refuse it
     /// with an error naming why. Never a new call.
     pub(super) fn resume_with_state(
@@ -96,10 +113,7 @@ impl<R: Recorder> Core<R> {
             return Err("it has expired (relay.input_state_ttl_secs)".into());
         }
         let key = claims.call;
-        let name = params
-            .get(routed.target_field())
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let name = self.called_name(routed, params);
         let hash = arrived_arguments_hash(routed, params);
         let Some(x) = self.calls.get(key).and_then(|c| c.exchange()) else {
             return Err("the call it belongs to has ended".into());

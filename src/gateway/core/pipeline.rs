@@ -14,6 +14,7 @@ use super::dispatch::RequestCtx;
 use super::exchange::{Exchange, Requester, Routed, Target};
 use super::{AskRoute, Core, Recorder};
 use crate::aggregator::gateway_state::UpstreamsState;
+use crate::aggregator::missing_capability;
 use crate::ledger::{CallEnd, CallStart, decision};
 use crate::mcp::catalog::split_namespaced;
 use crate::mcp::jsonrpc;
@@ -200,6 +201,12 @@ impl<R: Recorder> Core<R> {
                 Err(why) => (None, Some(why)),
             },
             _ => (self.catalog.get(routed.kind(), &name).cloned(), None),
+        };
+        // Policy, pins and the ledger know a tool or prompt by `server__name`, whatever
+        // agents call it (`prefix = false`: see mcp::catalog::names).
+        let name = match &entry {
+            Some(e) if routed != Routed::ReadResource => e.name.clone(),
+            _ => name,
         };
         match &entry {
             Some(e) => {
@@ -547,6 +554,19 @@ impl<R: Recorder> Core<R> {
                 json!({"call_id": x.ledger_id, "facts": facts}),
             );
         }
+        let error = match error {
+            Some(e) if e.kind == missing_capability::KIND => {
+                match missing_capability::for_agent(&e.message, x.relay.modern) {
+                    Ok((message, data)) => {
+                        let answer = Answer::error(missing_capability::CODE, &message, Some(data));
+                        self.respond(x, started, answer);
+                        return;
+                    }
+                    Err(e) => Some(e),
+                }
+            }
+            other => other,
+        };
         let answer =
             match (ok, error) {
                 (Some(text), _) => match serde_json::from_str::<Value>(&text) {

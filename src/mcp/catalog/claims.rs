@@ -221,6 +221,7 @@ mod tests {
     fn entry(uri: &str, server: &str, text: &str) -> Entry {
         Entry {
             name: uri.into(),
+            key: uri.into(),
             server: server.into(),
             upstream: uri.into(),
             worker: 1,

@@ -12,6 +12,7 @@
 
 pub mod claims;
 pub mod listing;
+pub mod names;
 pub mod resource_owners;
 pub mod templates;
 
@@ -19,6 +20,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 
 use claims::{ClaimChange, Claims};
+use names::{NameChange, Names};
 use resource_owners::OwnerRules;
 
 /// Separator between server and tool names. Server names never contain it.
@@ -33,14 +35,18 @@ pub type WorkerId = usize;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// Namespaced (`server__name`) for tools and prompts; the URI (or URI template) for
-    /// resources and templates.
+    /// Who it is to policy, pins and the ledger: always `server__name` for tools and
+    /// prompts, whatever agents see; the URI (or URI template) for resources and
+    /// templates.
     pub name: String,
+    /// What agents see and call it by (the catalog's key): `name`, or the server's own
+    /// name for a server with `prefix = false` (see [`names`]).
+    pub key: String,
     pub server: String,
     /// The name (or URI) the server itself knows.
     pub upstream: String,
     pub worker: WorkerId,
-    /// The definition as agents see it (namespaced), serialized once.
+    /// The definition as agents see it (under `key`), serialized once.
     pub json: String,
     /// The tool's input schema has an `input` property: `{"input": {...}}` arguments are
     /// meant as they are, never unwrapped.
@@ -48,46 +54,45 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// The entry for one definition as a server sent it: the namespaced name (tools and
-    /// prompts) or the URI, and the JSON agents see. `None` when it has no usable key.
-    pub fn of(kind: Kind, server: &str, worker: WorkerId, mut item: Value) -> Option<Entry> {
+    /// The entry for one definition as a server sent it, namespaced (`server__name`).
+    pub fn of(kind: Kind, server: &str, worker: WorkerId, item: Value) -> Option<Entry> {
+        Entry::listed(kind, server, worker, item, true)
+    }
+
+    /// The entry for one definition as a server sent it: its qualified name (tools and
+    /// prompts) or the URI, the key agents see (`server__name` with `prefix`, else the
+    /// server's own name; a URI is never prefixed) and the JSON agents see. `None` when
+    /// it has no usable key. The one place names agents see are made.
+    pub fn listed(
+        kind: Kind,
+        server: &str,
+        worker: WorkerId,
+        mut item: Value,
+        prefix: bool,
+    ) -> Option<Entry> {
         let upstream = item.get(kind.key_field())?.as_str()?.to_owned();
-        let name = if kind.namespaced() {
+        let (name, key) = if kind.namespaced() {
             let name = format!("{server}{NAMESPACE_SEP}{upstream}");
-            item[kind.key_field()] = Value::String(name.clone());
-            name
+            let key = if prefix {
+                name.clone()
+            } else {
+                upstream.clone()
+            };
+            item[kind.key_field()] = Value::String(key.clone());
+            (name, key)
         } else {
-            upstream.clone()
+            (upstream.clone(), upstream.clone())
         };
         let declares_input = item.pointer("/inputSchema/properties/input").is_some();
         Some(Entry {
             name,
+            key,
             server: server.to_owned(),
             upstream,
             worker,
             json: item.to_string(),
             declares_input,
         })
-    }
-}
-
-#[derive(Debug, Default)]
-struct Section {
-    entries: BTreeMap<String, Entry>,
-}
-
-impl Section {
-    fn replace_server(&mut self, server: &str, entries: Vec<Entry>) -> bool {
-        let before = self.entries.values().filter(|e| e.server == server).count();
-        let changed = before != entries.len()
-            || entries
-                .iter()
-                .any(|e| self.entries.get(&e.name).map(|old| &old.json) != Some(&e.json));
-        self.entries.retain(|_, e| e.server != server);
-        for e in entries {
-            self.entries.insert(e.name.clone(), e);
-        }
-        changed
     }
 }
 
@@ -151,8 +156,8 @@ impl Kind {
 
 #[derive(Debug, Default)]
 pub struct Catalog {
-    tools: Section,
-    prompts: Section,
+    tools: Names,
+    prompts: Names,
     resources: Claims,
     templates: Claims,
 }
@@ -164,8 +169,8 @@ pub struct CatalogError(pub String);
 impl Catalog {
     fn served(&self, kind: Kind) -> &BTreeMap<String, Entry> {
         match kind {
-            Kind::Tools => &self.tools.entries,
-            Kind::Prompts => &self.prompts.entries,
+            Kind::Tools => &self.tools.served,
+            Kind::Prompts => &self.prompts.served,
             Kind::Resources => &self.resources.served,
             Kind::Templates => &self.templates.served,
         }
@@ -210,7 +215,7 @@ impl Catalog {
             entries.push(entry);
         }
         Ok(match kind {
-            Kind::Tools | Kind::Prompts => self.replace(kind, server, entries),
+            Kind::Tools | Kind::Prompts => self.replace(kind, server, entries).changed,
             _ => {
                 self.claim(kind, server, entries, &OwnerRules::default())
                     .changed
@@ -218,12 +223,28 @@ impl Catalog {
         })
     }
 
-    /// Replace the tools or prompts of `server` with prepared entries, at once.
-    pub fn replace(&mut self, kind: Kind, server: &str, entries: Vec<Entry>) -> bool {
+    /// Replace the tools or prompts of `server` with prepared entries, at once. A name
+    /// two servers offer (or an unprefixed one of another server's form) is served by
+    /// none: see [`names`].
+    pub fn replace(&mut self, kind: Kind, server: &str, entries: Vec<Entry>) -> NameChange {
         match kind {
             Kind::Tools => self.tools.replace_server(server, entries),
             Kind::Prompts => self.prompts.replace_server(server, entries),
-            _ => false,
+            _ => NameChange::default(),
+        }
+    }
+
+    /// The tool or prompt name clashes `server` takes part in: how many, and a sample.
+    pub fn clashes(
+        &self,
+        kind: Kind,
+        server: &str,
+        sample: usize,
+    ) -> (usize, Vec<(String, String)>) {
+        match kind {
+            Kind::Tools => self.tools.clashes_of(server, sample),
+            Kind::Prompts => self.prompts.clashes_of(server, sample),
+            _ => (0, Vec::new()),
         }
     }
 
@@ -296,7 +317,7 @@ impl Catalog {
             }
             // A page never outgrows what one answer may carry; an item that could not fit
             // even alone is never listed (an agent could not receive it).
-            if out.len() + entry.json.len() + entry.name.len() + 64 > max_bytes {
+            if out.len() + entry.json.len() + entry.key.len() + 64 > max_bytes {
                 if entry.json.len() + 64 > max_bytes {
                     continue;
                 }
@@ -307,7 +328,7 @@ impl Catalog {
                 out.push(',');
             }
             out.push_str(&entry.json);
-            last = Some(&entry.name);
+            last = Some(&entry.key);
             count += 1;
         }
         out.push(']');

@@ -177,6 +177,7 @@ mod tests {
     fn entry(template: &str, server: &str) -> Entry {
         Entry {
             name: template.into(),
+            key: template.into(),
             server: server.into(),
             upstream: template.into(),
             worker: 0,
