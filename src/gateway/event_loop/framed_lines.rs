@@ -30,6 +30,8 @@ impl Gateway {
             self.service_http(slot, now);
             return;
         }
+        // Fairness: this many messages and reads, then the other connections' turn.
+        let mut budget = limits.max_messages_per_turn;
         loop {
             let Some(Some(c)) = self.conns.get_mut(slot) else {
                 return;
@@ -38,6 +40,12 @@ impl Gateway {
                 c.paused = true;
                 return;
             }
+            if budget == 0 {
+                c.paused = true;
+                self.doors.yielded = true;
+                return;
+            }
+            budget -= 1;
             // Bounds: in flight here, in flight everywhere, and output not drained.
             let queued = if is_stdio {
                 self.stdio.as_ref().map_or(0, StdioSide::pending)
