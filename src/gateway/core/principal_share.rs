@@ -39,3 +39,48 @@ impl<R: Recorder> Core<R> {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::tests::{Harness, reply};
+    use super::KEY;
+
+    #[test]
+    fn a_principal_over_its_share_is_refused_and_others_are_not() {
+        let mut h = Harness::new(
+            "[[policy.rules]]\nid = \"ask-echo\"\naction = \"ask\"\ntool = \"local__echo\"\n",
+        );
+        h.core.limits.max_in_flight_per_principal = Some(2);
+        let echo = json!({"name": "local__echo", "arguments": {"text": "x"}});
+        for _ in 0..2 {
+            h.send("tools/call", echo.clone());
+            assert!(h.turn().is_empty(), "held within the share");
+        }
+        h.send("tools/call", echo.clone());
+        let (_, v) = reply(&h.turn()).expect("refused at once");
+        assert_eq!(v["error"]["code"], super::BUSY_CODE);
+        assert_eq!(v["error"]["data"]["limit"], KEY);
+        assert!(v["error"]["message"].as_str().unwrap().contains(KEY), "{v}");
+        // Another principal has a share of its own.
+        h.peer.principal = "uid:1001".into();
+        h.send("tools/call", echo.clone());
+        assert!(
+            h.turn().is_empty(),
+            "another principal's call is held, not refused"
+        );
+        assert_eq!(h.core.pending_approvals(h.now).len(), 3);
+        // When one of the first principal's calls ends, it may call again.
+        h.peer.principal = "uid:1000".into();
+        let first = h.core.pending_approvals(h.now)[0].id;
+        let now = h.now;
+        h.core
+            .decide_approval(first, false, "admin", Some("no"), now)
+            .expect("deny");
+        h.turn();
+        h.send("tools/call", echo);
+        assert!(h.turn().is_empty(), "held again within the share");
+        assert_eq!(h.core.pending_approvals(h.now).len(), 3);
+    }
+}
