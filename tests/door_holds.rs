@@ -382,3 +382,24 @@ fn a_pipelined_burst_does_not_keep_the_loop_to_itself() {
         "every pipelined request is answered"
     );
 }
+
+#[test]
+fn framed_held_calls_end_when_their_agent_hangs_up_past_the_in_flight_bound() {
+    let gw = HttpGateway::start("", ASK_ECHO);
+    // More held calls than one connection may have in flight (64): reading it stops.
+    let mut agent = gw.connect();
+    for i in 0..70 {
+        agent.request(
+            json!(i),
+            "tools/call",
+            Some(json!({"name": "local__echo", "arguments": {"text": format!("ASK {i}")}})),
+        );
+    }
+    wait_pending(&gw, 64);
+    drop(agent);
+    // Nobody is left to answer them: they end, and their rows say cancelled.
+    wait_pending(&gw, 0);
+    gw.wait_rows("every held call cancelled", |rows| {
+        rows.len() >= 64 && rows.iter().all(|r| r["decision"] == "cancelled")
+    });
+}

@@ -31,6 +31,8 @@ pub(super) struct Conn {
     /// The peer hung up (an edge seen once, kept here): a call it waits for while its
     /// bytes are not read ends as for any closed connection.
     pub(super) hung_up: bool,
+    /// The core was told of the hang-up while a bound kept this connection unread.
+    pub(super) hang_up_reported: bool,
     /// The core was told the agent stopped sending (its held asks end then).
     pub(super) eof_reported: bool,
     /// Set when the stream became unframeable or a write failed: close now.
@@ -116,6 +118,7 @@ impl Gateway {
             out_pos: 0,
             read_closed: false,
             hung_up: false,
+            hang_up_reported: false,
             eof_reported: false,
             broken: false,
             partial_since: None,

@@ -57,6 +57,13 @@ impl Gateway {
                 || queued > limits.max_write_buffer_bytes
             {
                 c.paused = true;
+                // The agent hung up while its calls fill a bound, so its EOF is not read
+                // yet: its held asks can no longer be answered and end now, as at EOF
+                // (what it sent before is still read once the bound clears).
+                if c.hung_up && !c.hang_up_reported && !is_stdio {
+                    c.hang_up_reported = true;
+                    self.core.on_agent_eof(conn, now);
+                }
                 return;
             }
             c.paused = false;
