@@ -487,4 +487,24 @@ allow = ["not an address"]
         assert_eq!(c.gateway.max_in_flight_per_connection, 64);
         assert_eq!(c.ledger.path, PathBuf::from("toolwall-data/ledger.db"));
     }
+
+    #[test]
+    fn one_principal_share_of_calls_in_flight() {
+        let share = |toml: &str| {
+            Config::from_toml(toml, "t")
+                .map(|c| c.gateway.in_flight_per_principal())
+                .map_err(|e| e.0)
+        };
+        assert_eq!(share(""), Ok(1024), "a quarter of max_in_flight_total");
+        assert_eq!(share("[gateway]\nmax_in_flight_total = 3\n"), Ok(1));
+        assert_eq!(
+            share("[gateway]\nmax_in_flight_total = 8\nmax_in_flight_per_principal = 100\n"),
+            Ok(8),
+            "never more than the total"
+        );
+        let err = share("[gateway]\nmax_in_flight_per_principal = 0\n").unwrap_err();
+        assert!(err.contains("gateway.max_in_flight_per_principal"), "{err}");
+        let err = share("[gateway]\nmax_messages_per_turn = 0\n").unwrap_err();
+        assert!(err.contains("gateway.max_messages_per_turn"), "{err}");
+    }
 }
