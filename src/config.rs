@@ -104,6 +104,14 @@ pub struct GatewayConfig {
     pub max_in_flight_per_connection: usize,
     /// Requests in flight across all connections; beyond it, reading pauses everywhere.
     pub max_in_flight_total: usize,
+    /// Calls (tools, prompts, resources; held asks included) in flight for one principal
+    /// (an HTTP token's principal, a unix uid, a vsock cid); beyond it a call is refused
+    /// with an error naming this key, so one principal cannot take every seat of
+    /// `max_in_flight_total`. Default: a quarter of `max_in_flight_total`.
+    pub max_in_flight_per_principal: Option<usize>,
+    /// Messages (frames, lines, HTTP requests) taken from one connection per loop turn
+    /// before the other connections get theirs: a pipelined burst cannot stall the loop.
+    pub max_messages_per_turn: usize,
     /// Open agent connections of every door together (framed and HTTP; the admin socket has
     /// its own reserve). When full, a new connection takes the place of one that has not
     /// sent a byte yet; else it is refused with an error it can read.
@@ -146,6 +154,14 @@ impl GatewayConfig {
             .unwrap_or(self.max_connections / 2)
             .max(1)
     }
+
+    /// `max_in_flight_per_principal`, or its default: a quarter of `max_in_flight_total`,
+    /// at least 1; never more than the total.
+    pub fn in_flight_per_principal(&self) -> usize {
+        self.max_in_flight_per_principal
+            .unwrap_or(self.max_in_flight_total / 4)
+            .clamp(1, self.max_in_flight_total.max(1))
+    }
 }
 
 impl Default for GatewayConfig {
@@ -156,6 +172,8 @@ impl Default for GatewayConfig {
             tool_call_timeout_secs: 300,
             max_in_flight_per_connection: 64,
             max_in_flight_total: 4096,
+            max_in_flight_per_principal: None,
+            max_messages_per_turn: 32,
             max_connections: 1024,
             max_connections_per_peer: None,
             accept_timeout_secs: 10,
@@ -272,6 +290,11 @@ impl Config {
                 g.max_in_flight_per_connection,
             ),
             ("gateway.max_in_flight_total", g.max_in_flight_total),
+            (
+                "gateway.max_in_flight_per_principal",
+                g.max_in_flight_per_principal.unwrap_or(1),
+            ),
+            ("gateway.max_messages_per_turn", g.max_messages_per_turn),
             ("gateway.max_connections", g.max_connections),
             (
                 "gateway.max_connections_per_peer",
@@ -463,5 +486,25 @@ allow = ["not an address"]
         let c = Config::from_toml("", "t").unwrap();
         assert_eq!(c.gateway.max_in_flight_per_connection, 64);
         assert_eq!(c.ledger.path, PathBuf::from("toolwall-data/ledger.db"));
+    }
+
+    #[test]
+    fn one_principal_share_of_calls_in_flight() {
+        let share = |toml: &str| {
+            Config::from_toml(toml, "t")
+                .map(|c| c.gateway.in_flight_per_principal())
+                .map_err(|e| e.0)
+        };
+        assert_eq!(share(""), Ok(1024), "a quarter of max_in_flight_total");
+        assert_eq!(share("[gateway]\nmax_in_flight_total = 3\n"), Ok(1));
+        assert_eq!(
+            share("[gateway]\nmax_in_flight_total = 8\nmax_in_flight_per_principal = 100\n"),
+            Ok(8),
+            "never more than the total"
+        );
+        let err = share("[gateway]\nmax_in_flight_per_principal = 0\n").unwrap_err();
+        assert!(err.contains("gateway.max_in_flight_per_principal"), "{err}");
+        let err = share("[gateway]\nmax_messages_per_turn = 0\n").unwrap_err();
+        assert!(err.contains("gateway.max_messages_per_turn"), "{err}");
     }
 }

@@ -504,7 +504,6 @@ fn bad_tokens_get_401_and_nothing_is_processed_and_no_token_is_ever_written() {
         list.lines().filter(|l| l.contains("expired")).count() == 1
     });
 
-    let mut http = gw.http();
     let bad_auth: Vec<(&str, Option<String>)> = vec![
         ("missing", None),
         ("empty bearer", Some("Bearer ".into())),
@@ -537,8 +536,16 @@ fn bad_tokens_get_401_and_nothing_is_processed_and_no_token_is_ever_written() {
             if let Some(a) = auth {
                 req = req.header("Authorization", a);
             }
+            // A refused token ends its connection (a client that keeps failing must not
+            // keep its seat): a fresh one for each.
+            let mut http = gw.http();
             let r = http.call(&req);
             assert_eq!(r.status, 401, "{what} / {kind}: {}", r.text());
+            assert_eq!(r.header("Connection"), Some("close"), "{what} / {kind}");
+            assert!(
+                http.closed_by_peer(),
+                "{what} / {kind}: closed after the 401"
+            );
             let challenge = r.header("WWW-Authenticate").unwrap_or("");
             assert!(challenge.starts_with("Bearer"), "{what}: {challenge:?}");
             assert!(r.header("Mcp-Session-Id").is_none());
@@ -546,11 +553,14 @@ fn bad_tokens_get_401_and_nothing_is_processed_and_no_token_is_ever_written() {
     }
     // DELETE and GET are refused the same way.
     for method in ["DELETE", "GET"] {
-        let r = http.call(&Req::new(method, "/mcp", gw.port).bearer(&admin));
+        let r = gw
+            .http()
+            .call(&Req::new(method, "/mcp", gw.port).bearer(&admin));
         assert_eq!(r.status, 401, "{method}");
     }
 
-    // A good token works on the same connection, and its principal is the row's.
+    // A good token works, and its principal is the row's.
+    let mut http = gw.http();
     let session = open_session(&mut http, gw.port, Some(&alice));
     let r = http.call(&echo_in_session(gw.port, 4, &session, "alice was here").bearer(&alice));
     assert_eq!(result_text(&r.json()), "alice was here");
@@ -687,6 +697,8 @@ fn origin_is_checked_against_public_url() {
         r.status, 401,
         "a matching Origin does not replace the token"
     );
+    // A 401 ends the connection.
+    let mut http = gw.http();
 
     for origin in [
         "http://evil.example".to_owned(),
@@ -778,7 +790,8 @@ fn health_needs_no_token_and_metrics_need_an_admin_token() {
         req
     };
     for (what, auth) in [("none", None), ("client", Some(client.as_str()))] {
-        let r = http.call(&metrics(auth));
+        // A refused token ends its connection: a fresh one for each.
+        let r = gw.http().call(&metrics(auth));
         assert!(
             matches!(r.status, 401 | 403),
             "{what} token on /metrics: {}",
@@ -847,6 +860,8 @@ fn metrics_count_http_responses_by_status() {
     assert_eq!(http.call(&Req::new("GET", "/health", gw.port)).status, 200);
     assert_eq!(http.call(&Req::new("GET", "/nowhere", gw.port)).status, 404);
     assert_eq!(http.call(&gw.post(&initialize(1))).status, 401);
+    // A 401 ends the connection.
+    let mut http = gw.http();
     let text = http.call(&Req::new("GET", "/metrics", gw.port)).text();
     for status in ["200", "404", "401"] {
         assert!(

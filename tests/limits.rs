@@ -88,7 +88,7 @@ fn in_flight_bound_pauses_reading_and_resumes() {
 fn total_in_flight_bound_holds_other_connections_too() {
     let port = silent_server();
     let gw = TestGateway::start(&format!(
-        "[gateway]\nmax_in_flight_total = 3\ntool_call_timeout_secs = 2\n\n[builtin.http]\nallow = [\"127.0.0.1:{port}\"]\n"
+        "[gateway]\nmax_in_flight_total = 3\n# one uid here: its share is the whole total\nmax_in_flight_per_principal = 3\ntool_call_timeout_secs = 2\n\n[builtin.http]\nallow = [\"127.0.0.1:{port}\"]\n"
     ));
     let url = format!("http://127.0.0.1:{port}/");
     let mut a = gw.connect();

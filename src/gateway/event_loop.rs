@@ -197,6 +197,9 @@ impl Gateway {
                         if event.is_writable() {
                             self.flush_conn(slot);
                         }
+                        if event.is_read_closed() || event.is_error() {
+                            self.on_hang_up(slot);
+                        }
                         if event.is_readable() || event.is_read_closed() {
                             self.service_conn(slot, now);
                         }
@@ -306,6 +309,7 @@ impl Gateway {
             self.stop_deadline,
             (!self.serving).then_some(self.started + START_GRACE),
             self.watchdog.as_ref().map(systemd::WatchdogTimer::deadline),
+            self.doors.yielded.then_some(now),
         ];
         candidates.into_iter().flatten().min().map(|t| {
             t.saturating_duration_since(now)

@@ -75,14 +75,17 @@ pub struct HttpConn {
     pub request_started: Option<Instant>,
     /// When the body of the accepted head started to be awaited.
     body_started: Option<Instant>,
-    /// When the connection last finished a request (keep-alive idle timer).
+    /// When the connection last finished a request that did authenticated work (an answer
+    /// from the core, or a response to an authenticated head), else when it opened: the
+    /// keep-alive timer. `/health`, `/metrics` and refusals never push it on, so a client
+    /// that only sends those cannot keep its seat.
     pub idle_since: Instant,
+    /// The request being answered came with a head that authenticated a principal.
+    answering_authenticated: bool,
     /// Close once the output is written.
     pub closing: bool,
     /// Whether any byte arrived.
     seen_bytes: bool,
-    /// Whether a head was judged here (until then the auth deadline applies).
-    judged: bool,
     /// The principal this connection's seat counts for, once a head named one.
     principal: Option<String>,
     /// A head authenticated a principal that is not yet this connection's: the loop finds
@@ -190,7 +193,7 @@ impl HttpDoor {
             idle_since: Instant::now(),
             closing: false,
             seen_bytes: false,
-            judged: false,
+            answering_authenticated: false,
             principal: None,
             binding: None,
             refusing: None,
@@ -318,7 +321,7 @@ impl HttpDoor {
         mut request: Request,
         now: Instant,
     ) -> Option<Step> {
-        h.judged = true;
+        h.answering_authenticated = false;
         // A refusal before the body arrived closes the connection: the body is not read,
         // so the stream cannot carry another request (the unread rest lingers away). A
         // connection admitted only to be answered closes after its one answer.
@@ -357,6 +360,7 @@ impl HttpDoor {
                     h.binding = Some(principal.clone());
                     return Some(Step::Seat { principal });
                 }
+                h.answering_authenticated = true;
                 self.start_body(h, out, now);
                 None
             }
@@ -370,6 +374,7 @@ impl HttpDoor {
         };
         if seated {
             h.principal = Some(principal);
+            h.answering_authenticated = true;
             self.start_body(h, out, now);
         } else {
             let whole = h
@@ -683,7 +688,9 @@ impl HttpDoor {
         write(h, out, &response.bytes);
         let now = Instant::now();
         h.request_started = if buffered(h) > 0 { Some(now) } else { None };
-        h.idle_since = now;
+        if std::mem::take(&mut h.answering_authenticated) {
+            h.idle_since = now;
+        }
         if response.close {
             h.closing = true;
             if let Some(tls) = &mut h.tls {
@@ -734,9 +741,10 @@ impl HttpConn {
         self.pending.as_ref().is_some_and(|c| c.era.is_modern())
     }
 
-    /// Whether a head was judged on this connection.
-    pub fn judged(&self) -> bool {
-        self.judged
+    /// Whether a head authenticated a principal on this connection (until then the auth
+    /// deadline applies, whatever it sent: `/health`, refused tokens, wrong routes).
+    pub fn authenticated(&self) -> bool {
+        self.principal.is_some()
     }
 
     /// The principal this connection's seat counts for.

@@ -65,6 +65,8 @@ pub(super) struct CallTable {
     deadlines: BTreeSet<(Instant, u64)>,
     /// Requests of each connection not yet answered.
     in_flight: HashMap<ConnRef, usize>,
+    /// Agents' calls in the table, by principal (`gateway.max_in_flight_per_principal`).
+    by_principal: HashMap<String, usize>,
     next_key: u64,
 }
 
@@ -77,7 +79,31 @@ impl CallTable {
 
     pub fn insert(&mut self, key: u64, call: Call) {
         self.deadlines.insert((call.deadline, key));
-        self.calls.insert(key, call);
+        self.count(&call, true);
+        if let Some(old) = self.calls.insert(key, call) {
+            self.count(&old, false);
+        }
+    }
+
+    /// Count `call` in (or out of) its principal's calls.
+    fn count(&mut self, call: &Call, add: bool) {
+        let Some(x) = call.exchange() else { return };
+        if add {
+            *self
+                .by_principal
+                .entry(x.from.principal.clone())
+                .or_insert(0) += 1;
+        } else if let Some(n) = self.by_principal.get_mut(&x.from.principal) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.by_principal.remove(&x.from.principal);
+            }
+        }
+    }
+
+    /// Agents' calls of `principal` in the table (held asks included).
+    pub fn of_principal(&self, principal: &str) -> usize {
+        self.by_principal.get(principal).copied().unwrap_or(0)
     }
 
     pub fn get(&self, key: u64) -> Option<&Call> {
@@ -91,6 +117,7 @@ impl CallTable {
     pub fn take(&mut self, key: u64) -> Option<Call> {
         let call = self.calls.remove(&key)?;
         self.deadlines.remove(&(call.deadline, key));
+        self.count(&call, false);
         Some(call)
     }
 

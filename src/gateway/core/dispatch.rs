@@ -163,6 +163,9 @@ impl<R: Recorder> Core<R> {
             return;
         }
         if let Some(routed) = Routed::from_method(method) {
+            if self.refuse_over_share(ctx, method) {
+                return;
+            }
             self.begin_exchange(ctx, routed, params);
             return;
         }

@@ -32,6 +32,7 @@ mod input_retry;
 mod listings;
 mod observed;
 mod pipeline;
+mod principal_share;
 mod recorder;
 mod relay;
 #[cfg(test)]

@@ -141,8 +141,14 @@ pub struct Facts {
     pub door: Door,
     pub opened: Instant,
     pub stage: Stage,
-    /// HTTP: a head was judged on this connection (the auth deadline no longer applies).
-    pub judged: bool,
+    /// HTTP: a head authenticated a principal on this connection (the auth deadline no
+    /// longer applies). `/health`, refused tokens and wrong routes do not count.
+    pub authenticated: bool,
+    /// HTTP, authenticated: the end of its last request that did authenticated work. The
+    /// keep-alive deadline runs from it while the connection idles, and (plus the head
+    /// deadline) while a head arrives, so requests that do no such work — `/health` sent
+    /// again and again, or trickled — never keep the seat.
+    pub last_work: Option<Instant>,
     pub write_blocked_since: Option<Instant>,
 }
 
@@ -167,12 +173,15 @@ pub fn check(f: &Facts, limits: &DoorLimits, now: Instant) -> Check {
     {
         add(since, t.write_stall, Expiry::WriteStall);
     }
-    let unjudged = f.door == Door::Http && !f.judged;
+    let unauthenticated = f.door == Door::Http && !f.authenticated;
     match f.stage {
         Stage::Opening => add(f.opened, t.accept, Expiry::Accept),
         Stage::Head { since } => {
             if let Some(h) = t.head {
                 add(since, h, Expiry::Head);
+                if let Some(work) = f.last_work {
+                    add(work, t.idle + h, Expiry::Idle);
+                }
             }
         }
         Stage::Body { since } => {
@@ -189,9 +198,10 @@ pub fn check(f: &Facts, limits: &DoorLimits, now: Instant) -> Check {
         Stage::Busy | Stage::Closing => {}
         Stage::Lingering { since } => add(since, limits.linger, Expiry::Linger),
     }
-    // Until a head is judged, the auth deadline holds whatever the stage (a TLS handshake
-    // that completed and then went quiet is idle, yet unauthenticated).
-    if unjudged
+    // Until a head authenticates, the auth deadline holds whatever the stage (a TLS
+    // handshake that completed and then went quiet is idle, yet unauthenticated; so is a
+    // client that only asks for `/health` or keeps sending a refused token).
+    if unauthenticated
         && matches!(
             f.stage,
             Stage::Opening | Stage::Head { .. } | Stage::Idle { .. }
@@ -230,7 +240,8 @@ mod tests {
             door,
             opened: t0,
             stage,
-            judged: false,
+            authenticated: false,
+            last_work: None,
             write_blocked_since: None,
         }
     }
@@ -264,10 +275,40 @@ mod tests {
         // Quiet after the TLS handshake, still unjudged: the auth deadline.
         let quiet = facts(Door::Http, t0, Stage::Idle { since: t0 + s(1) });
         assert_eq!(check(&quiet, &l, t0 + s(9)), Check::Expired(Expiry::Auth));
-        // Once a head was judged, only the head deadline applies.
-        let f = Facts { judged: true, ..f };
+        // Once a head authenticated, only the head deadline applies.
+        let f = Facts {
+            authenticated: true,
+            ..f
+        };
         assert_eq!(check(&f, &l, t0 + s(9)), Check::Due(Some(t0 + s(11))));
         assert_eq!(check(&f, &l, t0 + s(11)), Check::Expired(Expiry::Head));
+    }
+
+    #[test]
+    fn requests_without_authenticated_work_never_push_the_keep_alive_deadline() {
+        let l = limits();
+        let t0 = Instant::now();
+        // Never authenticated: the auth deadline ends it, whatever it sends in between
+        // (here: a /health head arriving, then idle after its answer).
+        let head = facts(Door::Http, t0, Stage::Head { since: t0 + s(8) });
+        assert_eq!(check(&head, &l, t0 + s(9)), Check::Expired(Expiry::Auth));
+        let idle = facts(Door::Http, t0, Stage::Idle { since: t0 });
+        assert_eq!(check(&idle, &l, t0 + s(9)), Check::Expired(Expiry::Auth));
+        // Authenticated once at t0 + 1, then only heads trickling in one after another:
+        // the keep-alive deadline plus one head's time from that work, no more.
+        let trickle = Facts {
+            authenticated: true,
+            last_work: Some(t0 + s(1)),
+            ..facts(Door::Http, t0, Stage::Head { since: t0 + s(64) })
+        };
+        assert_eq!(
+            check(&trickle, &l, t0 + s(67)),
+            Check::Due(Some(t0 + s(68)))
+        );
+        assert_eq!(
+            check(&trickle, &l, t0 + s(68)),
+            Check::Expired(Expiry::Idle)
+        );
     }
 
     #[test]
@@ -294,7 +335,7 @@ mod tests {
         ];
         for (door, stage, secs, why) in cases {
             let f = Facts {
-                judged: true,
+                authenticated: true,
                 ..facts(door, t0, stage)
             };
             assert_eq!(
@@ -315,7 +356,7 @@ mod tests {
         let l = limits();
         let t0 = Instant::now();
         let busy = Facts {
-            judged: true,
+            authenticated: true,
             ..facts(Door::Framed, t0, Stage::Busy)
         };
         assert_eq!(check(&busy, &l, t0 + s(86_400)), Check::Due(None));

@@ -35,7 +35,8 @@ pub struct StageTimeouts {
     pub accept: Duration,
     /// From the first byte of a request head to its end (`http.head_timeout_secs`).
     pub head: Option<Duration>,
-    /// From accept to the first head judged, TLS handshake included (`http.auth_timeout_secs`).
+    /// From accept to the first head that authenticates, TLS handshake included
+    /// (`http.auth_timeout_secs`).
     pub auth: Option<Duration>,
     /// From an accepted head to the end of its body (`http.body_timeout_secs`).
     pub body: Option<Duration>,

@@ -28,6 +28,11 @@ pub(super) struct Conn {
     pub(super) out: Vec<u8>,
     pub(super) out_pos: usize,
     pub(super) read_closed: bool,
+    /// The peer hung up (an edge seen once, kept here): a call it waits for while its
+    /// bytes are not read ends as for any closed connection.
+    pub(super) hung_up: bool,
+    /// The core was told of the hang-up while a bound kept this connection unread.
+    pub(super) hang_up_reported: bool,
     /// The core was told the agent stopped sending (its held asks end then).
     pub(super) eof_reported: bool,
     /// Set when the stream became unframeable or a write failed: close now.
@@ -112,6 +117,8 @@ impl Gateway {
             out: Vec::new(),
             out_pos: 0,
             read_closed: false,
+            hung_up: false,
+            hang_up_reported: false,
             eof_reported: false,
             broken: false,
             partial_since: None,
@@ -267,7 +274,16 @@ impl Gateway {
         }
     }
 
+    /// The peer closed its side (or the socket failed): an edge that comes once, kept.
+    pub(super) fn on_hang_up(&mut self, slot: usize) {
+        if let Some(Some(c)) = self.conns.get_mut(slot) {
+            c.hung_up = true;
+        }
+    }
+
     pub(super) fn resume_paused(&mut self, now: Instant) {
+        // Set again by any connection that gives up its turn with work left.
+        self.doors.yielded = false;
         for slot in 0..self.conns.len() {
             if self.conns[slot]
                 .as_ref()

@@ -43,6 +43,9 @@ pub struct DoorState {
     /// Listeners (by index; `usize::MAX` is the admin socket) whose accept ran out of
     /// descriptors: accepted again at the next sweep, since no new readiness edge may come.
     accept_retry: Vec<usize>,
+    /// A connection gave up its turn with work left (`gateway.max_messages_per_turn`): the
+    /// next poll does not wait.
+    pub yielded: bool,
     /// Per limit: when its refusals were last logged, and how many since.
     logged: std::collections::HashMap<&'static str, (Instant, u64)>,
 }
@@ -54,6 +57,7 @@ impl DoorState {
             tally: Tally::default(),
             check_at: None,
             accept_retry: Vec::new(),
+            yielded: false,
             logged: std::collections::HashMap::new(),
         }
     }

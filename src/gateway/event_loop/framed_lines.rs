@@ -30,6 +30,8 @@ impl Gateway {
             self.service_http(slot, now);
             return;
         }
+        // Fairness: this many messages and reads, then the other connections' turn.
+        let mut budget = limits.max_messages_per_turn;
         loop {
             let Some(Some(c)) = self.conns.get_mut(slot) else {
                 return;
@@ -38,6 +40,12 @@ impl Gateway {
                 c.paused = true;
                 return;
             }
+            if budget == 0 {
+                c.paused = true;
+                self.doors.yielded = true;
+                return;
+            }
+            budget -= 1;
             // Bounds: in flight here, in flight everywhere, and output not drained.
             let queued = if is_stdio {
                 self.stdio.as_ref().map_or(0, StdioSide::pending)
@@ -49,6 +57,13 @@ impl Gateway {
                 || queued > limits.max_write_buffer_bytes
             {
                 c.paused = true;
+                // The agent hung up while its calls fill a bound, so its EOF is not read
+                // yet: its held asks can no longer be answered and end now, as at EOF
+                // (what it sent before is still read once the bound clears).
+                if c.hung_up && !c.hang_up_reported && !is_stdio {
+                    c.hang_up_reported = true;
+                    self.core.on_agent_eof(conn, now);
+                }
                 return;
             }
             c.paused = false;

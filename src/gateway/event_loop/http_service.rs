@@ -6,8 +6,12 @@ use super::*;
 impl Gateway {
     /// An HTTP connection: read, parse, hand one request at a time to the core.
     pub(super) fn service_http(&mut self, slot: usize, now: Instant) {
+        // Fairness: this many reads and answered requests, then the others' turn.
+        let mut budget = self.config.gateway.max_messages_per_turn;
+        let max_output = self.config.http.max_queued_output_bytes;
+        let mut output_paused = false;
         loop {
-            let step = {
+            let step = 'step: {
                 let (Some(door), Some(Some(c))) = (self.http.as_mut(), self.conns.get_mut(slot))
                 else {
                     return;
@@ -18,12 +22,27 @@ impl Gateway {
                 };
                 let queued = c.queued();
                 let Wire::Http(h) = &mut c.wire else { return };
+                // The peer hung up while its call waits and its bytes are not read (a
+                // bound, or pipelined bytes filling the room): it is gone all the same.
+                if c.hung_up && h.is_waiting() && !c.read_closed {
+                    c.read_closed = true;
+                    if h.pending_is_modern() {
+                        c.broken = true;
+                    }
+                }
                 if !self.serving
                     || self.core.in_flight_total() >= self.config.gateway.max_in_flight_total
-                    || queued > self.config.gateway.max_write_buffer_bytes
+                    || queued > max_output
+                    || budget == 0
                 {
                     c.paused = true;
-                    return;
+                    if budget == 0 {
+                        self.doors.yielded = true;
+                    }
+                    output_paused = queued > max_output;
+                    // Output waits to be written: flushed below, so the write-stall clock
+                    // runs and the drain resumes reading.
+                    break 'step None;
                 }
                 c.paused = false;
 
@@ -40,6 +59,17 @@ impl Gateway {
                     if c.read_closed || c.broken || h.closing || room == 0 {
                         break None;
                     }
+                    // Answers the client has not read: read no more requests until they
+                    // drain; nor more than this turn's share.
+                    if c.out.len() - c.out_pos > max_output || budget == 0 {
+                        c.paused = true;
+                        if budget == 0 {
+                            self.doors.yielded = true;
+                        }
+                        output_paused = c.out.len() - c.out_pos > max_output;
+                        break None;
+                    }
+                    budget -= 1;
                     let mut buf = [0u8; 16 * 1024];
                     match c.io.read(&mut buf[..room]) {
                         Ok(0) => {
@@ -66,6 +96,7 @@ impl Gateway {
                     }
                 }
             };
+            budget = budget.saturating_sub(1);
             match step {
                 Some(Step::Health { keep_alive }) => {
                     let report = self.health_report();
@@ -103,5 +134,13 @@ impl Gateway {
             }
         }
         self.flush_conn(slot);
+        // The socket took what waited: read on at once (no writable edge will come).
+        if output_paused
+            && self.conns[slot]
+                .as_ref()
+                .is_some_and(|c| c.queued() <= max_output)
+        {
+            self.doors.yielded = true;
+        }
     }
 }

@@ -6,6 +6,8 @@ use serde::Deserialize;
 
 /// Bytes of a request head (request line and headers) before 431.
 pub const DEFAULT_MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Bytes of answers queued for one connection before reading its pipelined requests stops.
+pub const DEFAULT_MAX_QUEUED_OUTPUT_BYTES: usize = 64 * 1024;
 /// Headers in one request before 431.
 pub const DEFAULT_MAX_HEADERS: usize = 64;
 /// Most connections any door may be configured to hold (each is a file descriptor).
@@ -47,6 +49,10 @@ pub struct HttpConfig {
     pub max_connections_per_principal: Option<usize>,
     /// The `Retry-After` seconds of a 503 for a full door.
     pub retry_after_secs: u64,
+    /// Bytes of answers queued for one connection before its next pipelined request is
+    /// read: a client that sends requests without reading the answers stops being read
+    /// (and is closed at `write_stall_secs`). One answer may exceed it alone.
+    pub max_queued_output_bytes: usize,
     /// Legacy-era sessions (`Mcp-Session-Id`) alive at once; beyond it `initialize` gets 503.
     pub max_sessions: usize,
     /// Legacy-era sessions of one principal; a new one beyond it ends that principal's
@@ -78,6 +84,7 @@ impl Default for HttpConfig {
             max_connections: 256,
             max_connections_per_principal: None,
             retry_after_secs: 5,
+            max_queued_output_bytes: DEFAULT_MAX_QUEUED_OUTPUT_BYTES,
             max_sessions: 1024,
             max_sessions_per_principal: 64,
             session_idle_secs: 3600,
@@ -113,6 +120,10 @@ impl HttpConfig {
                 self.connections_per_principal() as u64,
             ),
             ("http.retry_after_secs", self.retry_after_secs),
+            (
+                "http.max_queued_output_bytes",
+                self.max_queued_output_bytes as u64,
+            ),
             ("http.max_sessions", self.max_sessions as u64),
             (
                 "http.max_sessions_per_principal",

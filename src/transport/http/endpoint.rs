@@ -276,7 +276,10 @@ fn method_not_allowed(allow: &'static str, keep_alive: bool) -> HttpResponse {
         )
 }
 
-fn unauthorized(failure: &AuthFailure, keep_alive: bool) -> HttpResponse {
+/// A refused token closes the connection: a client that keeps failing authentication must
+/// not keep its seat by sending one bad head after another.
+fn unauthorized(failure: &AuthFailure) -> HttpResponse {
+    let keep_alive = false;
     if *failure == AuthFailure::Unavailable {
         return refuse(
             503,
@@ -454,7 +457,7 @@ impl Endpoint {
                 if !self.settings.metrics_public
                     && let Err(failure) = authenticate(request, tokens, TokenKind::Admin, now_ms)
                 {
-                    return HeadDecision::Respond(unauthorized(&failure, keep));
+                    return HeadDecision::Respond(unauthorized(&failure));
                 }
                 if request.method != "GET" {
                     return HeadDecision::Respond(method_not_allowed("GET", keep));
@@ -525,7 +528,7 @@ impl Endpoint {
             HttpAuth::None => ANONYMOUS_PRINCIPAL.to_owned(),
             HttpAuth::Tokens => match authenticate(request, tokens, TokenKind::Client, now_ms) {
                 Ok(p) => p,
-                Err(failure) => return HeadDecision::Respond(unauthorized(&failure, keep)),
+                Err(failure) => return HeadDecision::Respond(unauthorized(&failure)),
             },
         };
         match request.method.as_str() {

@@ -212,7 +212,7 @@ impl Gateway {
     }
 
     /// Close one agent connection to make room: the oldest that has not proven anything
-    /// yet — a framed one that sent no byte, an HTTP one with no head judged (silent, or a
+    /// yet — a framed one that sent no byte, an HTTP one with no head authenticated (silent, or a
     /// head still trickling in) — read first in case its bytes are already here; else the
     /// HTTP connection idle longest between requests. `among` narrows it to a door and a
     /// peer or principal; `except` is the connection asking. Returns whether one was closed.
@@ -234,7 +234,7 @@ impl Gateway {
         };
         // Unproven ones, oldest first.
         let unproven = |c: &super::super::Conn| match &c.wire {
-            Wire::Http(h) => !h.judged() && !h.is_waiting(),
+            Wire::Http(h) => !h.authenticated() && !h.is_waiting(),
             _ => !c.guard.read_any,
         };
         let mut silent: Vec<(Instant, usize)> = self

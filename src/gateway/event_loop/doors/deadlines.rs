@@ -28,8 +28,16 @@ impl Gateway {
             Stage::Busy
         } else {
             match &c.wire {
-                // Not read this turn by our choice (a bound, or the answer just written).
-                Wire::Http(h) if c.paused && !h.closing => Stage::Busy,
+                // Not read by our choice (every seat in flight is taken): nobody is late.
+                // Paused by its own unread answers or its turn's share, its deadlines run.
+                Wire::Http(h)
+                    if c.paused
+                        && !h.closing
+                        && self.core.in_flight_total()
+                            >= self.config.gateway.max_in_flight_total =>
+                {
+                    Stage::Busy
+                }
                 Wire::Http(h) => h.stage(),
                 Wire::Framed(_) if !c.guard.read_any => Stage::Opening,
                 Wire::Framed(_) => match c.partial_since {
@@ -51,7 +59,11 @@ impl Gateway {
             door: c.guard.door,
             opened: c.guard.opened,
             stage,
-            judged: matches!(&c.wire, Wire::Http(h) if h.judged()),
+            authenticated: matches!(&c.wire, Wire::Http(h) if h.authenticated()),
+            last_work: match &c.wire {
+                Wire::Http(h) if h.authenticated() => Some(h.idle_since),
+                _ => None,
+            },
             write_blocked_since: c.guard.write_blocked_since,
         }
     }
@@ -120,8 +132,10 @@ impl Gateway {
                 )
             });
         }
+        // A 408 behind answers the client is not reading would never be seen.
         let answer_408 = matches!(why, Expiry::Head | Expiry::Body | Expiry::Auth)
-            && c.guard.lingering_since.is_none();
+            && c.guard.lingering_since.is_none()
+            && c.queued() == 0;
         match (&mut c.wire, self.http.as_mut()) {
             (Wire::Http(h), Some(d)) if answer_408 => {
                 d.time_out(h, &mut c.out);
