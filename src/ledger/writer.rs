@@ -207,8 +207,10 @@ impl Ledger {
                 format!("checkpoint thread: {e}"),
             )
         })?;
-        let head = open_chain(&mut conn, path)?;
-        let checkpoints = open_checkpoints(&conn, cfg)?;
+        let key = SigningKey::load_or_create(&cfg.signing_key_path())
+            .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, e))?;
+        let head = open_chain(&mut conn, cfg, &key)?;
+        let checkpoints = open_checkpoints(&conn, cfg, key)?;
         let behind = compare_signed_head(&conn, cfg, &checkpoints);
         let mut ledger = Ledger {
             conn,
@@ -1079,13 +1081,23 @@ const MAX_CHAIN_FLUSH_GROUPS: usize = 4096;
 
 /// Reads the chain's head, marks the ledger open for this writer, and seals what a writer
 /// that did not close cleanly left without `ledger_chain` rows.
-fn open_chain(conn: &mut Connection, path: &Path) -> Result<Head, LedgerError> {
+fn open_chain(
+    conn: &mut Connection,
+    cfg: &LedgerConfig,
+    key: &SigningKey,
+) -> Result<Head, LedgerError> {
+    let path = cfg.path.as_path();
     let fail = |what: &str, e: rusqlite::Error| {
         LedgerError::new(LedgerErrorKind::Open, path, format!("{what}: {e}"))
     };
     let head = chain::read_head(conn)
         .map_err(|e| fail("reading the chain head", e))?
         .unwrap_or(Head::GENESIS);
+    // Before marking the ledger open (which would make the next start take an unsigned
+    // tail for a crash's): a cleanly closed ledger ends at a signed head.
+    if !recovery::was_left_open(conn).map_err(|e| fail("reading the writer state", e))? {
+        refuse_unsigned_tail(conn, cfg, key, head)?;
+    }
     let unclean = recovery::mark_open(conn).map_err(|e| fail("marking the ledger open", e))?;
     let head = if unclean {
         match recovery::recover(conn, head).map_err(|e| fail("recovering the chain", e))? {
@@ -1110,11 +1122,68 @@ fn open_chain(conn: &mut Connection, path: &Path) -> Result<Head, LedgerError> {
     Ok(head)
 }
 
-/// Loads (or creates) the signing key and starts the anchor thread.
-fn open_checkpoints(conn: &Connection, cfg: &LedgerConfig) -> Result<Checkpoints, LedgerError> {
+/// A ledger the last gateway closed ends at the head it signed at close: groups after the
+/// last head signed by this key (in `ledger_checkpoints`, or the head file) were added by
+/// someone else, and signing over them would vouch for them. Refuses to continue such a
+/// chain (fails closed), naming the groups.
+fn refuse_unsigned_tail(
+    conn: &Connection,
+    cfg: &LedgerConfig,
+    key: &SigningKey,
+    head: Head,
+) -> Result<(), LedgerError> {
     let path = cfg.path.as_path();
-    let key = SigningKey::load_or_create(&cfg.signing_key_path())
-        .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, e))?;
+    if head == Head::GENESIS {
+        return Ok(());
+    }
+    let public_key = key.public_key();
+    let in_db = checkpoints::last_valid_signed(conn, &public_key).map_err(|e| {
+        LedgerError::new(
+            LedgerErrorKind::Open,
+            path,
+            format!("reading the checkpoints: {e}"),
+        )
+    })?;
+    let in_file = match anchor::read_head_file(&cfg.head_file_path()) {
+        Ok(Some(signed)) if signed.verify_with(&public_key) => {
+            let stored: Option<Vec<u8>> = conn
+                .query_row(
+                    "SELECT hash FROM ledger_chain WHERE seq = ?1",
+                    [signed.seq],
+                    |r| r.get(0),
+                )
+                .ok();
+            if stored.as_deref() == Some(&signed.hash[..]) {
+                signed.seq
+            } else {
+                0
+            }
+        }
+        _ => 0,
+    };
+    let signed = in_db.max(in_file);
+    if head.seq <= signed {
+        return Ok(());
+    }
+    Err(LedgerError::new(
+        LedgerErrorKind::Open,
+        path,
+        format!(
+            "the ledger was closed cleanly, but groups {}..{} come after the last head this              gateway signed (group {signed}; key {}): they were added after it closed, or              their signatures were removed. Refusing to continue (and sign) this chain; run              `toolwall ledger verify`, keep the file as evidence and move it aside to start              a new ledger",
+            signed + 1,
+            head.seq,
+            chain::signing::format_public_key(&public_key)
+        ),
+    ))
+}
+
+/// Starts the anchor thread that ships what `key` signs.
+fn open_checkpoints(
+    conn: &Connection,
+    cfg: &LedgerConfig,
+    key: SigningKey,
+) -> Result<Checkpoints, LedgerError> {
+    let path = cfg.path.as_path();
     let last = checkpoints::last_signed(conn).map_err(|e| {
         LedgerError::new(
             LedgerErrorKind::Open,

@@ -27,25 +27,36 @@ pub struct Recovered {
     pub rows: u64,
 }
 
-/// Whether the last writer left the ledger open (did not close it cleanly), and marks it
-/// open for this one.
-pub fn mark_open(conn: &Connection) -> rusqlite::Result<bool> {
-    let was_open: Option<i64> = conn
+/// Whether the last writer left the ledger open (did not close it cleanly).
+pub fn was_left_open(conn: &Connection) -> rusqlite::Result<bool> {
+    use rusqlite::OptionalExtension;
+    // Anything but the 1 a writer stores (no row, another value) counts as closed: the
+    // stricter case, where the chain must end at a signed head.
+    let open = conn
         .query_row(
             "SELECT open FROM ledger_writer_state WHERE id = 1",
             [],
-            |r| r.get(0),
+            |r| {
+                Ok(matches!(
+                    r.get_ref(0)?,
+                    rusqlite::types::ValueRef::Integer(1)
+                ))
+            },
         )
-        .or_else(|e| match e {
-            rusqlite::Error::QueryReturnedNoRows => Ok(None),
-            e => Err(e),
-        })?;
+        .optional()?;
+    Ok(open == Some(true))
+}
+
+/// Whether the last writer left the ledger open (did not close it cleanly), and marks it
+/// open for this one.
+pub fn mark_open(conn: &Connection) -> rusqlite::Result<bool> {
+    let was_open = was_left_open(conn)?;
     conn.execute(
         "INSERT INTO ledger_writer_state (id, open) VALUES (1, 1) \
          ON CONFLICT (id) DO UPDATE SET open = 1",
         [],
     )?;
-    Ok(was_open == Some(1))
+    Ok(was_open)
 }
 
 /// Records that the writer closed the ledger with nothing left unwritten.

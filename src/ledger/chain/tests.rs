@@ -420,7 +420,10 @@ fn the_head_is_signed_every_n_groups_and_at_close() {
     let report = trusted(&cfg.path, [7u8; 32]);
     assert!(!report.ok());
     assert!(
-        report.problems[0].what.contains("the signature is not"),
+        report
+            .problems
+            .iter()
+            .any(|p| p.what.contains("the signature is not")),
         "{:#?}",
         report.problems
     );
@@ -722,4 +725,123 @@ fn retention_archives_old_groups_and_both_halves_verify() {
         "{:#?}",
         report.problems
     );
+}
+
+/// Appends a group the way an attacker without the key can (the encoding is public): one
+/// event row in group head + 1, its manifest entry, the linked hash. Returns its seq.
+fn append_forged_group(path: &Path) -> i64 {
+    use super::canonical::{self, Table};
+    let conn = raw(path);
+    let head = super::read_head(&conn).unwrap().unwrap();
+    let seq = head.seq + 1;
+    let ts = 1_700_000_100_000i64;
+    conn.execute(
+        "INSERT INTO events (ts_ms, kind, detail, chain_seq) VALUES (?1, 'connect', '{}', ?2)",
+        rusqlite::params![ts, seq],
+    )
+    .unwrap();
+    let id = conn.last_insert_rowid();
+    let digest = conn
+        .query_row(&Table::Events.select_by_key_sql(), [id], |row| {
+            canonical::row_digest(Table::Events, row)
+        })
+        .unwrap();
+    let mut records = Vec::new();
+    canonical::push_entry(
+        &mut records,
+        Table::Events,
+        canonical::OP_INSERT,
+        &[rusqlite::types::ValueRef::Integer(id)],
+        &digest,
+    );
+    let hash = canonical::group_hash(&head.hash, seq, ts, &records);
+    conn.execute(
+        "INSERT INTO ledger_chain (seq, ts_ms, records, hash) VALUES (?1, ?2, ?3, ?4)",
+        rusqlite::params![seq, ts, records, &hash[..]],
+    )
+    .unwrap();
+    seq
+}
+
+fn public_key_of(dir: &Path) -> [u8; 32] {
+    super::signing::SigningKey::load(&config(dir).signing_key_path())
+        .unwrap()
+        .public_key()
+}
+
+/// Failed on the old code: a forged group appended to a closed ledger verified with
+/// `--public-key`, and the next gateway signed over it.
+#[test]
+fn groups_appended_after_close_fail_verify_and_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let key = public_key_of(dir.path());
+    assert!(trusted(&path, key).ok());
+    let forged = append_forged_group(&path);
+    for report in [trusted(&path, key), verify_path(&path)] {
+        assert!(!report.ok(), "the forged group verified");
+        let text = first(&report);
+        assert!(
+            text.contains(&format!(
+                "groups {forged}..{forged} come after the last valid signed"
+            )),
+            "{text}"
+        );
+    }
+    let checkpoints_before: i64 = raw(&path)
+        .query_row("SELECT count(*) FROM ledger_checkpoints", [], |r| r.get(0))
+        .unwrap();
+    // The next gateway refuses to continue it, every time (it did not mark it open).
+    for _ in 0..2 {
+        let err = Ledger::open(&config(dir.path()))
+            .err()
+            .expect("the gateway signed over a forged group");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("groups {forged}..{forged}")),
+            "{text}"
+        );
+        assert!(text.contains("Refusing to continue"), "{text}");
+    }
+    let checkpoints_after: i64 = raw(&path)
+        .query_row("SELECT count(*) FROM ledger_checkpoints", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(checkpoints_before, checkpoints_after, "nothing was signed");
+}
+
+/// Failed on the old code: the signatures removed, a closed ledger passed `--public-key`.
+#[test]
+fn removed_signatures_fail_a_closed_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let key = public_key_of(dir.path());
+    raw(&path)
+        .execute_batch("DELETE FROM ledger_checkpoints")
+        .unwrap();
+    let report = trusted(&path, key);
+    assert!(!report.ok());
+    assert!(
+        first(&report).contains("no valid signed checkpoint covers groups"),
+        "{:#?}",
+        report.problems
+    );
+    // The last one only: the head is unsigned.
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    raw(&path)
+        .execute_batch(
+            "DELETE FROM ledger_checkpoints WHERE seq = (SELECT max(seq) FROM ledger_checkpoints)",
+        )
+        .unwrap();
+    let report = trusted(&path, public_key_of(dir.path()));
+    assert!(!report.ok());
+    assert!(
+        first(&report).contains("come after the last valid signed"),
+        "{:#?}",
+        report.problems
+    );
+    // The gateway refuses it too once the head file (which holds the head's signature) is
+    // gone as well.
+    std::fs::remove_file(config(dir.path()).head_file_path()).unwrap();
+    assert!(Ledger::open(&config(dir.path())).is_err());
 }

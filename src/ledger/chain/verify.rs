@@ -474,7 +474,39 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
             seal.total()
         ));
     }
-    check_signatures(conn, options, &mut report, &mut add)?;
+    let last_signed = check_signatures(conn, options, &archived, &mut report, &mut add)?;
+    // The gateway signs its head when it closes the ledger: groups after the last valid
+    // signature in a closed ledger were added after it closed (or their signatures were
+    // removed). A running (or crashed) gateway's last groups may wait for their signature.
+    if let Some(head) = report.head
+        && head.seq > last_signed
+    {
+        let unsigned = if last_signed == 0 {
+            format!("no valid signed checkpoint covers groups ..{}", head.seq)
+        } else {
+            format!(
+                "groups {}..{} come after the last valid signed checkpoint (group \
+                 {last_signed})",
+                last_signed + 1,
+                head.seq
+            )
+        };
+        if writer_open {
+            report.notes.push(format!(
+                "{unsigned}: the ledger is open (a running gateway signs within \
+                 ledger.checkpoint_secs; after a crash they stay unsigned); only an anchor \
+                 shipped off the machine vouches for them"
+            ));
+        } else {
+            add(
+                report.last_group,
+                format!(
+                    "{unsigned}, and the ledger was closed (the gateway signs its head when it \
+                     closes): groups added after the fact, or their signatures removed"
+                ),
+            );
+        }
+    }
     if let Some(dir) = &options.archive_dir {
         check_archives(dir, options, &archived, &mut report, &mut add);
     }
@@ -590,9 +622,11 @@ fn stored_group(conn: &Connection, seq: i64) -> rusqlite::Result<Option<(Vec<u8>
 fn check_signatures(
     conn: &Connection,
     options: &Options,
+    archived: &[Archived],
     report: &mut Report,
     add: &mut dyn FnMut(Option<(i64, i64)>, String),
-) -> rusqlite::Result<()> {
+) -> rusqlite::Result<i64> {
+    let mut last_valid = 0;
     let mut key = options.trusted_key;
     report.signatures.key_trusted = key.is_some();
     let mut stmt = conn.prepare(
@@ -638,7 +672,7 @@ fn check_signatures(
                     crate::ledger::format_utc_ms(signed_at_ms)
                 ),
             ),
-            Some(_) => {}
+            Some(_) => last_valid = seq,
             None => add(
                 None,
                 format!(
@@ -667,6 +701,20 @@ fn check_signatures(
         let when = crate::ledger::format_utc_ms(anchor.signed_at_ms);
         match stored_group(conn, anchor.seq)? {
             Some((hash, _)) if hash == anchor.hash => {}
+            // Groups retention moved out of the live ledger: the archive holds them.
+            None if report
+                .first_group
+                .is_some_and(|(first, _)| anchor.seq < first)
+                && archived
+                    .iter()
+                    .any(|a| a.first <= anchor.seq && anchor.seq <= a.last) =>
+            {
+                report.notes.push(format!(
+                    "the anchor for group {} ({when}) is in an archived range: pass --archive \
+                     DIR to check the groups it covers",
+                    anchor.seq
+                ));
+            }
             Some((_, ts)) => add(
                 Some((anchor.seq, ts)),
                 format!(
@@ -686,7 +734,7 @@ fn check_signatures(
             ),
         }
     }
-    Ok(())
+    Ok(last_valid)
 }
 
 /// The seal in the chain start event that must open group 1.
