@@ -1101,7 +1101,22 @@ fn open_chain(
     let unclean = recovery::mark_open(conn).map_err(|e| fail("marking the ledger open", e))?;
     let head = if unclean {
         match recovery::recover(conn, head).map_err(|e| fail("recovering the chain", e))? {
-            Some(found) => {
+            Err(refused) => {
+                return Err(LedgerError::new(
+                    LedgerErrorKind::Open,
+                    path,
+                    format!(
+                        "the last gateway did not close the ledger, and rows after the chain's \
+                         last group (group {}) are not what its unwritten groups could hold; \
+                         refusing to seal them into the chain: {}. Run `toolwall ledger \
+                         verify`, keep the file as evidence and move it aside to start a new \
+                         ledger",
+                        head.seq,
+                        refused.join("; ")
+                    ),
+                ));
+            }
+            Ok(Some(found)) => {
                 crate::warn!(
                     "ledger {}: the last gateway stopped without closing it; the {} rows of \
                      groups {}..{} (committed, their chain rows not yet written) were sealed \
@@ -1114,7 +1129,7 @@ fn open_chain(
                 );
                 found.head
             }
-            None => head,
+            Ok(None) => head,
         }
     } else {
         head

@@ -10,6 +10,7 @@ pub mod group;
 pub mod recovery;
 pub mod seal;
 pub mod signing;
+pub mod unchained;
 pub mod verify;
 
 use rusqlite::{Connection, OptionalExtension};

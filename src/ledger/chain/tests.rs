@@ -845,3 +845,104 @@ fn removed_signatures_fail_a_closed_ledger() {
     std::fs::remove_file(config(dir.path()).head_file_path()).unwrap();
     assert!(Ledger::open(&config(dir.path())).is_err());
 }
+
+/// Failed on the old code: with `ledger_writer_state.open = 1`, rows re-pointed at a group
+/// after the last one were "not written yet" for verify, and the next start sealed them
+/// into a recovery group.
+#[test]
+fn chained_rows_pointed_past_the_chain_of_an_open_ledger_are_tampering() {
+    for (attack, expected) in [
+        (
+            "UPDATE tool_calls SET principal = 'uid:0', decision = 'allowed', \
+             chain_seq = (SELECT max(seq) + 1 FROM ledger_chain) WHERE id = 5",
+            "tool_calls id 5 was written by group",
+        ),
+        (
+            "UPDATE events SET detail = '{}', chain_seq = (SELECT max(seq) + 2 FROM ledger_chain) \
+             WHERE id = 3",
+            "events id 3 was written by group",
+        ),
+        (
+            "UPDATE security_rule_events SET rule_id = 'nothing', \
+             chain_seq = (SELECT max(seq) + 1 FROM ledger_chain) WHERE call_id = 2",
+            "security_rule_events call_id 2",
+        ),
+        (
+            "INSERT INTO events (id, ts_ms, kind, detail, chain_seq) \
+             VALUES (-5, 0, 'connect', '{}', (SELECT max(seq) + 1 FROM ledger_chain))",
+            "ids the chain already covers",
+        ),
+        (
+            "INSERT INTO events (ts_ms, kind, detail, chain_seq) \
+             VALUES (0, 'connect', '{}', (SELECT max(seq) + 5000 FROM ledger_chain))",
+            "more than 4096 groups after the last",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = populated(dir.path());
+        raw(&path)
+            .execute_batch(&format!(
+                "{attack}; UPDATE ledger_writer_state SET open = 1"
+            ))
+            .unwrap();
+        let report = verify_path(&path);
+        assert!(!report.ok(), "verify passed after {attack}");
+        assert!(
+            report.problems.iter().any(|p| p.what.contains(expected)),
+            "{attack}: {:#?}",
+            report.problems
+        );
+        let err = Ledger::open(&config(dir.path()))
+            .err()
+            .unwrap_or_else(|| panic!("recovery sealed {attack}"));
+        let text = err.to_string();
+        assert!(text.contains("refusing to seal"), "{text}");
+        assert!(text.contains(expected), "{text}");
+        let recoveries: i64 = raw(&path)
+            .query_row(
+                "SELECT count(*) FROM events WHERE kind = 'ledger_chain_recovered'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(recoveries, 0);
+    }
+}
+
+/// What a crashed writer legitimately leaves after the chain still verifies and recovers:
+/// new rows, and the outcome of a call whose start the chain holds.
+#[test]
+fn an_open_ledgers_unwritten_groups_still_verify_and_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let conn = raw(&path);
+    // As a writer that crashed before writing its last groups' chain rows leaves it: a new
+    // call, a new event, and the outcome of call 3, which the chain holds only the start of
+    // (populated() never ends it).
+    conn.execute_batch(
+        "UPDATE ledger_writer_state SET open = 1;
+         INSERT INTO tool_calls (id, ts_ms, transport, principal, process_name, server_name, \
+           tool_name, method, request_id, decision, bytes_received, arguments, chain_seq) \
+         VALUES (1000, 1, 'unix', 'uid:1', 'p', 's', 't', 'tools/call', '1', 'pending', 1, '{}', \
+           (SELECT max(seq) + 1 FROM ledger_chain));
+         INSERT INTO events (ts_ms, kind, detail, chain_seq) \
+         VALUES (2, 'connect', '{}', (SELECT max(seq) + 2 FROM ledger_chain));
+         UPDATE tool_calls SET decision = 'allowed', duration_us = 5, \
+           chain_seq = (SELECT max(seq) + 2 FROM ledger_chain) WHERE id = 3;",
+    )
+    .unwrap();
+    let report = verify_path(&path);
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert_eq!(report.waiting_rows, 3);
+    drop(Ledger::open(&config(dir.path())).unwrap());
+    let report = verify_path(&path);
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("recovered after an unclean stop")),
+        "{:#?}",
+        report.notes
+    );
+}

@@ -228,6 +228,20 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
     let mut seal_in_chain: Option<LegacySeal> = None;
     let mut problems_found: Vec<(Option<(i64, i64)>, String)> = Vec::new();
     let mut add = |group: Option<(i64, i64)>, what: String| problems_found.push((group, what));
+    // Rows of groups after the last one: a writer that is open (or stopped without
+    // closing) has committed them and not yet written their chain rows; they must look
+    // like what such groups write.
+    let writer_open = super::recovery::was_left_open(conn)?;
+    let chain_end: i64 = conn.query_row(
+        "SELECT COALESCE(max(seq), 0) FROM ledger_chain WHERE typeof(seq) = 'integer'",
+        [],
+        |r| r.get(0),
+    )?;
+    let mut pending = if writer_open {
+        Some(super::unchained::Pending::collect(conn, chain_end)?)
+    } else {
+        None
+    };
     {
         let mut groups =
             conn.prepare("SELECT seq, ts_ms, records, hash FROM ledger_chain ORDER BY seq")?;
@@ -348,6 +362,9 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
             check_entries(conn, seq, &entries, deleting, &mut finals, &mut |w| {
                 add(at, w)
             })?;
+            if let Some(pending) = &mut pending {
+                pending.note(seq, &entries);
+            }
         }
         report.head = prev;
     }
@@ -357,16 +374,11 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
             "the ledger has no chain groups (ledger_chain is empty: removed)".into(),
         );
     }
-    // Rows of groups after the last one: a writer that is open (or stopped without
-    // closing) has committed them and not yet written their chain rows.
-    let writer_open: bool = conn
-        .query_row(
-            "SELECT open FROM ledger_writer_state WHERE id = 1",
-            [],
-            |r| r.get::<_, i64>(0),
-        )
-        .optional()?
-        == Some(1);
+    if let Some(pending) = &pending {
+        for what in pending.problems(conn, options.max_problems)? {
+            add(None, what);
+        }
+    }
     let last_seq = report.head.map_or(0, |h| h.seq);
     let mut waiting_rows = 0u64;
     // Every row must be accounted for by exactly one entry.
