@@ -255,6 +255,20 @@ impl Args {
         Ok(out)
     }
 
+    /// Where the ledger's archives are by default: the configured `archive_dir` for the
+    /// configured ledger, `archive/` next to a ledger given with `--ledger`.
+    fn archive_home(&self, ledger: &std::path::Path) -> Option<PathBuf> {
+        match &self.ledger {
+            Some(_) => Some(
+                ledger
+                    .parent()
+                    .unwrap_or(std::path::Path::new("."))
+                    .join("archive"),
+            ),
+            None => self.config().ok().map(|c| c.ledger.archive_dir_path()),
+        }
+    }
+
     fn ledger_path(&self) -> Result<PathBuf, String> {
         match &self.ledger {
             Some(p) => Ok(p.clone()),
@@ -289,6 +303,7 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
                 trusted_key: args.trusted_key()?,
                 anchors: args.anchors()?,
                 archive_dir: args.archive.clone(),
+                archive_home: args.archive_home(&path),
                 ..verify::Options::default()
             };
             let report = verify::verify_file(&path, &options).map_err(|e| e.to_string())?;

@@ -946,3 +946,68 @@ fn an_open_ledgers_unwritten_groups_still_verify_and_recover() {
         report.notes
     );
 }
+
+/// Failed on the old code: a `ledger_archived` event nobody archived for (added in the
+/// window an open ledger leaves) made retention "resume" and delete the groups it named.
+#[test]
+fn a_forged_archive_event_deletes_nothing_and_fails_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let conn = raw(&path);
+    let head = super::read_head(&conn).unwrap().unwrap();
+    let last = head.seq - 5;
+    let last_hash: Vec<u8> = conn
+        .query_row(
+            "SELECT hash FROM ledger_chain WHERE seq = ?1",
+            [last],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let detail = serde_json::json!({
+        "file": "ledger-000000000001-forged.jsonl.gz",
+        "first_seq": 1,
+        "last_seq": last,
+        "prev_hash": super::canonical::hex(&super::canonical::GENESIS),
+        "last_hash": super::canonical::hex(&last_hash.try_into().unwrap()),
+        "rows": 10,
+    })
+    .to_string();
+    conn.execute(
+        "INSERT INTO events (ts_ms, kind, detail, chain_seq) \
+         VALUES (1, 'ledger_archived', ?1, ?2)",
+        rusqlite::params![detail, head.seq + 1],
+    )
+    .unwrap();
+    conn.execute_batch("UPDATE ledger_writer_state SET open = 1")
+        .unwrap();
+    let count = |sql: &str| -> i64 { raw(&path).query_row(sql, [], |r| r.get(0)).unwrap() };
+    let calls = count("SELECT count(*) FROM tool_calls");
+    let cfg = LedgerConfig {
+        retain_secs: Some(1_000_000),
+        retention_check_secs: 1,
+        ..config(dir.path())
+    };
+    let ledger = Ledger::open(&cfg).unwrap();
+    // Retention's first pass runs 2 s after the start (where it resumed the deletion).
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    drop(ledger);
+    assert_eq!(count("SELECT min(seq) FROM ledger_chain"), 1);
+    assert_eq!(count("SELECT count(*) FROM tool_calls"), calls);
+    // verify, told where the archives are, says the recorded archive is not there.
+    let report = verify::verify_file(
+        &path,
+        &Options {
+            archive_home: Some(cfg.archive_dir_path()),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.what.contains("as archived to") && p.what.contains("which is not in")),
+        "{:#?}",
+        report.problems
+    );
+}

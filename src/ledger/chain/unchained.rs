@@ -3,7 +3,7 @@
 //! crashed one leaves the last batch unwritten, so such rows are legitimate only as what
 //! those groups could have written: rows newer than the chain, a call's outcome whose
 //! start the chain holds, a body moved into an archive's commit unchanged. Anything else
-//! (a chained row edited or re-pointed to a future group, a row slipped in below the ids
+//! (a chained row edited or re-pointed to a future group, an event slipped in below the ids
 //! the chain covers, a group number far beyond the flush window) is tampering: `verify`
 //! reports it, and recovery refuses to seal it.
 
@@ -33,7 +33,7 @@ pub struct Pending {
     last_seq: i64,
     rows: HashMap<(u8, Vec<u8>), PendingRow>,
     too_many: u64,
-    /// Largest integer key each table's chained entries name (`tool_calls`, `events`).
+    /// Largest id the chained entries of `events` name (at `index(Table::Events)`).
     max_chained_id: [i64; 4],
 }
 
@@ -92,9 +92,7 @@ impl Pending {
     /// Takes note of one chained group's entries (call for every group, in order).
     pub fn note(&mut self, seq: i64, entries: &[Entry]) {
         for entry in entries {
-            if let (Table::ToolCalls | Table::Events, Some(Value::Integer(id))) =
-                (entry.table, entry.key.first())
-            {
+            if let (Table::Events, Some(Value::Integer(id))) = (entry.table, entry.key.first()) {
                 let max = &mut self.max_chained_id[index(entry.table)];
                 *max = (*max).max(*id);
             }
@@ -182,8 +180,10 @@ impl Pending {
                     row.chain_seq
                 )),
                 None => {
+                    // Events get their ids at insert, in commit order; a call's id is taken
+                    // before its start may be staged, so calls are not held to it.
                     let below = match (row.table, row.key.first()) {
-                        (Table::ToolCalls | Table::Events, Some(Value::Integer(id))) => {
+                        (Table::Events, Some(Value::Integer(id))) => {
                             *id <= self.max_chained_id[index(row.table)]
                         }
                         _ => false,

@@ -80,6 +80,10 @@ pub struct Options {
     pub anchors: Vec<SignedHead>,
     /// Archives to check, and to tie to the live chain (`--archive DIR`).
     pub archive_dir: Option<std::path::PathBuf>,
+    /// Without `archive_dir`: where each archive the ledger recorded must at least exist
+    /// (the configured `archive_dir`), since a recorded archive excuses its groups' rows
+    /// and groups from the live chain.
+    pub archive_home: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
@@ -89,6 +93,7 @@ impl Default for Options {
             trusted_key: None,
             anchors: Vec::new(),
             archive_dir: None,
+            archive_home: None,
         }
     }
 }
@@ -521,6 +526,25 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
     }
     if let Some(dir) = &options.archive_dir {
         check_archives(dir, options, &archived, &mut report, &mut add);
+    } else if let Some(home) = &options.archive_home {
+        for a in &archived {
+            let name = std::path::Path::new(&a.file);
+            let sane = name.file_name() == Some(name.as_os_str());
+            if !sane || !home.join(name).is_file() {
+                add(
+                    None,
+                    format!(
+                        "the ledger records groups {}..{} as archived to {:?}, which is not in \
+                         {}: nothing shows they were archived rather than deleted (if the \
+                         archives were moved, pass --archive DIR)",
+                        a.first,
+                        a.last,
+                        a.file,
+                        home.display()
+                    ),
+                );
+            }
+        }
     }
     problems_found.sort_by_key(|(group, _)| group.map_or(i64::MAX, |g| g.0));
     let mut problems = Problems {
