@@ -548,6 +548,30 @@ fn query_show_and_stats_answer_from_the_rows_the_calls_made() {
         "{}",
         text(&out)
     );
+    // A redefined view (the chain covers rows, not the schema) changes nothing `show`
+    // prints: it reads the chained tables (failed on the old code, which read the view).
+    let copy = copy_of(&gw, &ledger, "view.db");
+    sqlite3(
+        &copy,
+        "DROP VIEW tool_call_bodies; CREATE VIEW tool_call_bodies AS SELECT id, \
+         'forged' AS request_body, 0 AS request_truncated, 'forged' AS response_body, \
+         0 AS response_truncated, NULL AS rewritten_arguments, NULL AS original_response \
+         FROM tool_calls",
+    );
+    let out = toolwall(&[
+        "ledger",
+        "show",
+        "5",
+        "--ledger",
+        copy.to_str().unwrap(),
+        "--json",
+    ]);
+    let call: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args = call["bodies"]["arguments"].as_str().unwrap();
+    assert!(
+        args.contains("secret 4") && !args.contains("forged"),
+        "{call}"
+    );
 
     // Counts.
     let out = toolwall(&["ledger", "stats", "--ledger", l, "--json", "--since", "1h"]);

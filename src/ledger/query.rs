@@ -434,19 +434,42 @@ pub fn show(conn: &Connection, id: i64) -> rusqlite::Result<Option<serde_json::V
             .zip(row)
             .map(|(c, v)| (c.clone(), json_value(v)))
             .collect();
+        // Straight from the chained tables, never through the `tool_call_bodies` view:
+        // the chain covers rows, not the schema, and anyone who can write the file can
+        // redefine a view.
+        let text = |r: &rusqlite::Row<'_>, i: usize| -> rusqlite::Result<Option<String>> {
+            Ok(match r.get_ref(i)? {
+                ValueRef::Null => None,
+                ValueRef::Text(t) | ValueRef::Blob(t) => Some(String::from_utf8_lossy(t).into()),
+                ValueRef::Integer(n) => Some(n.to_string()),
+                ValueRef::Real(f) => Some(f.to_string()),
+            })
+        };
+        let flag = |r: &rusqlite::Row<'_>, i: usize| -> rusqlite::Result<bool> {
+            Ok(!matches!(
+                r.get_ref(i)?,
+                ValueRef::Null | ValueRef::Integer(0)
+            ))
+        };
         let bodies: Option<serde_json::Value> = conn
             .query_row(
-                "SELECT request_body, request_truncated, response_body, response_truncated, \
-                 rewritten_arguments, original_response FROM tool_call_bodies WHERE id = ?1",
+                "SELECT COALESCE(req.body, c.arguments), req.truncated, \
+                 COALESCE(res.body, c.response_preview), res.truncated, rew.body, orig.body \
+                 FROM main.tool_calls c \
+                 LEFT JOIN main.event_body_blobs req ON req.hash = c.request_body_hash \
+                 LEFT JOIN main.event_body_blobs res ON res.hash = c.response_body_hash \
+                 LEFT JOIN main.event_body_blobs rew ON rew.hash = c.rewritten_arguments_hash \
+                 LEFT JOIN main.event_body_blobs orig ON orig.hash = c.original_response_hash \
+                 WHERE c.id = ?1",
                 [id],
                 |r| {
                     Ok(serde_json::json!({
-                        "arguments": r.get::<_, Option<String>>(0)?,
-                        "arguments_truncated": r.get::<_, i64>(1)? != 0,
-                        "response": r.get::<_, Option<String>>(2)?,
-                        "response_truncated": r.get::<_, i64>(3)? != 0,
-                        "rewritten_arguments": r.get::<_, Option<String>>(4)?,
-                        "original_response": r.get::<_, Option<String>>(5)?,
+                        "arguments": text(r, 0)?,
+                        "arguments_truncated": flag(r, 1)?,
+                        "response": text(r, 2)?,
+                        "response_truncated": flag(r, 3)?,
+                        "rewritten_arguments": text(r, 4)?,
+                        "original_response": text(r, 5)?,
                     }))
                 },
             )
