@@ -725,4 +725,49 @@ fn retention_archives_while_a_load_runs_and_no_call_fails() {
         archived_calls + live >= answered,
         "{archived_calls} + {live} < {answered}"
     );
+    // A head shipped before the groups it signed were archived is no failure (failed on
+    // the old code: "the ledger ends at group N, but the anchor signed group 1").
+    let first_file = listed[0]["file"].as_str().unwrap().to_owned();
+    let mut first_archive = String::new();
+    use std::io::Read;
+    flate2::read::GzDecoder::new(std::fs::File::open(&first_file).unwrap())
+        .read_to_string(&mut first_archive)
+        .unwrap();
+    let head: serde_json::Value = first_archive
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find_map(|l| l.get("checkpoint").cloned())
+        .expect("the first archive holds the chain start's checkpoint");
+    let anchor = gw.dir.path().join("old-head.jsonl");
+    std::fs::write(&anchor, format!("{head}\n")).unwrap();
+    let ledger = gw.ledger.to_str().unwrap();
+    let anchor_arg = anchor.to_str().unwrap();
+    let out = toolwall(&[
+        "ledger", "verify", "--ledger", ledger, "--anchor", anchor_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // An empty anchor file proves nothing: an error, not a pass.
+    std::fs::write(&anchor, "").unwrap();
+    let out = toolwall(&[
+        "ledger", "verify", "--ledger", ledger, "--anchor", anchor_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("holds no signed head"),
+        "{}",
+        text(&out)
+    );
+    // The oldest archive file removed: the chain starts at group 1, so that is a failure.
+    std::fs::remove_file(&first_file).unwrap();
+    let archive_arg = archive.to_str().unwrap();
+    let out = toolwall(&[
+        "ledger",
+        "verify",
+        "--ledger",
+        ledger,
+        "--archive",
+        archive_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("are in no archive"), "{}", text(&out));
 }
