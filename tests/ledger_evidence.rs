@@ -771,3 +771,120 @@ fn retention_archives_while_a_load_runs_and_no_call_fails() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("are in no archive"), "{}", text(&out));
 }
+
+/// Hostile and type-confused rows, and bad input: each failed on the old code (raw escape
+/// and bidi characters in `query --csv` and `show`, `tail`/`verify` ending on a cell of an
+/// unexpected type with a raw SQLite error, `--decision cancelled` refused, 2026-02-31 read
+/// as March 3rd, `archive list` ending at the first bad file, a one-line gzip bomb read
+/// whole).
+#[test]
+fn hostile_rows_print_escaped_and_bad_input_is_refused() {
+    let (gw, ledger) = written_ledger();
+    let copy = copy_of(&gw, &ledger, "hostile.db");
+    let l = copy.to_str().unwrap();
+    sqlite3(
+        &copy,
+        "UPDATE tool_calls SET principal = 'uid:1' || char(27) || '[2J' || char(8238) || 'x', \
+         arguments = '{\"a\":\"' || char(127) || char(155) || char(8238) || '\"}' WHERE id = 3; \
+         UPDATE tool_calls SET duration_us = 'slow', ts_ms = 'then' WHERE id = 4; \
+         UPDATE security_rule_events SET seq = 'x', layer = char(27) || 'x' WHERE call_id = 3;",
+    );
+    let hidden = |s: &str| {
+        s.contains('\u{1b}')
+            || s.contains('\u{202e}')
+            || s.contains('\u{7f}')
+            || s.contains('\u{9b}')
+    };
+    let out = toolwall(&["ledger", "query", "--ledger", l, "--csv"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !hidden(&String::from_utf8_lossy(&out.stdout)),
+        "{}",
+        text(&out)
+    );
+    let out = toolwall(&["ledger", "show", "3", "--ledger", l]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !hidden(&String::from_utf8_lossy(&out.stdout)),
+        "{}",
+        text(&out)
+    );
+    // One bad row is printed as it is, not the end of the listing.
+    let out = toolwall(&["ledger", "tail", "-n", "50", "--ledger", l]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        20,
+        "{}",
+        text(&out)
+    );
+    let out = toolwall(&["ledger", "show", "4", "--ledger", l]);
+    assert!(out.status.success(), "{}", text(&out));
+    // A type-confused chain row is tampering (exit 1), not an unreadable file (exit 2).
+    let copy2 = copy_of(&gw, &ledger, "confused.db");
+    sqlite3(
+        &copy2,
+        "UPDATE ledger_chain SET ts_ms = 'soon' WHERE seq = 2",
+    );
+    let out = verify(&copy2);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("not an integer"), "{}", text(&out));
+    // Input.
+    let ledger_arg = ledger.to_str().unwrap();
+    let out = toolwall(&[
+        "ledger",
+        "query",
+        "--ledger",
+        ledger_arg,
+        "--decision",
+        "cancelled",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = toolwall(&[
+        "ledger",
+        "query",
+        "--ledger",
+        ledger_arg,
+        "--since",
+        "2026-02-31",
+    ]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("is not a time"), "{}", text(&out));
+    let out = toolwall(&[
+        "ledger",
+        "query",
+        "--ledger",
+        ledger_arg,
+        "--since",
+        "2024-02-29",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    // archive list: a bad file and a bomb are reported, each, and counted.
+    let dir = gw.dir.path().join("bad-archives");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a-garbage.jsonl.gz"), b"not gzip").unwrap();
+    {
+        use std::io::Write;
+        let file = std::fs::File::create(dir.join("b-bomb.jsonl.gz")).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::best());
+        let chunk = vec![b'a'; 1 << 20];
+        for _ in 0..64 {
+            gz.write_all(&chunk).unwrap();
+        }
+        gz.finish().unwrap();
+    }
+    let out = toolwall(&[
+        "ledger",
+        "archive",
+        "list",
+        "--archive",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = text(&out);
+    assert!(
+        said.contains("a-garbage") && said.contains("b-bomb"),
+        "{said}"
+    );
+    assert!(said.contains("longer than"), "{said}");
+}

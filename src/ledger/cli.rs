@@ -207,10 +207,10 @@ impl Args {
         let time = |t: &Option<String>| t.as_deref().map(|t| super::parse_time(t, now)).transpose();
         let f = &self.filters;
         if let Some(d) = &f.decision
-            && !["allowed", "denied", "error", "pending"].contains(&d.as_str())
+            && !["allowed", "denied", "error", "pending", "cancelled"].contains(&d.as_str())
         {
             return Err(format!(
-                "--decision must be allowed, denied, error or pending, not {d:?}"
+                "--decision must be allowed, denied, error, pending or cancelled, not {d:?}"
             ));
         }
         Ok(query::Filters {
@@ -291,6 +291,12 @@ impl Args {
         Ok(out)
     }
 
+    /// Longest archive line: from the config's caps when it loads, else the defaults'.
+    fn archive_max_line(&self) -> usize {
+        let ledger = self.config().map(|c| c.ledger).unwrap_or_default();
+        archive_file::max_line(&ledger)
+    }
+
     /// Where the ledger's archives are by default: the configured `archive_dir` for the
     /// configured ledger, `archive/` next to a ledger given with `--ledger`.
     fn archive_home(&self, ledger: &std::path::Path) -> Option<PathBuf> {
@@ -340,6 +346,7 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
                 anchors: args.anchors()?,
                 archive_dir: args.archive.clone(),
                 archive_home: args.archive_home(&path),
+                archive_max_line: args.archive_max_line(),
                 ..verify::Options::default()
             };
             let report = verify::verify_file(&path, &options).map_err(|e| e.to_string())?;
@@ -357,12 +364,21 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
             };
             let files = archive_file::list(&dir)?;
             let key = args.trusted_key()?;
+            let max_line = args.archive_max_line();
             let mut listed = Vec::new();
             let mut bad = 0;
             for file in &files {
-                let (summary, problems) = archive_file::check(file, key.as_ref())?;
-                bad += problems.len();
-                listed.push((summary, problems));
+                // One unreadable file is reported and counted; the others are still listed.
+                match archive_file::check(file, key.as_ref(), max_line) {
+                    Ok((summary, problems)) => {
+                        bad += problems.len();
+                        listed.push((summary, problems));
+                    }
+                    Err(e) => {
+                        bad += 1;
+                        eprintln!("toolwall: {e}");
+                    }
+                }
             }
             if args.json {
                 for (s, problems) in &listed {

@@ -279,6 +279,9 @@ pub fn format_json(calls: &Calls) -> String {
 /// A CSV field (RFC 4180), with a leading `'` before text a spreadsheet would take for a
 /// formula (agents choose these texts).
 fn csv_field(text: &str) -> String {
+    // Terminal controls and bidi overrides written visibly (a quoted field keeps its
+    // line breaks).
+    let text = &super::tail::defang(text, &['\n']);
     let guarded = if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
         format!("'{text}")
     } else {
@@ -481,13 +484,23 @@ pub fn show(conn: &Connection, id: i64) -> rusqlite::Result<Option<serde_json::V
         )?;
         let mut found = stmt.query([id])?;
         while let Some(r) = found.next()? {
+            // By storage class: one edited cell is shown as it is, not the end of `show`.
+            let t = |i: usize| -> rusqlite::Result<String> {
+                Ok(super::tail::lossy_text(r.get_ref(i)?).unwrap_or_default())
+            };
+            let n = |i: usize| -> rusqlite::Result<Option<i64>> {
+                Ok(match r.get_ref(i)? {
+                    ValueRef::Integer(v) => Some(v),
+                    _ => None,
+                })
+            };
             rules.push(serde_json::json!({
-                "phase": r.get::<_, String>(0)?,
-                "seq": r.get::<_, i64>(1)?,
-                "ts_ms": r.get::<_, i64>(2)?,
-                "rule_id": r.get::<_, String>(3)?,
-                "action": r.get::<_, String>(4)?,
-                "layer": r.get::<_, String>(5)?,
+                "phase": t(0)?,
+                "seq": n(1)?,
+                "ts_ms": n(2)?,
+                "rule_id": t(3)?,
+                "action": t(4)?,
+                "layer": t(5)?,
             }));
         }
         let chain = super::chain::verify::check_one(
@@ -508,7 +521,11 @@ pub fn show(conn: &Connection, id: i64) -> rusqlite::Result<Option<serde_json::V
 /// not JSON, escaped text.
 fn body_text(body: &str) -> String {
     match serde_json::from_str::<serde_json::Value>(body) {
-        Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_default(),
+        // Pretty JSON escapes C0 controls, not DEL, C1 or bidi overrides.
+        Ok(v) => super::tail::defang(
+            &serde_json::to_string_pretty(&v).unwrap_or_default(),
+            &['\n'],
+        ),
         Err(_) => escape(body),
     }
 }
@@ -573,11 +590,11 @@ pub fn format_show(call: &serde_json::Value) -> String {
         let _ = writeln!(
             out,
             "  rule       {} #{} {} {} ({}) at {}",
-            rule["phase"].as_str().unwrap_or(""),
+            escape(rule["phase"].as_str().unwrap_or("")),
             rule["seq"],
             escape(rule["rule_id"].as_str().unwrap_or("")),
-            rule["action"].as_str().unwrap_or(""),
-            rule["layer"].as_str().unwrap_or(""),
+            escape(rule["action"].as_str().unwrap_or("")),
+            escape(rule["layer"].as_str().unwrap_or("")),
             rule["ts_ms"]
                 .as_i64()
                 .map(format_utc_ms)

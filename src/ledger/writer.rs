@@ -256,6 +256,7 @@ impl Ledger {
                 pause: Duration::from_millis(cfg.retention_pause_ms),
                 every: Duration::from_secs(cfg.retention_check_secs),
                 busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
+                max_line: super::retention::archive_file::max_line(cfg),
             })
             .map_err(|e| {
                 LedgerError::new(
@@ -677,7 +678,11 @@ impl Ledger {
                 record_archive(&self.conn, &mut self.chain, request, seq)?;
             }
             let now = Instant::now();
-            self.chain.close_group(&self.conn, now_ms(), now, false)?;
+            // A signature due writes the waiting chain rows now, so checkpoint_groups holds
+            // even when it is below chain_flush_groups.
+            let sign_due = self.checkpoints.due(seq, now);
+            self.chain
+                .close_group(&self.conn, now_ms(), now, sign_due)?;
             let newest = self.chain.newest();
             if self.chain.flushing() && self.checkpoints.due(newest.seq, now) {
                 self.checkpoints.sign_in(&self.conn, newest, now_ms())?;

@@ -1011,3 +1011,30 @@ fn a_forged_archive_event_deletes_nothing_and_fails_verify() {
         report.problems
     );
 }
+
+/// Failed on the old code: signatures were made only when the chain rows were flushed, so
+/// `checkpoint_groups` below `chain_flush_groups` was not honored while groups kept coming.
+#[test]
+fn checkpoint_groups_holds_below_chain_flush_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LedgerConfig {
+        chain_flush_groups: 64,
+        chain_flush_ms: 10_000,
+        checkpoint_groups: 5,
+        ..config(dir.path())
+    };
+    let mut ledger = Ledger::open(&cfg).unwrap();
+    for i in 0..20 {
+        ledger.stage_event("tick", &serde_json::json!({ "i": i }));
+        ledger.commit().unwrap();
+    }
+    let signed: Vec<i64> = raw(&cfg.path)
+        .prepare("SELECT seq FROM ledger_checkpoints ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    drop(ledger);
+    assert_eq!(signed, [1, 6, 11, 16, 21], "{signed:?}");
+}

@@ -84,6 +84,8 @@ pub struct Options {
     /// (the configured `archive_dir`), since a recorded archive excuses its groups' rows
     /// and groups from the live chain.
     pub archive_home: Option<std::path::PathBuf>,
+    /// Longest archive line read (`archive_file::max_line` of the ledger's config).
+    pub archive_max_line: usize,
 }
 
 impl Default for Options {
@@ -94,6 +96,9 @@ impl Default for Options {
             anchors: Vec::new(),
             archive_dir: None,
             archive_home: None,
+            archive_max_line: crate::ledger::retention::archive_file::max_line(
+                &crate::ledger::LedgerConfig::default(),
+            ),
         }
     }
 }
@@ -208,8 +213,10 @@ pub fn archived_ranges(conn: &Connection) -> rusqlite::Result<Vec<Archived>> {
     let mut rows = stmt.query([])?;
     let mut out = Vec::new();
     while let Some(r) = rows.next()? {
-        let detail: String = r.get(0)?;
-        let Ok(d) = serde_json::from_str::<serde_json::Value>(&detail) else {
+        let ValueRef::Text(detail) = r.get_ref(0)? else {
+            continue;
+        };
+        let Ok(d) = serde_json::from_slice::<serde_json::Value>(detail) else {
             continue;
         };
         let parsed = (|| {
@@ -253,8 +260,33 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
         let mut rows = groups.query([])?;
         let mut prev: Option<Head> = None;
         while let Some(row) = rows.next()? {
-            let seq: i64 = row.get(0)?;
-            let ts_ms: i64 = row.get::<_, Option<i64>>(1)?.unwrap_or(0);
+            // Cells of another type than the writer stores are findings, not read errors.
+            let seq: i64 = match row.get_ref(0)? {
+                ValueRef::Integer(i) => i,
+                other => {
+                    add(
+                        None,
+                        format!(
+                            "a ledger_chain row's seq is {:?}, not an integer (edited)",
+                            other.data_type()
+                        ),
+                    );
+                    continue;
+                }
+            };
+            let ts_ms: i64 = match row.get_ref(1)? {
+                ValueRef::Integer(i) => i,
+                other => {
+                    add(
+                        Some((seq, 0)),
+                        format!(
+                            "group {seq}: its ts_ms is {:?}, not an integer (edited)",
+                            other.data_type()
+                        ),
+                    );
+                    0
+                }
+            };
             let at = Some((seq, ts_ms));
             let records: Vec<u8> = match row.get_ref(2)? {
                 ValueRef::Blob(b) => b.to_vec(),
@@ -465,8 +497,8 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
         conn.prepare("SELECT chain_seq, ts_ms, detail FROM events WHERE kind = ?1 ORDER BY id")?;
     let mut found = recoveries.query([EVENT_CHAIN_RECOVERED])?;
     while let Some(row) = found.next()? {
-        let seq: Option<i64> = row.get(0)?;
-        let ts_ms: i64 = row.get(1)?;
+        let seq: Option<i64> = row.get(0).ok().flatten();
+        let ts_ms: i64 = row.get(1).unwrap_or(0);
         let detail: String = row.get(2).unwrap_or_default();
         report.notes.push(format!(
             "group {} ({}) recovered after an unclean stop: {detail}",
@@ -577,7 +609,11 @@ fn check_archives(
     let mut previous: Option<(i64, Digest)> = None;
     let mut by_name = std::collections::HashMap::new();
     for file in &files {
-        match crate::ledger::retention::archive_file::check(file, key.as_ref()) {
+        match crate::ledger::retention::archive_file::check(
+            file,
+            key.as_ref(),
+            options.archive_max_line,
+        ) {
             Ok((summary, problems)) => {
                 report.signatures.archives += 1;
                 report.signatures.archived_rows += summary.rows;
@@ -678,8 +714,16 @@ fn check_signatures(
     )?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
-        let seq: i64 = row.get(0)?;
-        let signed_at_ms: i64 = row.get(1)?;
+        let (ValueRef::Integer(seq), ValueRef::Integer(signed_at_ms)) =
+            (row.get_ref(0)?, row.get_ref(1)?)
+        else {
+            report.signatures.checkpoints += 1;
+            add(
+                None,
+                "a checkpoint row's seq or signed_at_ms is not an integer (edited)".into(),
+            );
+            continue;
+        };
         let parsed = (|| {
             Some(SignedHead {
                 seq,

@@ -53,6 +53,8 @@ pub struct RetentionConfig {
     pub pause: Duration,
     pub every: Duration,
     pub busy_timeout: Duration,
+    /// Longest archive line read back (`archive_file::max_line`).
+    pub max_line: usize,
 }
 
 /// What the thread asks the writer to do in its next commit.
@@ -204,7 +206,7 @@ fn unfinished(config: &RetentionConfig, conn: &Connection) -> Result<Option<(i64
         return refuse("that is not a file name".into());
     }
     let path = config.archive_dir.join(name);
-    let (summary, problems) = match archive_file::check(&path, None) {
+    let (summary, problems) = match archive_file::check(&path, None, config.max_line) {
         Ok(found) => found,
         Err(why) => return refuse(why),
     };
