@@ -209,7 +209,7 @@ impl Ledger {
         })?;
         let key = SigningKey::load_or_create(&cfg.signing_key_path())
             .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, e))?;
-        let head = open_chain(&mut conn, cfg, &key)?;
+        let (head, unsigned_tail) = open_chain(&mut conn, cfg, &key)?;
         let checkpoints = open_checkpoints(&conn, cfg, key)?;
         let behind = compare_signed_head(&conn, cfg, &checkpoints);
         let mut ledger = Ledger {
@@ -241,6 +241,10 @@ impl Ledger {
         }
         if let Some(detail) = behind {
             ledger.stage_event(chain::EVENT_BEHIND_SIGNED_HEAD, &detail);
+            ledger.commit()?;
+        }
+        if let Some(detail) = unsigned_tail {
+            ledger.stage_event(chain::EVENT_UNSIGNED_TAIL, &detail);
             ledger.commit()?;
         }
         if cfg.retention_enabled() {
@@ -1090,7 +1094,7 @@ fn open_chain(
     conn: &mut Connection,
     cfg: &LedgerConfig,
     key: &SigningKey,
-) -> Result<Head, LedgerError> {
+) -> Result<(Head, Option<serde_json::Value>), LedgerError> {
     let path = cfg.path.as_path();
     let fail = |what: &str, e: rusqlite::Error| {
         LedgerError::new(LedgerErrorKind::Open, path, format!("{what}: {e}"))
@@ -1100,9 +1104,24 @@ fn open_chain(
         .unwrap_or(Head::GENESIS);
     // Before marking the ledger open (which would make the next start take an unsigned
     // tail for a crash's): a cleanly closed ledger ends at a signed head.
-    if !recovery::was_left_open(conn).map_err(|e| fail("reading the writer state", e))? {
-        refuse_unsigned_tail(conn, cfg, key, head)?;
-    }
+    let left_open =
+        recovery::was_left_open(conn).map_err(|e| fail("reading the writer state", e))?;
+    let signed = refuse_unsigned_tail(conn, cfg, key, head, !left_open)?;
+    // Left open: a crash can leave written but unsigned groups, and so can someone who
+    // set `open = 1` and appended groups; nothing here tells them apart. The groups are
+    // recorded as unvouched (verify lists them) before this gateway's signatures cover them.
+    let unsigned = (left_open && head.seq > signed).then(|| {
+        crate::error!(
+            "ledger {}: groups {}..{} were written after the last head this gateway signed \
+             (group {signed}) and the last gateway did not close the ledger: only an anchor \
+             shipped off the machine vouches for them; recorded as a {} event",
+            path.display(),
+            signed + 1,
+            head.seq,
+            chain::EVENT_UNSIGNED_TAIL
+        );
+        serde_json::json!({ "unsigned_groups": [signed + 1, head.seq], "signed_seq": signed })
+    });
     let unclean = recovery::mark_open(conn).map_err(|e| fail("marking the ledger open", e))?;
     let head = if unclean {
         match recovery::recover(conn, head).map_err(|e| fail("recovering the chain", e))? {
@@ -1139,7 +1158,7 @@ fn open_chain(
     } else {
         head
     };
-    Ok(head)
+    Ok((head, unsigned))
 }
 
 /// A ledger the last gateway closed ends at the head it signed at close: groups after the
@@ -1151,10 +1170,11 @@ fn refuse_unsigned_tail(
     cfg: &LedgerConfig,
     key: &SigningKey,
     head: Head,
-) -> Result<(), LedgerError> {
+    refuse: bool,
+) -> Result<i64, LedgerError> {
     let path = cfg.path.as_path();
     if head == Head::GENESIS {
-        return Ok(());
+        return Ok(0);
     }
     let public_key = key.public_key();
     let in_db = checkpoints::last_valid_signed(conn, &public_key).map_err(|e| {
@@ -1182,8 +1202,8 @@ fn refuse_unsigned_tail(
         _ => 0,
     };
     let signed = in_db.max(in_file);
-    if head.seq <= signed {
-        return Ok(());
+    if head.seq <= signed || !refuse {
+        return Ok(signed);
     }
     Err(LedgerError::new(
         LedgerErrorKind::Open,

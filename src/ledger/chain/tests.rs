@@ -1038,3 +1038,38 @@ fn checkpoint_groups_holds_below_chain_flush_groups() {
     drop(ledger);
     assert_eq!(signed, [1, 6, 11, 16, 21], "{signed:?}");
 }
+
+/// A ledger left open with groups after the last signed head (a crash, or someone who set
+/// `open = 1` and appended): nothing tells them apart, so the next gateway records them as
+/// unvouched before its own signatures cover them. Failed on the old code (no record).
+#[test]
+fn an_unsigned_tail_of_an_open_ledger_is_recorded_as_unvouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let forged = append_forged_group(&path);
+    raw(&path)
+        .execute_batch("UPDATE ledger_writer_state SET open = 1")
+        .unwrap();
+    drop(Ledger::open(&config(dir.path())).unwrap());
+    let detail: String = raw(&path)
+        .query_row(
+            "SELECT detail FROM events WHERE kind = 'ledger_unsigned_tail'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        detail.contains(&format!("\"unsigned_groups\":[{forged},{forged}]")),
+        "{detail}"
+    );
+    let report = verify_path(&path);
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("only an anchor vouches")),
+        "{:#?}",
+        report.notes
+    );
+}

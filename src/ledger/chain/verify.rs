@@ -493,6 +493,18 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
         ),
         None => {}
     }
+    let mut unvouched =
+        conn.prepare("SELECT chain_seq, ts_ms, detail FROM events WHERE kind = ?1 ORDER BY id")?;
+    let mut found = unvouched.query([super::EVENT_UNSIGNED_TAIL])?;
+    while let Some(row) = found.next()? {
+        let ts_ms: i64 = row.get(1).unwrap_or(0);
+        let detail: String = row.get(2).unwrap_or_default();
+        report.notes.push(format!(
+            "at a start after an unclean stop ({}) the gateway found groups written after its \
+             last signed head; only an anchor vouches for them: {detail}",
+            crate::ledger::format_utc_ms(ts_ms)
+        ));
+    }
     let mut recoveries =
         conn.prepare("SELECT chain_seq, ts_ms, detail FROM events WHERE kind = ?1 ORDER BY id")?;
     let mut found = recoveries.query([EVENT_CHAIN_RECOVERED])?;
