@@ -548,6 +548,30 @@ fn query_show_and_stats_answer_from_the_rows_the_calls_made() {
         "{}",
         text(&out)
     );
+    // A redefined view (the chain covers rows, not the schema) changes nothing `show`
+    // prints: it reads the chained tables (failed on the old code, which read the view).
+    let copy = copy_of(&gw, &ledger, "view.db");
+    sqlite3(
+        &copy,
+        "DROP VIEW tool_call_bodies; CREATE VIEW tool_call_bodies AS SELECT id, \
+         'forged' AS request_body, 0 AS request_truncated, 'forged' AS response_body, \
+         0 AS response_truncated, NULL AS rewritten_arguments, NULL AS original_response \
+         FROM tool_calls",
+    );
+    let out = toolwall(&[
+        "ledger",
+        "show",
+        "5",
+        "--ledger",
+        copy.to_str().unwrap(),
+        "--json",
+    ]);
+    let call: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args = call["bodies"]["arguments"].as_str().unwrap();
+    assert!(
+        args.contains("secret 4") && !args.contains("forged"),
+        "{call}"
+    );
 
     // Counts.
     let out = toolwall(&["ledger", "stats", "--ledger", l, "--json", "--since", "1h"]);
@@ -701,4 +725,166 @@ fn retention_archives_while_a_load_runs_and_no_call_fails() {
         archived_calls + live >= answered,
         "{archived_calls} + {live} < {answered}"
     );
+    // A head shipped before the groups it signed were archived is no failure (failed on
+    // the old code: "the ledger ends at group N, but the anchor signed group 1").
+    let first_file = listed[0]["file"].as_str().unwrap().to_owned();
+    let mut first_archive = String::new();
+    use std::io::Read;
+    flate2::read::GzDecoder::new(std::fs::File::open(&first_file).unwrap())
+        .read_to_string(&mut first_archive)
+        .unwrap();
+    let head: serde_json::Value = first_archive
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find_map(|l| l.get("checkpoint").cloned())
+        .expect("the first archive holds the chain start's checkpoint");
+    let anchor = gw.dir.path().join("old-head.jsonl");
+    std::fs::write(&anchor, format!("{head}\n")).unwrap();
+    let ledger = gw.ledger.to_str().unwrap();
+    let anchor_arg = anchor.to_str().unwrap();
+    let out = toolwall(&[
+        "ledger", "verify", "--ledger", ledger, "--anchor", anchor_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // An empty anchor file proves nothing: an error, not a pass.
+    std::fs::write(&anchor, "").unwrap();
+    let out = toolwall(&[
+        "ledger", "verify", "--ledger", ledger, "--anchor", anchor_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("holds no signed head"),
+        "{}",
+        text(&out)
+    );
+    // The oldest archive file removed: the chain starts at group 1, so that is a failure.
+    std::fs::remove_file(&first_file).unwrap();
+    let archive_arg = archive.to_str().unwrap();
+    let out = toolwall(&[
+        "ledger",
+        "verify",
+        "--ledger",
+        ledger,
+        "--archive",
+        archive_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("are in no archive"), "{}", text(&out));
+}
+
+/// Hostile and type-confused rows, and bad input: each failed on the old code (raw escape
+/// and bidi characters in `query --csv` and `show`, `tail`/`verify` ending on a cell of an
+/// unexpected type with a raw SQLite error, `--decision cancelled` refused, 2026-02-31 read
+/// as March 3rd, `archive list` ending at the first bad file, a one-line gzip bomb read
+/// whole).
+#[test]
+fn hostile_rows_print_escaped_and_bad_input_is_refused() {
+    let (gw, ledger) = written_ledger();
+    let copy = copy_of(&gw, &ledger, "hostile.db");
+    let l = copy.to_str().unwrap();
+    sqlite3(
+        &copy,
+        "UPDATE tool_calls SET principal = 'uid:1' || char(27) || '[2J' || char(8238) || 'x', \
+         arguments = '{\"a\":\"' || char(127) || char(155) || char(8238) || '\"}' WHERE id = 3; \
+         UPDATE tool_calls SET duration_us = 'slow', ts_ms = 'then' WHERE id = 4; \
+         UPDATE security_rule_events SET seq = 'x', layer = char(27) || 'x' WHERE call_id = 3;",
+    );
+    let hidden = |s: &str| {
+        s.contains('\u{1b}')
+            || s.contains('\u{202e}')
+            || s.contains('\u{7f}')
+            || s.contains('\u{9b}')
+    };
+    let out = toolwall(&["ledger", "query", "--ledger", l, "--csv"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !hidden(&String::from_utf8_lossy(&out.stdout)),
+        "{}",
+        text(&out)
+    );
+    let out = toolwall(&["ledger", "show", "3", "--ledger", l]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !hidden(&String::from_utf8_lossy(&out.stdout)),
+        "{}",
+        text(&out)
+    );
+    // One bad row is printed as it is, not the end of the listing.
+    let out = toolwall(&["ledger", "tail", "-n", "50", "--ledger", l]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        20,
+        "{}",
+        text(&out)
+    );
+    let out = toolwall(&["ledger", "show", "4", "--ledger", l]);
+    assert!(out.status.success(), "{}", text(&out));
+    // A type-confused chain row is tampering (exit 1), not an unreadable file (exit 2).
+    let copy2 = copy_of(&gw, &ledger, "confused.db");
+    sqlite3(
+        &copy2,
+        "UPDATE ledger_chain SET ts_ms = 'soon' WHERE seq = 2",
+    );
+    let out = verify(&copy2);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("not an integer"), "{}", text(&out));
+    // Input.
+    let ledger_arg = ledger.to_str().unwrap();
+    let out = toolwall(&[
+        "ledger",
+        "query",
+        "--ledger",
+        ledger_arg,
+        "--decision",
+        "cancelled",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = toolwall(&[
+        "ledger",
+        "query",
+        "--ledger",
+        ledger_arg,
+        "--since",
+        "2026-02-31",
+    ]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("is not a time"), "{}", text(&out));
+    let out = toolwall(&[
+        "ledger",
+        "query",
+        "--ledger",
+        ledger_arg,
+        "--since",
+        "2024-02-29",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    // archive list: a bad file and a bomb are reported, each, and counted.
+    let dir = gw.dir.path().join("bad-archives");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a-garbage.jsonl.gz"), b"not gzip").unwrap();
+    {
+        use std::io::Write;
+        let file = std::fs::File::create(dir.join("b-bomb.jsonl.gz")).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::best());
+        let chunk = vec![b'a'; 1 << 20];
+        for _ in 0..64 {
+            gz.write_all(&chunk).unwrap();
+        }
+        gz.finish().unwrap();
+    }
+    let out = toolwall(&[
+        "ledger",
+        "archive",
+        "list",
+        "--archive",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = text(&out);
+    assert!(
+        said.contains("a-garbage") && said.contains("b-bomb"),
+        "{said}"
+    );
+    assert!(said.contains("longer than"), "{said}");
 }

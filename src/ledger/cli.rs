@@ -44,7 +44,8 @@ Usage: toolwall ledger <COMMAND> [--config FILE] [--ledger FILE] [OPTIONS]
                              and exits 1. --public-key: the key the checkpoints must be
                              signed with (default: the configured signing key, when
                              readable). --anchor: signed heads shipped by anchor_command
-                             (one JSON line each); the ledger must hold each one's group.
+                             (one JSON line each, any number; an empty file is an error);
+                             the ledger must hold each one's group.
                              --archive DIR: also check the archives and that they and the
                              live ledger continue each other
   archive list [--archive DIR] [--json]
@@ -191,7 +192,13 @@ fn parse(args: Vec<OsString>) -> Result<Option<Args>, String> {
     Ok(Some(out))
 }
 
-/// Largest `--public-key` / `--anchor` file read.
+/// Longest line of an `--anchor` file (a signed head is about 400 bytes).
+const MAX_ANCHOR_LINE: usize = 4096;
+
+/// Most signed heads read from the `--anchor` files (one a minute for 19 years).
+const MAX_ANCHORS: usize = 10_000_000;
+
+/// Largest `--public-key` file read.
 const MAX_SMALL_FILE: u64 = 1 << 20;
 
 impl Args {
@@ -200,10 +207,10 @@ impl Args {
         let time = |t: &Option<String>| t.as_deref().map(|t| super::parse_time(t, now)).transpose();
         let f = &self.filters;
         if let Some(d) = &f.decision
-            && !["allowed", "denied", "error", "pending"].contains(&d.as_str())
+            && !["allowed", "denied", "error", "pending", "cancelled"].contains(&d.as_str())
         {
             return Err(format!(
-                "--decision must be allowed, denied, error or pending, not {d:?}"
+                "--decision must be allowed, denied, error, pending or cancelled, not {d:?}"
             ));
         }
         Ok(query::Filters {
@@ -237,22 +244,71 @@ impl Args {
             .map(|k| k.public_key()))
     }
 
+    /// Every signed head in the `--anchor` files, read line by line (no limit on a file's
+    /// size; a line longer than [`MAX_ANCHOR_LINE`] or more than [`MAX_ANCHORS`] heads is an
+    /// error). A file without a single head is an error: it proves nothing.
     fn anchors(&self) -> Result<Vec<SignedHead>, String> {
+        use std::io::{BufRead as _, Read as _};
         let mut out = Vec::new();
         for file in &self.anchor {
-            let text = crate::config::read_bounded(file, MAX_SMALL_FILE)
-                .map_err(|e| format!("--anchor {}: {e}", file.display()))?;
-            for (n, line) in text.lines().enumerate() {
-                if line.trim().is_empty() {
+            let bad = |e: String| format!("--anchor {}: {e}", file.display());
+            let opened = std::fs::File::open(file).map_err(|e| bad(e.to_string()))?;
+            let mut reader = std::io::BufReader::new(opened);
+            let mut line = Vec::new();
+            let mut found = 0usize;
+            for n in 1.. {
+                line.clear();
+                let read = (&mut reader)
+                    .take(MAX_ANCHOR_LINE as u64 + 1)
+                    .read_until(b'\n', &mut line)
+                    .map_err(|e| bad(e.to_string()))?;
+                if read == 0 {
+                    break;
+                }
+                if line.len() > MAX_ANCHOR_LINE {
+                    return Err(bad(format!(
+                        "line {n} is longer than {MAX_ANCHOR_LINE} bytes (not a signed head)"
+                    )));
+                }
+                let text = std::str::from_utf8(&line)
+                    .map_err(|_| bad(format!("line {n} is not UTF-8")))?
+                    .trim();
+                if text.is_empty() {
                     continue;
                 }
-                out.push(
-                    SignedHead::from_json(line.trim())
-                        .map_err(|e| format!("--anchor {} line {}: {e}", file.display(), n + 1))?,
-                );
+                if out.len() >= MAX_ANCHORS {
+                    return Err(bad(format!("more than {MAX_ANCHORS} signed heads in all")));
+                }
+                out.push(SignedHead::from_json(text).map_err(|e| bad(format!("line {n}: {e}")))?);
+                found += 1;
+            }
+            if found == 0 {
+                return Err(bad(
+                    "holds no signed head (empty): it proves nothing about the ledger".into(),
+                ));
             }
         }
         Ok(out)
+    }
+
+    /// Longest archive line: from the config's caps when it loads, else the defaults'.
+    fn archive_max_line(&self) -> usize {
+        let ledger = self.config().map(|c| c.ledger).unwrap_or_default();
+        archive_file::max_line(&ledger)
+    }
+
+    /// Where the ledger's archives are by default: the configured `archive_dir` for the
+    /// configured ledger, `archive/` next to a ledger given with `--ledger`.
+    fn archive_home(&self, ledger: &std::path::Path) -> Option<PathBuf> {
+        match &self.ledger {
+            Some(_) => Some(
+                ledger
+                    .parent()
+                    .unwrap_or(std::path::Path::new("."))
+                    .join("archive"),
+            ),
+            None => self.config().ok().map(|c| c.ledger.archive_dir_path()),
+        }
     }
 
     fn ledger_path(&self) -> Result<PathBuf, String> {
@@ -289,6 +345,8 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
                 trusted_key: args.trusted_key()?,
                 anchors: args.anchors()?,
                 archive_dir: args.archive.clone(),
+                archive_home: args.archive_home(&path),
+                archive_max_line: args.archive_max_line(),
                 ..verify::Options::default()
             };
             let report = verify::verify_file(&path, &options).map_err(|e| e.to_string())?;
@@ -306,12 +364,21 @@ pub fn run(args: Vec<OsString>) -> Result<i32, String> {
             };
             let files = archive_file::list(&dir)?;
             let key = args.trusted_key()?;
+            let max_line = args.archive_max_line();
             let mut listed = Vec::new();
             let mut bad = 0;
             for file in &files {
-                let (summary, problems) = archive_file::check(file, key.as_ref())?;
-                bad += problems.len();
-                listed.push((summary, problems));
+                // One unreadable file is reported and counted; the others are still listed.
+                match archive_file::check(file, key.as_ref(), max_line) {
+                    Ok((summary, problems)) => {
+                        bad += problems.len();
+                        listed.push((summary, problems));
+                    }
+                    Err(e) => {
+                        bad += 1;
+                        eprintln!("toolwall: {e}");
+                    }
+                }
             }
             if args.json {
                 for (s, problems) in &listed {

@@ -279,6 +279,9 @@ pub fn format_json(calls: &Calls) -> String {
 /// A CSV field (RFC 4180), with a leading `'` before text a spreadsheet would take for a
 /// formula (agents choose these texts).
 fn csv_field(text: &str) -> String {
+    // Terminal controls and bidi overrides written visibly (a quoted field keeps its
+    // line breaks).
+    let text = &super::tail::defang(text, &['\n']);
     let guarded = if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
         format!("'{text}")
     } else {
@@ -434,19 +437,42 @@ pub fn show(conn: &Connection, id: i64) -> rusqlite::Result<Option<serde_json::V
             .zip(row)
             .map(|(c, v)| (c.clone(), json_value(v)))
             .collect();
+        // Straight from the chained tables, never through the `tool_call_bodies` view:
+        // the chain covers rows, not the schema, and anyone who can write the file can
+        // redefine a view.
+        let text = |r: &rusqlite::Row<'_>, i: usize| -> rusqlite::Result<Option<String>> {
+            Ok(match r.get_ref(i)? {
+                ValueRef::Null => None,
+                ValueRef::Text(t) | ValueRef::Blob(t) => Some(String::from_utf8_lossy(t).into()),
+                ValueRef::Integer(n) => Some(n.to_string()),
+                ValueRef::Real(f) => Some(f.to_string()),
+            })
+        };
+        let flag = |r: &rusqlite::Row<'_>, i: usize| -> rusqlite::Result<bool> {
+            Ok(!matches!(
+                r.get_ref(i)?,
+                ValueRef::Null | ValueRef::Integer(0)
+            ))
+        };
         let bodies: Option<serde_json::Value> = conn
             .query_row(
-                "SELECT request_body, request_truncated, response_body, response_truncated, \
-                 rewritten_arguments, original_response FROM tool_call_bodies WHERE id = ?1",
+                "SELECT COALESCE(req.body, c.arguments), req.truncated, \
+                 COALESCE(res.body, c.response_preview), res.truncated, rew.body, orig.body \
+                 FROM main.tool_calls c \
+                 LEFT JOIN main.event_body_blobs req ON req.hash = c.request_body_hash \
+                 LEFT JOIN main.event_body_blobs res ON res.hash = c.response_body_hash \
+                 LEFT JOIN main.event_body_blobs rew ON rew.hash = c.rewritten_arguments_hash \
+                 LEFT JOIN main.event_body_blobs orig ON orig.hash = c.original_response_hash \
+                 WHERE c.id = ?1",
                 [id],
                 |r| {
                     Ok(serde_json::json!({
-                        "arguments": r.get::<_, Option<String>>(0)?,
-                        "arguments_truncated": r.get::<_, i64>(1)? != 0,
-                        "response": r.get::<_, Option<String>>(2)?,
-                        "response_truncated": r.get::<_, i64>(3)? != 0,
-                        "rewritten_arguments": r.get::<_, Option<String>>(4)?,
-                        "original_response": r.get::<_, Option<String>>(5)?,
+                        "arguments": text(r, 0)?,
+                        "arguments_truncated": flag(r, 1)?,
+                        "response": text(r, 2)?,
+                        "response_truncated": flag(r, 3)?,
+                        "rewritten_arguments": text(r, 4)?,
+                        "original_response": text(r, 5)?,
                     }))
                 },
             )
@@ -458,13 +484,23 @@ pub fn show(conn: &Connection, id: i64) -> rusqlite::Result<Option<serde_json::V
         )?;
         let mut found = stmt.query([id])?;
         while let Some(r) = found.next()? {
+            // By storage class: one edited cell is shown as it is, not the end of `show`.
+            let t = |i: usize| -> rusqlite::Result<String> {
+                Ok(super::tail::lossy_text(r.get_ref(i)?).unwrap_or_default())
+            };
+            let n = |i: usize| -> rusqlite::Result<Option<i64>> {
+                Ok(match r.get_ref(i)? {
+                    ValueRef::Integer(v) => Some(v),
+                    _ => None,
+                })
+            };
             rules.push(serde_json::json!({
-                "phase": r.get::<_, String>(0)?,
-                "seq": r.get::<_, i64>(1)?,
-                "ts_ms": r.get::<_, i64>(2)?,
-                "rule_id": r.get::<_, String>(3)?,
-                "action": r.get::<_, String>(4)?,
-                "layer": r.get::<_, String>(5)?,
+                "phase": t(0)?,
+                "seq": n(1)?,
+                "ts_ms": n(2)?,
+                "rule_id": t(3)?,
+                "action": t(4)?,
+                "layer": t(5)?,
             }));
         }
         let chain = super::chain::verify::check_one(
@@ -485,7 +521,11 @@ pub fn show(conn: &Connection, id: i64) -> rusqlite::Result<Option<serde_json::V
 /// not JSON, escaped text.
 fn body_text(body: &str) -> String {
     match serde_json::from_str::<serde_json::Value>(body) {
-        Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_default(),
+        // Pretty JSON escapes C0 controls, not DEL, C1 or bidi overrides.
+        Ok(v) => super::tail::defang(
+            &serde_json::to_string_pretty(&v).unwrap_or_default(),
+            &['\n'],
+        ),
         Err(_) => escape(body),
     }
 }
@@ -550,11 +590,11 @@ pub fn format_show(call: &serde_json::Value) -> String {
         let _ = writeln!(
             out,
             "  rule       {} #{} {} {} ({}) at {}",
-            rule["phase"].as_str().unwrap_or(""),
+            escape(rule["phase"].as_str().unwrap_or("")),
             rule["seq"],
             escape(rule["rule_id"].as_str().unwrap_or("")),
-            rule["action"].as_str().unwrap_or(""),
-            rule["layer"].as_str().unwrap_or(""),
+            escape(rule["action"].as_str().unwrap_or("")),
+            escape(rule["layer"].as_str().unwrap_or("")),
             rule["ts_ms"]
                 .as_i64()
                 .map(format_utc_ms)

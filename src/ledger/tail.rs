@@ -76,11 +76,33 @@ fn json_line(row: &Row, columns: &[String], out: &mut String) {
     out.push('}');
 }
 
+/// A cell as text, whatever its storage class (NULL: none).
+pub(crate) fn lossy_text(value: ValueRef<'_>) -> Option<String> {
+    match value {
+        ValueRef::Null => None,
+        ValueRef::Text(t) => Some(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => Some(b.iter().fold(String::new(), |mut hex, byte| {
+            let _ = write!(hex, "{byte:02x}");
+            hex
+        })),
+        ValueRef::Integer(i) => Some(i.to_string()),
+        ValueRef::Real(f) => Some(f.to_string()),
+    }
+}
+
 fn text_line(row: &Row, out: &mut String) -> rusqlite::Result<()> {
-    let text = |name: &str| -> rusqlite::Result<Option<String>> { row.get(name) };
-    let int = |name: &str| -> rusqlite::Result<Option<i64>> { row.get(name) };
-    let id: i64 = row.get("id")?;
-    let ts_ms: i64 = row.get("ts_ms")?;
+    // Read by storage class: a cell of an unexpected type (an edited file) is printed as
+    // what it holds, never the end of the listing.
+    let text =
+        |name: &str| -> rusqlite::Result<Option<String>> { Ok(lossy_text(row.get_ref(name)?)) };
+    let int = |name: &str| -> rusqlite::Result<Option<i64>> {
+        Ok(match row.get_ref(name)? {
+            ValueRef::Integer(i) => Some(i),
+            _ => None,
+        })
+    };
+    let id: i64 = int("id")?.unwrap_or(0);
+    let ts_ms: i64 = int("ts_ms")?.unwrap_or(0);
     let decision = text("decision")?.unwrap_or_default();
     let _ = write!(
         out,
@@ -148,6 +170,34 @@ pub(crate) fn escape(value: &str) -> String {
         }
     }
     out.push('"');
+    out
+}
+
+/// Whether `c` can drive or deceive a terminal: control characters (C0, DEL, C1) and the
+/// invisible format characters that reorder or hide text (bidi overrides and isolates,
+/// zero-width marks).
+pub(crate) fn is_hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{061c}' | '\u{feff}')
+}
+
+/// `text` with every [hidden](is_hidden) character but `keep` written as `\uXXXX` (valid
+/// inside a JSON string; visible anywhere else).
+pub(crate) fn defang(text: &str, keep: &[char]) -> String {
+    if !text.chars().any(|c| is_hidden(c) && !keep.contains(&c)) {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if is_hidden(c) && !keep.contains(&c) {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
     out
 }
 

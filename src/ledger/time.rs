@@ -78,7 +78,15 @@ pub fn parse_time(text: &str, now_ms: i64) -> Result<i64, String> {
         return Err(bad());
     }
     let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+    // The days the month has: 2026-02-31 is refused, not read as 2026-03-03.
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let month_days = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    if !(1..=12).contains(&month) || !(1..=month_days).contains(&day) {
         return Err(bad());
     }
     let mut ms = days_from_civil(i64::from(year), month, day) * 86_400_000;

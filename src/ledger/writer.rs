@@ -207,8 +207,10 @@ impl Ledger {
                 format!("checkpoint thread: {e}"),
             )
         })?;
-        let head = open_chain(&mut conn, path)?;
-        let checkpoints = open_checkpoints(&conn, cfg)?;
+        let key = SigningKey::load_or_create(&cfg.signing_key_path())
+            .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, e))?;
+        let (head, unsigned_tail) = open_chain(&mut conn, cfg, &key)?;
+        let checkpoints = open_checkpoints(&conn, cfg, key)?;
         let behind = compare_signed_head(&conn, cfg, &checkpoints);
         let mut ledger = Ledger {
             conn,
@@ -241,6 +243,10 @@ impl Ledger {
             ledger.stage_event(chain::EVENT_BEHIND_SIGNED_HEAD, &detail);
             ledger.commit()?;
         }
+        if let Some(detail) = unsigned_tail {
+            ledger.stage_event(chain::EVENT_UNSIGNED_TAIL, &detail);
+            ledger.commit()?;
+        }
         if cfg.retention_enabled() {
             let retention = Retention::start(RetentionConfig {
                 ledger: path.to_path_buf(),
@@ -254,6 +260,7 @@ impl Ledger {
                 pause: Duration::from_millis(cfg.retention_pause_ms),
                 every: Duration::from_secs(cfg.retention_check_secs),
                 busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
+                max_line: super::retention::archive_file::max_line(cfg),
             })
             .map_err(|e| {
                 LedgerError::new(
@@ -675,7 +682,11 @@ impl Ledger {
                 record_archive(&self.conn, &mut self.chain, request, seq)?;
             }
             let now = Instant::now();
-            self.chain.close_group(&self.conn, now_ms(), now, false)?;
+            // A signature due writes the waiting chain rows now, so checkpoint_groups holds
+            // even when it is below chain_flush_groups.
+            let sign_due = self.checkpoints.due(seq, now);
+            self.chain
+                .close_group(&self.conn, now_ms(), now, sign_due)?;
             let newest = self.chain.newest();
             if self.chain.flushing() && self.checkpoints.due(newest.seq, now) {
                 self.checkpoints.sign_in(&self.conn, newest, now_ms())?;
@@ -1079,17 +1090,57 @@ const MAX_CHAIN_FLUSH_GROUPS: usize = 4096;
 
 /// Reads the chain's head, marks the ledger open for this writer, and seals what a writer
 /// that did not close cleanly left without `ledger_chain` rows.
-fn open_chain(conn: &mut Connection, path: &Path) -> Result<Head, LedgerError> {
+fn open_chain(
+    conn: &mut Connection,
+    cfg: &LedgerConfig,
+    key: &SigningKey,
+) -> Result<(Head, Option<serde_json::Value>), LedgerError> {
+    let path = cfg.path.as_path();
     let fail = |what: &str, e: rusqlite::Error| {
         LedgerError::new(LedgerErrorKind::Open, path, format!("{what}: {e}"))
     };
     let head = chain::read_head(conn)
         .map_err(|e| fail("reading the chain head", e))?
         .unwrap_or(Head::GENESIS);
+    // Before marking the ledger open (which would make the next start take an unsigned
+    // tail for a crash's): a cleanly closed ledger ends at a signed head.
+    let left_open =
+        recovery::was_left_open(conn).map_err(|e| fail("reading the writer state", e))?;
+    let signed = refuse_unsigned_tail(conn, cfg, key, head, !left_open)?;
+    // Left open: a crash can leave written but unsigned groups, and so can someone who
+    // set `open = 1` and appended groups; nothing here tells them apart. The groups are
+    // recorded as unvouched (verify lists them) before this gateway's signatures cover them.
+    let unsigned = (left_open && head.seq > signed).then(|| {
+        crate::error!(
+            "ledger {}: groups {}..{} were written after the last head this gateway signed \
+             (group {signed}) and the last gateway did not close the ledger: only an anchor \
+             shipped off the machine vouches for them; recorded as a {} event",
+            path.display(),
+            signed + 1,
+            head.seq,
+            chain::EVENT_UNSIGNED_TAIL
+        );
+        serde_json::json!({ "unsigned_groups": [signed + 1, head.seq], "signed_seq": signed })
+    });
     let unclean = recovery::mark_open(conn).map_err(|e| fail("marking the ledger open", e))?;
     let head = if unclean {
         match recovery::recover(conn, head).map_err(|e| fail("recovering the chain", e))? {
-            Some(found) => {
+            Err(refused) => {
+                return Err(LedgerError::new(
+                    LedgerErrorKind::Open,
+                    path,
+                    format!(
+                        "the last gateway did not close the ledger, and rows after the chain's \
+                         last group (group {}) are not what its unwritten groups could hold; \
+                         refusing to seal them into the chain: {}. Run `toolwall ledger \
+                         verify`, keep the file as evidence and move it aside to start a new \
+                         ledger",
+                        head.seq,
+                        refused.join("; ")
+                    ),
+                ));
+            }
+            Ok(Some(found)) => {
                 crate::warn!(
                     "ledger {}: the last gateway stopped without closing it; the {} rows of \
                      groups {}..{} (committed, their chain rows not yet written) were sealed \
@@ -1102,19 +1153,77 @@ fn open_chain(conn: &mut Connection, path: &Path) -> Result<Head, LedgerError> {
                 );
                 found.head
             }
-            None => head,
+            Ok(None) => head,
         }
     } else {
         head
     };
-    Ok(head)
+    Ok((head, unsigned))
 }
 
-/// Loads (or creates) the signing key and starts the anchor thread.
-fn open_checkpoints(conn: &Connection, cfg: &LedgerConfig) -> Result<Checkpoints, LedgerError> {
+/// A ledger the last gateway closed ends at the head it signed at close: groups after the
+/// last head signed by this key (in `ledger_checkpoints`, or the head file) were added by
+/// someone else, and signing over them would vouch for them. Refuses to continue such a
+/// chain (fails closed), naming the groups.
+fn refuse_unsigned_tail(
+    conn: &Connection,
+    cfg: &LedgerConfig,
+    key: &SigningKey,
+    head: Head,
+    refuse: bool,
+) -> Result<i64, LedgerError> {
     let path = cfg.path.as_path();
-    let key = SigningKey::load_or_create(&cfg.signing_key_path())
-        .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, e))?;
+    if head == Head::GENESIS {
+        return Ok(0);
+    }
+    let public_key = key.public_key();
+    let in_db = checkpoints::last_valid_signed(conn, &public_key).map_err(|e| {
+        LedgerError::new(
+            LedgerErrorKind::Open,
+            path,
+            format!("reading the checkpoints: {e}"),
+        )
+    })?;
+    let in_file = match anchor::read_head_file(&cfg.head_file_path()) {
+        Ok(Some(signed)) if signed.verify_with(&public_key) => {
+            let stored: Option<Vec<u8>> = conn
+                .query_row(
+                    "SELECT hash FROM ledger_chain WHERE seq = ?1",
+                    [signed.seq],
+                    |r| r.get(0),
+                )
+                .ok();
+            if stored.as_deref() == Some(&signed.hash[..]) {
+                signed.seq
+            } else {
+                0
+            }
+        }
+        _ => 0,
+    };
+    let signed = in_db.max(in_file);
+    if head.seq <= signed || !refuse {
+        return Ok(signed);
+    }
+    Err(LedgerError::new(
+        LedgerErrorKind::Open,
+        path,
+        format!(
+            "the ledger was closed cleanly, but groups {}..{} come after the last head this              gateway signed (group {signed}; key {}): they were added after it closed, or              their signatures were removed. Refusing to continue (and sign) this chain; run              `toolwall ledger verify`, keep the file as evidence and move it aside to start              a new ledger",
+            signed + 1,
+            head.seq,
+            chain::signing::format_public_key(&public_key)
+        ),
+    ))
+}
+
+/// Starts the anchor thread that ships what `key` signs.
+fn open_checkpoints(
+    conn: &Connection,
+    cfg: &LedgerConfig,
+    key: SigningKey,
+) -> Result<Checkpoints, LedgerError> {
+    let path = cfg.path.as_path();
     let last = checkpoints::last_signed(conn).map_err(|e| {
         LedgerError::new(
             LedgerErrorKind::Open,

@@ -96,3 +96,48 @@ impl Checkpoints {
         self.signed = None;
     }
 }
+
+/// The last group signed by `key` whose stored hash is the one signed (0: none). A
+/// checkpoint row that does not parse, is signed by another key or names a group the
+/// ledger holds with another hash does not count.
+pub fn last_valid_signed(
+    conn: &Connection,
+    key: &[u8; super::signing::PUBLIC_KEY_LEN],
+) -> rusqlite::Result<i64> {
+    let mut stmt = conn.prepare(
+        "SELECT c.seq, c.signed_at_ms, c.hash, c.public_key, c.signature, g.hash \
+         FROM ledger_checkpoints c JOIN ledger_chain g ON g.seq = c.seq ORDER BY c.seq DESC",
+    )?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        if let Some(seq) = valid_checkpoint(row, key) {
+            return Ok(seq);
+        }
+    }
+    Ok(0)
+}
+
+/// The group a checkpoint row (seq, signed_at_ms, hash, public_key, signature, the
+/// group's stored hash) validly signs, if it does.
+fn valid_checkpoint(
+    row: &rusqlite::Row<'_>,
+    key: &[u8; super::signing::PUBLIC_KEY_LEN],
+) -> Option<i64> {
+    use rusqlite::types::ValueRef;
+    let int = |i| match row.get_ref(i) {
+        Ok(ValueRef::Integer(v)) => Some(v),
+        _ => None,
+    };
+    let blob = |i| match row.get_ref(i) {
+        Ok(ValueRef::Blob(b)) => Some(b.to_vec()),
+        _ => None,
+    };
+    let head = SignedHead {
+        seq: int(0)?,
+        signed_at_ms: int(1)?,
+        hash: blob(2)?.try_into().ok()?,
+        public_key: blob(3)?.try_into().ok()?,
+        signature: blob(4)?.try_into().ok()?,
+    };
+    (head.verify_with(key) && blob(5)? == head.hash).then_some(head.seq)
+}

@@ -10,6 +10,7 @@ pub mod group;
 pub mod recovery;
 pub mod seal;
 pub mod signing;
+pub mod unchained;
 pub mod verify;
 
 use rusqlite::{Connection, OptionalExtension};
@@ -20,6 +21,9 @@ use canonical::{Digest, GENESIS};
 pub const EVENT_CHAIN_START: &str = "ledger_chain_start";
 /// Event kind of a recovery group (see [`recovery`]).
 pub const EVENT_CHAIN_RECOVERED: &str = "ledger_chain_recovered";
+/// Event kind written at a start after an unclean stop when groups after the last signed
+/// head were found: nothing but an anchor vouches for them.
+pub const EVENT_UNSIGNED_TAIL: &str = "ledger_unsigned_tail";
 /// Event kind written when the database is behind (or beside) the last head signed for it.
 pub const EVENT_BEHIND_SIGNED_HEAD: &str = "ledger_behind_signed_head";
 

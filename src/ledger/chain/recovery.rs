@@ -27,32 +27,48 @@ pub struct Recovered {
     pub rows: u64,
 }
 
-/// Whether the last writer left the ledger open (did not close it cleanly), and marks it
-/// open for this one.
-pub fn mark_open(conn: &Connection) -> rusqlite::Result<bool> {
-    let was_open: Option<i64> = conn
+/// Whether the last writer left the ledger open (did not close it cleanly).
+pub fn was_left_open(conn: &Connection) -> rusqlite::Result<bool> {
+    use rusqlite::OptionalExtension;
+    // Anything but the 1 a writer stores (no row, another value) counts as closed: the
+    // stricter case, where the chain must end at a signed head.
+    let open = conn
         .query_row(
             "SELECT open FROM ledger_writer_state WHERE id = 1",
             [],
-            |r| r.get(0),
+            |r| {
+                Ok(matches!(
+                    r.get_ref(0)?,
+                    rusqlite::types::ValueRef::Integer(1)
+                ))
+            },
         )
-        .or_else(|e| match e {
-            rusqlite::Error::QueryReturnedNoRows => Ok(None),
-            e => Err(e),
-        })?;
+        .optional()?;
+    Ok(open == Some(true))
+}
+
+/// Whether the last writer left the ledger open (did not close it cleanly), and marks it
+/// open for this one.
+pub fn mark_open(conn: &Connection) -> rusqlite::Result<bool> {
+    let was_open = was_left_open(conn)?;
     conn.execute(
         "INSERT INTO ledger_writer_state (id, open) VALUES (1, 1) \
          ON CONFLICT (id) DO UPDATE SET open = 1",
         [],
     )?;
-    Ok(was_open == Some(1))
+    Ok(was_open)
 }
 
 /// Records that the writer closed the ledger with nothing left unwritten.
 pub const SQL_MARK_CLOSED: &str = "UPDATE ledger_writer_state SET open = 0 WHERE id = 1";
 
-/// Seals the rows of groups after `head` that have no `ledger_chain` row, if any.
-pub fn recover(conn: &mut Connection, head: Head) -> rusqlite::Result<Option<Recovered>> {
+/// Seals the rows of groups after `head` that have no `ledger_chain` row, if any. Refuses
+/// (the inner `Err`, one sentence per row) when some of them are not what unwritten groups
+/// could hold (see [`super::unchained`]): sealing them would vouch for tampering.
+pub fn recover(
+    conn: &mut Connection,
+    head: Head,
+) -> rusqlite::Result<Result<Option<Recovered>, Vec<String>>> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut rows = 0u64;
     let mut last_unwritten = head.seq;
@@ -71,7 +87,13 @@ pub fn recover(conn: &mut Connection, head: Head) -> rusqlite::Result<Option<Rec
         per_table.insert(table.name().into(), count.into());
     }
     if rows == 0 {
-        return Ok(None);
+        return Ok(Ok(None));
+    }
+    let mut pending = super::unchained::Pending::collect(&tx, head.seq)?;
+    pending.note_whole_chain(&tx)?;
+    let refused = pending.problems(&tx, 20)?;
+    if !refused.is_empty() {
+        return Ok(Err(refused));
     }
     let seq = head.seq + 1;
     let ts_ms = now_ms();
@@ -117,9 +139,9 @@ pub fn recover(conn: &mut Connection, head: Head) -> rusqlite::Result<Option<Rec
         params![seq, ts_ms, records, &hash[..]],
     )?;
     tx.commit()?;
-    Ok(Some(Recovered {
+    Ok(Ok(Some(Recovered {
         head: Head { seq, hash },
         unwritten: (head.seq + 1, last_unwritten),
         rows,
-    }))
+    })))
 }

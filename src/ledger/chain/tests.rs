@@ -420,7 +420,10 @@ fn the_head_is_signed_every_n_groups_and_at_close() {
     let report = trusted(&cfg.path, [7u8; 32]);
     assert!(!report.ok());
     assert!(
-        report.problems[0].what.contains("the signature is not"),
+        report
+            .problems
+            .iter()
+            .any(|p| p.what.contains("the signature is not")),
         "{:#?}",
         report.problems
     );
@@ -721,5 +724,352 @@ fn retention_archives_old_groups_and_both_halves_verify() {
         format!("{:?}", report.problems).contains("does not match what the group committed"),
         "{:#?}",
         report.problems
+    );
+}
+
+/// Appends a group the way an attacker without the key can (the encoding is public): one
+/// event row in group head + 1, its manifest entry, the linked hash. Returns its seq.
+fn append_forged_group(path: &Path) -> i64 {
+    use super::canonical::{self, Table};
+    let conn = raw(path);
+    let head = super::read_head(&conn).unwrap().unwrap();
+    let seq = head.seq + 1;
+    let ts = 1_700_000_100_000i64;
+    conn.execute(
+        "INSERT INTO events (ts_ms, kind, detail, chain_seq) VALUES (?1, 'connect', '{}', ?2)",
+        rusqlite::params![ts, seq],
+    )
+    .unwrap();
+    let id = conn.last_insert_rowid();
+    let digest = conn
+        .query_row(&Table::Events.select_by_key_sql(), [id], |row| {
+            canonical::row_digest(Table::Events, row)
+        })
+        .unwrap();
+    let mut records = Vec::new();
+    canonical::push_entry(
+        &mut records,
+        Table::Events,
+        canonical::OP_INSERT,
+        &[rusqlite::types::ValueRef::Integer(id)],
+        &digest,
+    );
+    let hash = canonical::group_hash(&head.hash, seq, ts, &records);
+    conn.execute(
+        "INSERT INTO ledger_chain (seq, ts_ms, records, hash) VALUES (?1, ?2, ?3, ?4)",
+        rusqlite::params![seq, ts, records, &hash[..]],
+    )
+    .unwrap();
+    seq
+}
+
+fn public_key_of(dir: &Path) -> [u8; 32] {
+    super::signing::SigningKey::load(&config(dir).signing_key_path())
+        .unwrap()
+        .public_key()
+}
+
+/// Failed on the old code: a forged group appended to a closed ledger verified with
+/// `--public-key`, and the next gateway signed over it.
+#[test]
+fn groups_appended_after_close_fail_verify_and_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let key = public_key_of(dir.path());
+    assert!(trusted(&path, key).ok());
+    let forged = append_forged_group(&path);
+    for report in [trusted(&path, key), verify_path(&path)] {
+        assert!(!report.ok(), "the forged group verified");
+        let text = first(&report);
+        assert!(
+            text.contains(&format!(
+                "groups {forged}..{forged} come after the last valid signed"
+            )),
+            "{text}"
+        );
+    }
+    let checkpoints_before: i64 = raw(&path)
+        .query_row("SELECT count(*) FROM ledger_checkpoints", [], |r| r.get(0))
+        .unwrap();
+    // The next gateway refuses to continue it, every time (it did not mark it open).
+    for _ in 0..2 {
+        let err = Ledger::open(&config(dir.path()))
+            .err()
+            .expect("the gateway signed over a forged group");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("groups {forged}..{forged}")),
+            "{text}"
+        );
+        assert!(text.contains("Refusing to continue"), "{text}");
+    }
+    let checkpoints_after: i64 = raw(&path)
+        .query_row("SELECT count(*) FROM ledger_checkpoints", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(checkpoints_before, checkpoints_after, "nothing was signed");
+}
+
+/// Failed on the old code: the signatures removed, a closed ledger passed `--public-key`.
+#[test]
+fn removed_signatures_fail_a_closed_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let key = public_key_of(dir.path());
+    raw(&path)
+        .execute_batch("DELETE FROM ledger_checkpoints")
+        .unwrap();
+    let report = trusted(&path, key);
+    assert!(!report.ok());
+    assert!(
+        first(&report).contains("no valid signed checkpoint covers groups"),
+        "{:#?}",
+        report.problems
+    );
+    // The last one only: the head is unsigned.
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    raw(&path)
+        .execute_batch(
+            "DELETE FROM ledger_checkpoints WHERE seq = (SELECT max(seq) FROM ledger_checkpoints)",
+        )
+        .unwrap();
+    let report = trusted(&path, public_key_of(dir.path()));
+    assert!(!report.ok());
+    assert!(
+        first(&report).contains("come after the last valid signed"),
+        "{:#?}",
+        report.problems
+    );
+    // The gateway refuses it too once the head file (which holds the head's signature) is
+    // gone as well.
+    std::fs::remove_file(config(dir.path()).head_file_path()).unwrap();
+    assert!(Ledger::open(&config(dir.path())).is_err());
+}
+
+/// Failed on the old code: with `ledger_writer_state.open = 1`, rows re-pointed at a group
+/// after the last one were "not written yet" for verify, and the next start sealed them
+/// into a recovery group.
+#[test]
+fn chained_rows_pointed_past_the_chain_of_an_open_ledger_are_tampering() {
+    for (attack, expected) in [
+        (
+            "UPDATE tool_calls SET principal = 'uid:0', decision = 'allowed', \
+             chain_seq = (SELECT max(seq) + 1 FROM ledger_chain) WHERE id = 5",
+            "tool_calls id 5 was written by group",
+        ),
+        (
+            "UPDATE events SET detail = '{}', chain_seq = (SELECT max(seq) + 2 FROM ledger_chain) \
+             WHERE id = 3",
+            "events id 3 was written by group",
+        ),
+        (
+            "UPDATE security_rule_events SET rule_id = 'nothing', \
+             chain_seq = (SELECT max(seq) + 1 FROM ledger_chain) WHERE call_id = 2",
+            "security_rule_events call_id 2",
+        ),
+        (
+            "INSERT INTO events (id, ts_ms, kind, detail, chain_seq) \
+             VALUES (-5, 0, 'connect', '{}', (SELECT max(seq) + 1 FROM ledger_chain))",
+            "ids the chain already covers",
+        ),
+        (
+            "INSERT INTO events (ts_ms, kind, detail, chain_seq) \
+             VALUES (0, 'connect', '{}', (SELECT max(seq) + 5000 FROM ledger_chain))",
+            "more than 4096 groups after the last",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = populated(dir.path());
+        raw(&path)
+            .execute_batch(&format!(
+                "{attack}; UPDATE ledger_writer_state SET open = 1"
+            ))
+            .unwrap();
+        let report = verify_path(&path);
+        assert!(!report.ok(), "verify passed after {attack}");
+        assert!(
+            report.problems.iter().any(|p| p.what.contains(expected)),
+            "{attack}: {:#?}",
+            report.problems
+        );
+        let err = Ledger::open(&config(dir.path()))
+            .err()
+            .unwrap_or_else(|| panic!("recovery sealed {attack}"));
+        let text = err.to_string();
+        assert!(text.contains("refusing to seal"), "{text}");
+        assert!(text.contains(expected), "{text}");
+        let recoveries: i64 = raw(&path)
+            .query_row(
+                "SELECT count(*) FROM events WHERE kind = 'ledger_chain_recovered'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(recoveries, 0);
+    }
+}
+
+/// What a crashed writer legitimately leaves after the chain still verifies and recovers:
+/// new rows, and the outcome of a call whose start the chain holds.
+#[test]
+fn an_open_ledgers_unwritten_groups_still_verify_and_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let conn = raw(&path);
+    // As a writer that crashed before writing its last groups' chain rows leaves it: a new
+    // call, a new event, and the outcome of call 3, which the chain holds only the start of
+    // (populated() never ends it).
+    conn.execute_batch(
+        "UPDATE ledger_writer_state SET open = 1;
+         INSERT INTO tool_calls (id, ts_ms, transport, principal, process_name, server_name, \
+           tool_name, method, request_id, decision, bytes_received, arguments, chain_seq) \
+         VALUES (1000, 1, 'unix', 'uid:1', 'p', 's', 't', 'tools/call', '1', 'pending', 1, '{}', \
+           (SELECT max(seq) + 1 FROM ledger_chain));
+         INSERT INTO events (ts_ms, kind, detail, chain_seq) \
+         VALUES (2, 'connect', '{}', (SELECT max(seq) + 2 FROM ledger_chain));
+         UPDATE tool_calls SET decision = 'allowed', duration_us = 5, \
+           chain_seq = (SELECT max(seq) + 2 FROM ledger_chain) WHERE id = 3;",
+    )
+    .unwrap();
+    let report = verify_path(&path);
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert_eq!(report.waiting_rows, 3);
+    drop(Ledger::open(&config(dir.path())).unwrap());
+    let report = verify_path(&path);
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("recovered after an unclean stop")),
+        "{:#?}",
+        report.notes
+    );
+}
+
+/// Failed on the old code: a `ledger_archived` event nobody archived for (added in the
+/// window an open ledger leaves) made retention "resume" and delete the groups it named.
+#[test]
+fn a_forged_archive_event_deletes_nothing_and_fails_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let conn = raw(&path);
+    let head = super::read_head(&conn).unwrap().unwrap();
+    let last = head.seq - 5;
+    let last_hash: Vec<u8> = conn
+        .query_row(
+            "SELECT hash FROM ledger_chain WHERE seq = ?1",
+            [last],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let detail = serde_json::json!({
+        "file": "ledger-000000000001-forged.jsonl.gz",
+        "first_seq": 1,
+        "last_seq": last,
+        "prev_hash": super::canonical::hex(&super::canonical::GENESIS),
+        "last_hash": super::canonical::hex(&last_hash.try_into().unwrap()),
+        "rows": 10,
+    })
+    .to_string();
+    conn.execute(
+        "INSERT INTO events (ts_ms, kind, detail, chain_seq) \
+         VALUES (1, 'ledger_archived', ?1, ?2)",
+        rusqlite::params![detail, head.seq + 1],
+    )
+    .unwrap();
+    conn.execute_batch("UPDATE ledger_writer_state SET open = 1")
+        .unwrap();
+    let count = |sql: &str| -> i64 { raw(&path).query_row(sql, [], |r| r.get(0)).unwrap() };
+    let calls = count("SELECT count(*) FROM tool_calls");
+    let cfg = LedgerConfig {
+        retain_secs: Some(1_000_000),
+        retention_check_secs: 1,
+        ..config(dir.path())
+    };
+    let ledger = Ledger::open(&cfg).unwrap();
+    // Retention's first pass runs 2 s after the start (where it resumed the deletion).
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    drop(ledger);
+    assert_eq!(count("SELECT min(seq) FROM ledger_chain"), 1);
+    assert_eq!(count("SELECT count(*) FROM tool_calls"), calls);
+    // verify, told where the archives are, says the recorded archive is not there.
+    let report = verify::verify_file(
+        &path,
+        &Options {
+            archive_home: Some(cfg.archive_dir_path()),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.what.contains("as archived to") && p.what.contains("which is not in")),
+        "{:#?}",
+        report.problems
+    );
+}
+
+/// Failed on the old code: signatures were made only when the chain rows were flushed, so
+/// `checkpoint_groups` below `chain_flush_groups` was not honored while groups kept coming.
+#[test]
+fn checkpoint_groups_holds_below_chain_flush_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LedgerConfig {
+        chain_flush_groups: 64,
+        chain_flush_ms: 10_000,
+        checkpoint_groups: 5,
+        ..config(dir.path())
+    };
+    let mut ledger = Ledger::open(&cfg).unwrap();
+    for i in 0..20 {
+        ledger.stage_event("tick", &serde_json::json!({ "i": i }));
+        ledger.commit().unwrap();
+    }
+    let signed: Vec<i64> = raw(&cfg.path)
+        .prepare("SELECT seq FROM ledger_checkpoints ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    drop(ledger);
+    assert_eq!(signed, [1, 6, 11, 16, 21], "{signed:?}");
+}
+
+/// A ledger left open with groups after the last signed head (a crash, or someone who set
+/// `open = 1` and appended): nothing tells them apart, so the next gateway records them as
+/// unvouched before its own signatures cover them. Failed on the old code (no record).
+#[test]
+fn an_unsigned_tail_of_an_open_ledger_is_recorded_as_unvouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = populated(dir.path());
+    let forged = append_forged_group(&path);
+    raw(&path)
+        .execute_batch("UPDATE ledger_writer_state SET open = 1")
+        .unwrap();
+    drop(Ledger::open(&config(dir.path())).unwrap());
+    let detail: String = raw(&path)
+        .query_row(
+            "SELECT detail FROM events WHERE kind = 'ledger_unsigned_tail'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        detail.contains(&format!("\"unsigned_groups\":[{forged},{forged}]")),
+        "{detail}"
+    );
+    let report = verify_path(&path);
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("only an anchor vouches")),
+        "{:#?}",
+        report.notes
     );
 }

@@ -80,6 +80,12 @@ pub struct Options {
     pub anchors: Vec<SignedHead>,
     /// Archives to check, and to tie to the live chain (`--archive DIR`).
     pub archive_dir: Option<std::path::PathBuf>,
+    /// Without `archive_dir`: where each archive the ledger recorded must at least exist
+    /// (the configured `archive_dir`), since a recorded archive excuses its groups' rows
+    /// and groups from the live chain.
+    pub archive_home: Option<std::path::PathBuf>,
+    /// Longest archive line read (`archive_file::max_line` of the ledger's config).
+    pub archive_max_line: usize,
 }
 
 impl Default for Options {
@@ -89,6 +95,10 @@ impl Default for Options {
             trusted_key: None,
             anchors: Vec::new(),
             archive_dir: None,
+            archive_home: None,
+            archive_max_line: crate::ledger::retention::archive_file::max_line(
+                &crate::ledger::LedgerConfig::default(),
+            ),
         }
     }
 }
@@ -203,8 +213,10 @@ pub fn archived_ranges(conn: &Connection) -> rusqlite::Result<Vec<Archived>> {
     let mut rows = stmt.query([])?;
     let mut out = Vec::new();
     while let Some(r) = rows.next()? {
-        let detail: String = r.get(0)?;
-        let Ok(d) = serde_json::from_str::<serde_json::Value>(&detail) else {
+        let ValueRef::Text(detail) = r.get_ref(0)? else {
+            continue;
+        };
+        let Ok(d) = serde_json::from_slice::<serde_json::Value>(detail) else {
             continue;
         };
         let parsed = (|| {
@@ -228,14 +240,53 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
     let mut seal_in_chain: Option<LegacySeal> = None;
     let mut problems_found: Vec<(Option<(i64, i64)>, String)> = Vec::new();
     let mut add = |group: Option<(i64, i64)>, what: String| problems_found.push((group, what));
+    // Rows of groups after the last one: a writer that is open (or stopped without
+    // closing) has committed them and not yet written their chain rows; they must look
+    // like what such groups write.
+    let writer_open = super::recovery::was_left_open(conn)?;
+    let chain_end: i64 = conn.query_row(
+        "SELECT COALESCE(max(seq), 0) FROM ledger_chain WHERE typeof(seq) = 'integer'",
+        [],
+        |r| r.get(0),
+    )?;
+    let mut pending = if writer_open {
+        Some(super::unchained::Pending::collect(conn, chain_end)?)
+    } else {
+        None
+    };
     {
         let mut groups =
             conn.prepare("SELECT seq, ts_ms, records, hash FROM ledger_chain ORDER BY seq")?;
         let mut rows = groups.query([])?;
         let mut prev: Option<Head> = None;
         while let Some(row) = rows.next()? {
-            let seq: i64 = row.get(0)?;
-            let ts_ms: i64 = row.get::<_, Option<i64>>(1)?.unwrap_or(0);
+            // Cells of another type than the writer stores are findings, not read errors.
+            let seq: i64 = match row.get_ref(0)? {
+                ValueRef::Integer(i) => i,
+                other => {
+                    add(
+                        None,
+                        format!(
+                            "a ledger_chain row's seq is {:?}, not an integer (edited)",
+                            other.data_type()
+                        ),
+                    );
+                    continue;
+                }
+            };
+            let ts_ms: i64 = match row.get_ref(1)? {
+                ValueRef::Integer(i) => i,
+                other => {
+                    add(
+                        Some((seq, 0)),
+                        format!(
+                            "group {seq}: its ts_ms is {:?}, not an integer (edited)",
+                            other.data_type()
+                        ),
+                    );
+                    0
+                }
+            };
             let at = Some((seq, ts_ms));
             let records: Vec<u8> = match row.get_ref(2)? {
                 ValueRef::Blob(b) => b.to_vec(),
@@ -348,6 +399,9 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
             check_entries(conn, seq, &entries, deleting, &mut finals, &mut |w| {
                 add(at, w)
             })?;
+            if let Some(pending) = &mut pending {
+                pending.note(seq, &entries);
+            }
         }
         report.head = prev;
     }
@@ -357,16 +411,11 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
             "the ledger has no chain groups (ledger_chain is empty: removed)".into(),
         );
     }
-    // Rows of groups after the last one: a writer that is open (or stopped without
-    // closing) has committed them and not yet written their chain rows.
-    let writer_open: bool = conn
-        .query_row(
-            "SELECT open FROM ledger_writer_state WHERE id = 1",
-            [],
-            |r| r.get::<_, i64>(0),
-        )
-        .optional()?
-        == Some(1);
+    if let Some(pending) = &pending {
+        for what in pending.problems(conn, options.max_problems)? {
+            add(None, what);
+        }
+    }
     let last_seq = report.head.map_or(0, |h| h.seq);
     let mut waiting_rows = 0u64;
     // Every row must be accounted for by exactly one entry.
@@ -444,12 +493,24 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
         ),
         None => {}
     }
+    let mut unvouched =
+        conn.prepare("SELECT chain_seq, ts_ms, detail FROM events WHERE kind = ?1 ORDER BY id")?;
+    let mut found = unvouched.query([super::EVENT_UNSIGNED_TAIL])?;
+    while let Some(row) = found.next()? {
+        let ts_ms: i64 = row.get(1).unwrap_or(0);
+        let detail: String = row.get(2).unwrap_or_default();
+        report.notes.push(format!(
+            "at a start after an unclean stop ({}) the gateway found groups written after its \
+             last signed head; only an anchor vouches for them: {detail}",
+            crate::ledger::format_utc_ms(ts_ms)
+        ));
+    }
     let mut recoveries =
         conn.prepare("SELECT chain_seq, ts_ms, detail FROM events WHERE kind = ?1 ORDER BY id")?;
     let mut found = recoveries.query([EVENT_CHAIN_RECOVERED])?;
     while let Some(row) = found.next()? {
-        let seq: Option<i64> = row.get(0)?;
-        let ts_ms: i64 = row.get(1)?;
+        let seq: Option<i64> = row.get(0).ok().flatten();
+        let ts_ms: i64 = row.get(1).unwrap_or(0);
         let detail: String = row.get(2).unwrap_or_default();
         report.notes.push(format!(
             "group {} ({}) recovered after an unclean stop: {detail}",
@@ -474,9 +535,60 @@ fn verify_in_snapshot(conn: &Connection, options: &Options) -> Result<Report, Re
             seal.total()
         ));
     }
-    check_signatures(conn, options, &mut report, &mut add)?;
+    let last_signed = check_signatures(conn, options, &archived, &mut report, &mut add)?;
+    // The gateway signs its head when it closes the ledger: groups after the last valid
+    // signature in a closed ledger were added after it closed (or their signatures were
+    // removed). A running (or crashed) gateway's last groups may wait for their signature.
+    if let Some(head) = report.head
+        && head.seq > last_signed
+    {
+        let unsigned = if last_signed == 0 {
+            format!("no valid signed checkpoint covers groups ..{}", head.seq)
+        } else {
+            format!(
+                "groups {}..{} come after the last valid signed checkpoint (group \
+                 {last_signed})",
+                last_signed + 1,
+                head.seq
+            )
+        };
+        if writer_open {
+            report.notes.push(format!(
+                "{unsigned}: the ledger is open (a running gateway signs within \
+                 ledger.checkpoint_secs; after a crash they stay unsigned); only an anchor \
+                 shipped off the machine vouches for them"
+            ));
+        } else {
+            add(
+                report.last_group,
+                format!(
+                    "{unsigned}, and the ledger was closed (the gateway signs its head when it \
+                     closes): groups added after the fact, or their signatures removed"
+                ),
+            );
+        }
+    }
     if let Some(dir) = &options.archive_dir {
         check_archives(dir, options, &archived, &mut report, &mut add);
+    } else if let Some(home) = &options.archive_home {
+        for a in &archived {
+            let name = std::path::Path::new(&a.file);
+            let sane = name.file_name() == Some(name.as_os_str());
+            if !sane || !home.join(name).is_file() {
+                add(
+                    None,
+                    format!(
+                        "the ledger records groups {}..{} as archived to {:?}, which is not in \
+                         {}: nothing shows they were archived rather than deleted (if the \
+                         archives were moved, pass --archive DIR)",
+                        a.first,
+                        a.last,
+                        a.file,
+                        home.display()
+                    ),
+                );
+            }
+        }
     }
     problems_found.sort_by_key(|(group, _)| group.map_or(i64::MAX, |g| g.0));
     let mut problems = Problems {
@@ -509,7 +621,11 @@ fn check_archives(
     let mut previous: Option<(i64, Digest)> = None;
     let mut by_name = std::collections::HashMap::new();
     for file in &files {
-        match crate::ledger::retention::archive_file::check(file, key.as_ref()) {
+        match crate::ledger::retention::archive_file::check(
+            file,
+            key.as_ref(),
+            options.archive_max_line,
+        ) {
             Ok((summary, problems)) => {
                 report.signatures.archives += 1;
                 report.signatures.archived_rows += summary.rows;
@@ -517,11 +633,18 @@ fn check_archives(
                     add(None, p);
                 }
                 match previous {
-                    None if summary.first_seq != 1 => report.notes.push(format!(
-                        "the archives start at group {} ({}): older ones are not in the directory",
-                        summary.first_seq,
-                        file.display()
-                    )),
+                    // The chain starts at group 1: archives that start later lost the
+                    // ones before them.
+                    None if summary.first_seq != 1 => add(
+                        None,
+                        format!(
+                            "the archives start at group {} ({}): groups 1..{} are in no archive \
+                             in the directory (older archive files removed)",
+                            summary.first_seq,
+                            file.display(),
+                            summary.first_seq - 1
+                        ),
+                    ),
                     Some((last, _)) if summary.first_seq != last + 1 => add(
                         None,
                         format!(
@@ -590,9 +713,11 @@ fn stored_group(conn: &Connection, seq: i64) -> rusqlite::Result<Option<(Vec<u8>
 fn check_signatures(
     conn: &Connection,
     options: &Options,
+    archived: &[Archived],
     report: &mut Report,
     add: &mut dyn FnMut(Option<(i64, i64)>, String),
-) -> rusqlite::Result<()> {
+) -> rusqlite::Result<i64> {
+    let mut last_valid = 0;
     let mut key = options.trusted_key;
     report.signatures.key_trusted = key.is_some();
     let mut stmt = conn.prepare(
@@ -601,8 +726,16 @@ fn check_signatures(
     )?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
-        let seq: i64 = row.get(0)?;
-        let signed_at_ms: i64 = row.get(1)?;
+        let (ValueRef::Integer(seq), ValueRef::Integer(signed_at_ms)) =
+            (row.get_ref(0)?, row.get_ref(1)?)
+        else {
+            report.signatures.checkpoints += 1;
+            add(
+                None,
+                "a checkpoint row's seq or signed_at_ms is not an integer (edited)".into(),
+            );
+            continue;
+        };
         let parsed = (|| {
             Some(SignedHead {
                 seq,
@@ -638,7 +771,7 @@ fn check_signatures(
                     crate::ledger::format_utc_ms(signed_at_ms)
                 ),
             ),
-            Some(_) => {}
+            Some(_) => last_valid = seq,
             None => add(
                 None,
                 format!(
@@ -667,6 +800,20 @@ fn check_signatures(
         let when = crate::ledger::format_utc_ms(anchor.signed_at_ms);
         match stored_group(conn, anchor.seq)? {
             Some((hash, _)) if hash == anchor.hash => {}
+            // Groups retention moved out of the live ledger: the archive holds them.
+            None if report
+                .first_group
+                .is_some_and(|(first, _)| anchor.seq < first)
+                // (The live chain's link to the archive before it is checked above;
+                // the event recording an older archive may itself be archived.)
+                && !archived.is_empty() =>
+            {
+                report.notes.push(format!(
+                    "the anchor for group {} ({when}) is in the archived groups: pass --archive \
+                     DIR to check the groups it covers",
+                    anchor.seq
+                ));
+            }
             Some((_, ts)) => add(
                 Some((anchor.seq, ts)),
                 format!(
@@ -686,7 +833,7 @@ fn check_signatures(
             ),
         }
     }
-    Ok(())
+    Ok(last_valid)
 }
 
 /// The seal in the chain start event that must open group 1.

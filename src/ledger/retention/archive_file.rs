@@ -28,8 +28,17 @@ use std::path::{Path, PathBuf};
 use crate::ledger::chain::canonical::{self, Digest, GENESIS, Table};
 use crate::ledger::chain::signing::SignedHead;
 
-/// Largest line read from an archive (a row holds at most a capped body, hex-encoded).
-const MAX_LINE: usize = 600 << 20;
+/// Largest line read from an archive written under `cfg`: a row holds at most a capped
+/// body (hex-encoded: twice its bytes), its preview and text columns (JSON escapes a
+/// control byte into six), and some framing. With the defaults about 3 MiB; a longer line
+/// (a gzip bomb, a forged file) is refused before it is held in memory.
+pub fn max_line(cfg: &crate::ledger::LedgerConfig) -> usize {
+    cfg.body_cap_bytes
+        .saturating_mul(2)
+        .saturating_add(cfg.preview_bytes.saturating_mul(2 * 6))
+        .saturating_add(cfg.text_cap_bytes.saturating_mul(24 * 6))
+        .saturating_add(64 << 10)
+}
 
 pub fn value_json(value: ValueRef<'_>) -> serde_json::Value {
     match value {
@@ -207,7 +216,11 @@ pub struct ArchiveSummary {
 /// Reads and checks one archive: the header, every group's hash from `prev_hash`, every
 /// row against the last entry for it in its group, the footer, and (with `key`) every
 /// checkpoint. Problems are returned, not raised; an unreadable file is an error.
-pub fn check(path: &Path, key: Option<&[u8; 32]>) -> Result<(ArchiveSummary, Vec<String>), String> {
+pub fn check(
+    path: &Path,
+    key: Option<&[u8; 32]>,
+    max_line: usize,
+) -> Result<(ArchiveSummary, Vec<String>), String> {
     let name = path.display().to_string();
     let file = std::fs::File::open(path).map_err(|e| format!("{name}: {e}"))?;
     let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -217,11 +230,17 @@ pub fn check(path: &Path, key: Option<&[u8; 32]>) -> Result<(ArchiveSummary, Vec
     let mut next = |reader: &mut BufReader<GzDecoder<BufReader<std::fs::File>>>| -> Result<Option<serde_json::Value>, String> {
         line.clear();
         let n = Read::by_ref(reader)
-            .take(MAX_LINE as u64)
+            .take(max_line as u64 + 1)
             .read_line(&mut line)
             .map_err(|e| format!("{name}: cannot read (cut short or not gzip): {e}"))?;
         if n == 0 {
             return Ok(None);
+        }
+        if n > max_line {
+            return Err(format!(
+                "{name}: a line is longer than {max_line} bytes (more than the ledger's caps \
+                 allow a row; pass the --config the ledger was written with)"
+            ));
         }
         serde_json::from_str(&line)
             .map(Some)

@@ -53,6 +53,8 @@ pub struct RetentionConfig {
     pub pause: Duration,
     pub every: Duration,
     pub busy_timeout: Duration,
+    /// Longest archive line read back (`archive_file::max_line`).
+    pub max_line: usize,
 }
 
 /// What the thread asks the writer to do in its next commit.
@@ -171,24 +173,99 @@ fn open(config: &RetentionConfig) -> Result<Connection, String> {
 }
 
 /// The archived range whose deletions may be unfinished: (first, last) of the newest
-/// `ledger_archived` event, if groups of it are still in `ledger_chain`.
-fn unfinished(conn: &Connection) -> rusqlite::Result<Option<(i64, i64)>> {
-    let detail: Option<String> = conn
-        .query_row(
-            "SELECT detail FROM events WHERE kind = ?1 ORDER BY id DESC LIMIT 1",
-            [EVENT_ARCHIVED],
-            |r| r.get(0),
-        )
-        .optional()?;
-    let Some(range) = detail
-        .and_then(|d| serde_json::from_str::<serde_json::Value>(&d).ok())
-        .and_then(|d| Some((d["first_seq"].as_i64()?, d["last_seq"].as_i64()?)))
+/// `ledger_archived` event, if groups of it are still in `ledger_chain`. Only when the
+/// archive it names is in `archive_dir`, checks, and is the one recorded: a
+/// `ledger_archived` event anyone could add (the chain is keyless) never makes retention
+/// delete groups no archive holds.
+fn unfinished(config: &RetentionConfig, conn: &Connection) -> Result<Option<(i64, i64)>, String> {
+    let e = |e: rusqlite::Error| e.to_string();
+    let Some(recorded) = crate::ledger::chain::verify::archived_ranges(conn)
+        .map_err(e)?
+        .pop()
     else {
         return Ok(None);
     };
-    let oldest: Option<i64> =
-        conn.query_row("SELECT min(seq) FROM ledger_chain", [], |r| r.get(0))?;
-    Ok(oldest.filter(|o| *o <= range.1).map(|_| range))
+    let oldest: Option<i64> = conn
+        .query_row("SELECT min(seq) FROM ledger_chain", [], |r| r.get(0))
+        .map_err(e)?;
+    if oldest.is_none_or(|o| o > recorded.last) {
+        return Ok(None);
+    }
+    let refuse = |why: String| {
+        Err(format!(
+            "the ledger records groups {}..{} as archived to {:?}, but {why}; not deleting them \
+             (run `toolwall ledger verify --archive {}`)",
+            recorded.first,
+            recorded.last,
+            recorded.file,
+            config.archive_dir.display()
+        ))
+    };
+    let name = std::path::Path::new(&recorded.file);
+    if name.file_name() != Some(name.as_os_str()) || recorded.file.contains('/') {
+        return refuse("that is not a file name".into());
+    }
+    let path = config.archive_dir.join(name);
+    let (summary, problems) = match archive_file::check(&path, None, config.max_line) {
+        Ok(found) => found,
+        Err(why) => return refuse(why),
+    };
+    if let Some(problem) = problems.first() {
+        return refuse(format!("the file does not check: {problem}"));
+    }
+    if (
+        summary.first_seq,
+        summary.last_seq,
+        summary.prev_hash,
+        summary.last_hash,
+    ) != (
+        recorded.first,
+        recorded.last,
+        recorded.prev_hash,
+        recorded.last_hash,
+    ) {
+        return refuse("the file holds other groups or hashes".into());
+    }
+    // The live chain holds the archive's last group with its hash, or (once that one is
+    // deleted) continues from it.
+    let stored: Option<(i64, Vec<u8>, Vec<u8>)> = conn
+        .query_row(
+            "SELECT ts_ms, records, hash FROM ledger_chain WHERE seq = ?1",
+            [recorded.last],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()
+        .map_err(e)?;
+    let continues = match stored {
+        Some((_, _, hash)) => hash == recorded.last_hash,
+        None => conn
+            .query_row(
+                "SELECT ts_ms, records, hash FROM ledger_chain WHERE seq = ?1",
+                [recorded.last + 1],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, Vec<u8>>(2)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(e)?
+            .is_some_and(|(ts, records, hash)| {
+                crate::ledger::chain::canonical::group_hash(
+                    &recorded.last_hash,
+                    recorded.last + 1,
+                    ts,
+                    &records,
+                )[..]
+                    == hash[..]
+            }),
+    };
+    if !continues {
+        return refuse("the live chain does not continue from it".into());
+    }
+    Ok(Some((recorded.first, recorded.last)))
 }
 
 /// Bytes of live data (pages in use).
@@ -245,7 +322,7 @@ fn plan(config: &RetentionConfig, conn: &Connection) -> Result<Option<(i64, i64)
 /// One run; `Ok(true)` when it archived something (there may be more).
 fn run_once(config: &RetentionConfig, shared: &Shared) -> Result<bool, String> {
     let conn = open(config)?;
-    if let Some((first, last)) = unfinished(&conn).map_err(|e| e.to_string())? {
+    if let Some((first, last)) = unfinished(config, &conn)? {
         shared.archiving_upto.store(last, Ordering::SeqCst);
         delete(config, shared, &conn, first, last)?;
         return Ok(true);
