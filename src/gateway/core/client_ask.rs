@@ -31,10 +31,10 @@ use crate::policy::{AskVia, Verdict};
 
 /// The `inputRequests` key of an approval asked of a 2026-07-28 client.
 pub const ASK_KEY: &str = "toolwall-approval";
-/// Arguments shown in an approval question: keys, characters of one value, of the whole.
-const SUMMARY_KEYS: usize = 20;
-const SUMMARY_VALUE_CHARS: usize = 200;
-const SUMMARY_CHARS: usize = 2000;
+/// Longest approval question's arguments (characters, as shown). Arguments that do not fit
+/// whole are not put to the client at all: the operator decides (a cut value or a key left
+/// out would let a call be approved for what the human never saw).
+pub const SUMMARY_CHARS: usize = 4000;
 /// Nonces of used approvals remembered (until they expire); beyond, asks at the client go
 /// to the operator.
 pub const MAX_USED_APPROVALS: usize = 100_000;
@@ -62,44 +62,75 @@ pub struct ClientAsks {
     pub current: Option<ClientApproval>,
 }
 
-/// A readable summary of the arguments: `key: value` lines, long values cut.
-pub fn summarize_arguments(args: Option<&Value>) -> String {
-    let clean = |s: &str, max: usize| -> String {
-        let mut out: String = s
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .take(max)
-            .collect();
-        if s.chars().count() > max {
-            out.push('…');
+/// A character that would hide or reorder what the human reads: controls, format
+/// characters (bidi overrides and isolates, zero-width ones), tag characters, line and
+/// paragraph separators, variation selectors.
+fn hides(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}'
+            | '\u{17B5}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}'
+            | '\u{FFA0}' | '\u{FFF9}'..='\u{FFFB}' | '\u{E0000}'..='\u{E007F}'
+            | '\u{E0100}'..='\u{E01EF}')
+}
+
+/// Spaces in a row shown as they are; a longer run is written as its count, so that no run
+/// of blanks pushes the rest of a value out of sight.
+const SPACES_SHOWN: usize = 4;
+
+/// `text` as the human should read it: every hiding character written as `\u{XXXX}`
+/// (`\n`, `\t` for those two), backslashes doubled, long runs of spaces counted.
+fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut spaces = 0usize;
+    let flush = |out: &mut String, spaces: &mut usize| {
+        if *spaces > SPACES_SHOWN {
+            out.push_str(&format!("[{spaces} spaces]"));
+        } else {
+            out.extend(std::iter::repeat_n(' ', *spaces));
         }
-        out
+        *spaces = 0;
     };
-    let Some(Value::Object(map)) = args else {
-        return clean(
-            &args.map(Value::to_string).unwrap_or_default(),
-            SUMMARY_CHARS,
-        );
+    for c in text.chars() {
+        if c == ' ' {
+            spaces += 1;
+            continue;
+        }
+        flush(&mut out, &mut spaces);
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if hides(c) => out.push_str(&format!("\\u{{{:04X}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    flush(&mut out, &mut spaces);
+    out
+}
+
+/// The arguments as the approval question shows them, whole: `key: value` lines, every
+/// key and every character, escaped. `None` when they do not fit in [`SUMMARY_CHARS`]: then
+/// the client is not asked.
+pub fn summarize_arguments(args: Option<&Value>) -> Option<String> {
+    let text = match args {
+        None => "(no arguments)".to_owned(),
+        Some(Value::Object(map)) if map.is_empty() => "(no arguments)".to_owned(),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(key, value)| {
+                let value = match value {
+                    Value::String(s) => shown(s),
+                    other => shown(&other.to_string()),
+                };
+                format!("{}: {value}", shown(key))
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Some(other) => shown(&other.to_string()),
     };
-    if map.is_empty() {
-        return "(no arguments)".into();
-    }
-    let mut lines = Vec::new();
-    for (key, value) in map.iter().take(SUMMARY_KEYS) {
-        let text = match value {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        lines.push(format!(
-            "{}: {}",
-            clean(key, 64),
-            clean(&text, SUMMARY_VALUE_CHARS)
-        ));
-    }
-    if map.len() > SUMMARY_KEYS {
-        lines.push(format!("… and {} more", map.len() - SUMMARY_KEYS));
-    }
-    clean(&lines.join("\n"), SUMMARY_CHARS)
+    (text.chars().count() <= SUMMARY_CHARS).then_some(text)
 }
 
 /// The elicitation that asks the human about a call.
@@ -112,7 +143,7 @@ fn approval_request(x: &Exchange) -> Value {
     let message = format!(
         "toolwall asks before this call runs ({reason}).\n\nTool: {}\nArguments:\n{}\n\nAllow it?",
         x.display_name(),
-        summarize_arguments(x.arguments())
+        summarize_arguments(x.arguments()).unwrap_or_default()
     );
     json!({
         "mode": "form",
@@ -154,6 +185,7 @@ impl<R: Recorder> Core<R> {
             && !x.relay.modern
             && x.relay.caps.elicitation
             && x.from.conn.is_some()
+            && summarize_arguments(x.arguments()).is_some()
     }
 
     /// Send the held call `key` its approval question (legacy doors).
@@ -238,7 +270,8 @@ impl<R: Recorder> Core<R> {
             && x.relay.caps.elicitation
             && x.from.conn.is_some()
             && self.relay.key.is_some()
-            && self.client_asks.used.len() < MAX_USED_APPROVALS;
+            && self.client_asks.used.len() < MAX_USED_APPROVALS
+            && summarize_arguments(x.arguments()).is_some();
         if !modern_ask {
             return Some(x);
         }
@@ -440,5 +473,44 @@ impl<R: Recorder> Core<R> {
             }
             self.client_asks.used.insert(nonce, expires);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_question_shows_every_argument_whole_or_is_not_asked() {
+        // A dangerous tail after a run of blanks, and a key past the first twenty.
+        let mut args = serde_json::Map::new();
+        for k in 0..60 {
+            args.insert(format!("k{k:02}"), json!("v"));
+        }
+        args.insert(
+            "zz_cmd".into(),
+            json!(format!("echo hi{}&& rm -rf /", " ".repeat(400))),
+        );
+        let shown = summarize_arguments(Some(&Value::Object(args))).expect("fits");
+        assert!(
+            shown.contains("zz_cmd: echo hi[400 spaces]&& rm -rf /"),
+            "{shown}"
+        );
+        assert!(shown.contains("k59: v"), "{shown}");
+        // Too long to show whole: not asked at the client (the operator decides).
+        let long = json!({"content": "x".repeat(SUMMARY_CHARS)});
+        assert_eq!(summarize_arguments(Some(&long)), None);
+    }
+
+    #[test]
+    fn hiding_characters_are_written_out() {
+        let args = json!({"a\u{202E}b": "x\u{200B}y\u{E0041}\u{2066}z\n\u{1b}[2J\\"});
+        let shown = summarize_arguments(Some(&args)).unwrap();
+        assert_eq!(
+            shown,
+            "a\\u{202E}b: x\\u{200B}y\\u{E0041}\\u{2066}z\\n\\u{001B}[2J\\\\"
+        );
+        assert!(!shown.chars().any(hides), "{shown:?}");
+        assert_eq!(summarize_arguments(None).as_deref(), Some("(no arguments)"));
     }
 }

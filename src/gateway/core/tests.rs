@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use super::dispatch::MAX_CANCEL_REASON_CHARS;
 use super::*;
 use crate::ledger::{CallEnd, CallStart};
 use crate::policy::PolicyConfig;
@@ -839,6 +840,26 @@ fn cancel_worker_gone_and_timeouts_end_the_row() {
     // A late answer is dropped.
     h.worker_ok(rpc_id, r#"{"content":[]}"#);
     assert!(reply(&h.turn()).is_none());
+    // Cancels for nothing of this agent's (the one already cancelled, ids that never
+    // were) are counted, not recorded: one agent must not fill the ledger with them.
+    let before = h.core.records().events("cancelled");
+    assert_eq!(before, 1);
+    for n in 0..1000 {
+        let target = if n == 0 {
+            json!(id)
+        } else {
+            json!(format!("nope-{n}"))
+        };
+        h.send_raw(
+            &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                    "params": {"requestId": target, "reason": "R".repeat(2000)}})
+            .to_string(),
+        );
+    }
+    h.turn();
+    assert_eq!(h.core.records().events("cancelled"), before);
+    let reasons = h.core.records().event_details("cancelled");
+    assert!(reasons[0]["reason"].as_str().unwrap().len() <= MAX_CANCEL_REASON_CHARS);
 
     h.send(
         "tools/call",
