@@ -62,8 +62,9 @@ install_python_sdk() {
     "$venv/bin/python" -c 'import mcp, importlib.metadata as m; print("MCP Python SDK", m.version("mcp"), "installed")'
 }
 
-# Node 22 (the npm registry's `node` package), the MCP conformance suite and the MCP
-# Inspector, pinned exactly, in target/third-party/node_modules. npm 11 runs no dependency
+# Node 22 (the npm registry's `node` package), the MCP conformance suite, the MCP
+# Inspector and the reference filesystem and "everything" servers (run as local servers
+# behind toolwall), pinned exactly, in target/third-party/node_modules. npm 11 runs no dependency
 # install scripts unless allowed; the `node` package needs its preinstall (it installs the
 # platform's node binary package from the registry), so that one is allowed by name.
 install_node_tools() {
@@ -79,7 +80,9 @@ install_node_tools() {
   "dependencies": {
     "node": "$NODE22_VERSION",
     "@modelcontextprotocol/conformance": "$CONFORMANCE_VERSION",
-    "@modelcontextprotocol/inspector": "$INSPECTOR_VERSION"
+    "@modelcontextprotocol/inspector": "$INSPECTOR_VERSION",
+    "@modelcontextprotocol/server-filesystem": "$FS_SERVER_VERSION",
+    "@modelcontextprotocol/server-everything": "$EVERYTHING_SERVER_VERSION"
   },
   "allowScripts": {
     "node": true
@@ -90,8 +93,9 @@ EOF
     local bin="$dir/node_modules/.bin"
     if [ -f "$manifest" ] && [ "$(cat "$manifest")" = "$wanted" ] \
         && [ "$("$bin/node" --version 2>/dev/null)" = "v$NODE22_VERSION" ] \
-        && [ -x "$bin/conformance" ] && [ -x "$bin/mcp-inspector" ]; then
-        echo "node $NODE22_VERSION, conformance $CONFORMANCE_VERSION, inspector $INSPECTOR_VERSION already installed in $dir"
+        && [ -x "$bin/conformance" ] && [ -x "$bin/mcp-inspector" ] \
+        && [ -x "$bin/mcp-server-filesystem" ] && [ -x "$bin/mcp-server-everything" ]; then
+        echo "node $NODE22_VERSION, conformance $CONFORMANCE_VERSION, inspector $INSPECTOR_VERSION, server-filesystem $FS_SERVER_VERSION, server-everything $EVERYTHING_SERVER_VERSION already installed in $dir"
         return
     fi
     printf '%s\n' "$wanted" >"$manifest"
@@ -103,7 +107,7 @@ EOF
         echo "expected node v$NODE22_VERSION in $bin, got $got" >&2
         exit 1
     fi
-    echo "node $got, conformance $CONFORMANCE_VERSION, inspector $INSPECTOR_VERSION installed in $dir"
+    echo "node $got, conformance $CONFORMANCE_VERSION, inspector $INSPECTOR_VERSION, server-filesystem $FS_SERVER_VERSION, server-everything $EVERYTHING_SERVER_VERSION installed in $dir"
 }
 
 parts=("$@")

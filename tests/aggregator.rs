@@ -178,6 +178,7 @@ fn server(name: &str, url: &str) -> UpstreamSetup {
             .unwrap(),
         ],
         unusable: None,
+        secret_env: vec![],
     }
 }
 
@@ -1158,49 +1159,85 @@ result = {{ path = "content[0].text", equals = "42" }}
 #[ignore = "measurement, run by hand"]
 fn measure_call_overhead_against_direct_calls() {
     const N: usize = 300;
-    let up = Upstream::fixture(0, &["--era", "modern"]);
-    let mut w = Worker::start(&[up.port]);
-    w.configure(vec![server("m", &up.url())]);
-    w.tools("m");
-    let body = |id: usize| {
-        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-               "params": {"name": "echo", "arguments": {"text": "x"},
-                          "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                                    "io.modelcontextprotocol/clientCapabilities": {}}}})
-        .to_string()
-    };
-    let agent = ureq::Agent::new_with_defaults();
-    let direct = |n: usize| {
-        let t = Instant::now();
-        for i in 0..n {
+    for era in ["modern", "legacy"] {
+        let up = Upstream::fixture(0, &["--era", era]);
+        let mut w = Worker::start(&[up.port]);
+        w.configure(vec![server("m", &up.url())]);
+        w.tools("m");
+        let agent = ureq::Agent::new_with_defaults();
+        // The direct client speaks the same era: modern with _meta and its headers, legacy
+        // with a session opened by initialize.
+        let post = |body: String, headers: &[(&str, String)]| {
             let mut r = agent
                 .post(&up.url())
                 .header("accept", "application/json, text/event-stream")
-                .header("content-type", "application/json")
-                .header("mcp-protocol-version", "2026-07-28")
-                .header("mcp-method", "tools/call")
-                .header("mcp-name", "echo")
-                .send(body(i).as_bytes())
-                .unwrap();
-            let _ = r.body_mut().read_to_string().unwrap();
+                .header("content-type", "application/json");
+            for (k, v) in headers {
+                r = r.header(*k, v.as_str());
+            }
+            let mut resp = r.send(body.as_bytes()).unwrap();
+            let session = resp
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let _ = resp.body_mut().read_to_string().unwrap();
+            session
+        };
+        let headers: Vec<(&str, String)> = if era == "modern" {
+            vec![
+                ("mcp-protocol-version", "2026-07-28".into()),
+                ("mcp-method", "tools/call".into()),
+                ("mcp-name", "echo".into()),
+            ]
+        } else {
+            let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                              "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                         "clientInfo": {"name": "bench", "version": "1"}}});
+            let session = post(init.to_string(), &[]).expect("a session");
+            let h = vec![
+                ("mcp-protocol-version", "2025-11-25".to_string()),
+                ("mcp-session-id", session),
+            ];
+            post(
+                json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+                &h,
+            );
+            h
+        };
+        let body = |id: usize| {
+            let mut params = json!({"name": "echo", "arguments": {"text": "x"}});
+            if era == "modern" {
+                params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                         "io.modelcontextprotocol/clientCapabilities": {}});
+            }
+            json!({"jsonrpc": "2.0", "id": id + 1, "method": "tools/call", "params": params})
+                .to_string()
+        };
+        let direct = |n: usize| {
+            let t = Instant::now();
+            for i in 0..n {
+                post(body(i), &headers);
+            }
+            t.elapsed()
+        };
+        direct(20);
+        let direct_time = direct(N);
+        for _ in 0..20 {
+            w.call("m", "echo", json!({"text": "x"})).unwrap();
         }
-        t.elapsed()
-    };
-    direct(20);
-    let direct_time = direct(N);
-    for _ in 0..20 {
-        w.call("m", "echo", json!({"text": "x"})).unwrap();
+        let t = Instant::now();
+        for _ in 0..N {
+            w.call("m", "echo", json!({"text": "x"})).unwrap();
+        }
+        let via = t.elapsed();
+        let per = |d: Duration| d.as_micros() as f64 / N as f64;
+        println!(
+            "{era}: direct {:.0} us/call, via the aggregator worker {:.0} us/call (+{:.0} us), ratio {:.2}",
+            per(direct_time),
+            per(via),
+            per(via) - per(direct_time),
+            via.as_secs_f64() / direct_time.as_secs_f64()
+        );
     }
-    let t = Instant::now();
-    for _ in 0..N {
-        w.call("m", "echo", json!({"text": "x"})).unwrap();
-    }
-    let via = t.elapsed();
-    let per = |d: Duration| d.as_micros() as f64 / N as f64;
-    println!(
-        "direct {:.0} us/call, via the aggregator worker {:.0} us/call, ratio {:.2}",
-        per(direct_time),
-        per(via),
-        via.as_secs_f64() / direct_time.as_secs_f64()
-    );
 }

@@ -290,6 +290,7 @@ fn a_thousand_quiet_connections_per_door_cost_under_64_mib() {
         "",
         "[http]\nmax_connections = 1000\n\n[gateway]\nmax_connections = 2100\nmax_connections_per_peer = 1000\n",
     );
+    flood::allow_descriptors(4096);
     let token = gw.client_token("alice");
     let base = rss(gw.pid());
     // HTTP: half silent, half a slow head of 8 KiB (under the head limit) still arriving.
@@ -692,6 +693,7 @@ fn a_thousand_quiet_tls_connections_cost_under_64_mib() {
         .with_root_certificates(roots)
         .with_no_client_auth(),
     );
+    flood::allow_descriptors(4096);
     let base = rss(gw.pid());
     // Half complete the handshake and go quiet; half send a ClientHello and stop there.
     let mut held = Vec::new();

@@ -108,10 +108,18 @@ pub fn all_doors() -> Vec<(&'static str, Opener)> {
         ("toolwall stdio", open_toolwall_stdio),
         ("toolwall relay", open_toolwall_relay),
         ("toolwall http", open_toolwall_http),
+        (
+            crate::stdio_doors::DIRECT,
+            crate::stdio_doors::open_direct as Opener,
+        ),
+        (
+            crate::stdio_doors::THROUGH,
+            crate::stdio_doors::open_through as Opener,
+        ),
     ]
 }
 
-fn framed_conn(path: &Path) -> Result<ClientConn, String> {
+pub fn framed_conn(path: &Path) -> Result<ClientConn, String> {
     let stream =
         UnixStream::connect(path).map_err(|e| format!("connect {}: {e}", path.display()))?;
     ClientConn::from_socket(OwnedFd::from(stream), Wire::Framed).map_err(|e| e.to_string())
@@ -245,8 +253,8 @@ impl Door for TwoHop {
 }
 
 /// `toolwall serve` and what is needed to count its ledger rows.
-struct Served {
-    setup: Setup,
+pub struct Served {
+    pub setup: Setup,
     gateway: Running,
     worker: Option<u32>,
     ledger_is_real: bool,
@@ -254,7 +262,11 @@ struct Served {
 
 impl Served {
     fn start(ctx: &Ctx) -> Result<Served, String> {
-        let setup = Setup::new(ctx.with_rules).map_err(|e| e.to_string())?;
+        Served::start_with(ctx, Setup::new(ctx.with_rules).map_err(|e| e.to_string())?)
+    }
+
+    /// `toolwall serve` on `setup`.
+    pub fn start_with(ctx: &Ctx, setup: Setup) -> Result<Served, String> {
         let gateway = setup
             .spawn(&ctx.toolwall_bin, "serve", Stdio::null())
             .map_err(|e| e.to_string())?;
@@ -267,7 +279,7 @@ impl Served {
         })
     }
 
-    fn processes(&self) -> Vec<Proc> {
+    pub fn processes(&self) -> Vec<Proc> {
         let mut p = vec![Proc {
             role: "gateway",
             pid: self.gateway.pid(),
@@ -281,7 +293,7 @@ impl Served {
         p
     }
 
-    fn finish(&mut self, answered: u64) -> LedgerCheck {
+    pub fn finish(&mut self, answered: u64) -> LedgerCheck {
         if let Err(e) = self.gateway.stop() {
             return LedgerCheck::Failed(e);
         }
@@ -383,6 +395,7 @@ impl Door for ToolwallStdio {
             rx: OwnedFd::from(stdout).into(),
             tx: OwnedFd::from(stdin).into(),
             wire: Wire::Lines,
+            tool: crate::wire::ECHO_TOOL,
         })
     }
     fn processes(&self) -> Vec<Proc> {
@@ -465,6 +478,7 @@ impl Door for ToolwallRelay {
             rx: OwnedFd::from(stdout).into(),
             tx: OwnedFd::from(stdin).into(),
             wire: Wire::Lines,
+            tool: crate::wire::ECHO_TOOL,
         })
     }
     fn processes(&self) -> Vec<Proc> {

@@ -28,6 +28,8 @@ pub struct ClientConn {
     pub rx: File,
     pub tx: File,
     pub wire: Wire,
+    /// The echo tool called (`local__echo`, or a stdio server's own name for it).
+    pub tool: &'static str,
 }
 
 impl ClientConn {
@@ -38,6 +40,7 @@ impl ClientConn {
             rx: File::from(fd),
             tx: File::from(tx),
             wire,
+            tool: crate::wire::ECHO_TOOL,
         })
     }
 }
@@ -261,7 +264,7 @@ impl ClientThread {
         let seq = s.next_seq;
         s.next_seq += 1;
         wire::call_text(s.index, seq, &mut self.text);
-        wire::request_json(seq, &self.text, &mut self.json);
+        wire::request_json(seq, s.conn.tool, &self.text, &mut self.json);
         if let Err(e) = s.conn.wire.encode(seq, &self.json, &mut s.out) {
             self.result.fail(e);
             return;

@@ -11,6 +11,7 @@ mod options;
 mod policy_rules;
 mod procstat;
 mod report;
+mod stdio_doors;
 mod toolwall_proc;
 mod wire;
 
@@ -27,7 +28,7 @@ use report::{LedgerRow, ProcFigures, RunRow};
 
 /// The toolwall binary cargo built for this bench, with the same (release) profile.
 const TOOLWALL_BIN: &str = env!("CARGO_BIN_EXE_toolwall");
-const WORKSPACE: &str = env!("CARGO_MANIFEST_DIR");
+pub const WORKSPACE: &str = env!("CARGO_MANIFEST_DIR");
 
 static NOTES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
@@ -186,6 +187,7 @@ fn run(opts: &Options) -> i32 {
         }
     }
 
+    stdio_doors::note_ratio(&rows);
     let cpus = machine["cpus"].as_u64().unwrap_or(1) as f64;
     let busiest = rows.iter().map(|r| r.load_before).fold(0.0, f64::max);
     if busiest > cpus / 2.0 {

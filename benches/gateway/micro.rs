@@ -73,7 +73,7 @@ fn sample_request() -> (Vec<u8>, Vec<u8>) {
     let mut text = String::new();
     wire::call_text(3, 12345, &mut text);
     let mut payload = Vec::new();
-    wire::request_json(12345, &text, &mut payload);
+    wire::request_json(12345, wire::ECHO_TOOL, &text, &mut payload);
     let mut framed = Vec::new();
     // A constant, well-formed frame.
     let _ = frame::encode(&mut framed, 12345, 0, wire::CLIENT_NAME, &payload);

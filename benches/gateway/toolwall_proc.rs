@@ -87,6 +87,21 @@ impl Setup {
         })
     }
 
+    /// As [`Setup::new`], with `extra` appended to the config (tables of its own); `f`
+    /// gets the directory first, to write what the tables refer to.
+    pub fn with_extra(
+        with_rules: bool,
+        extra: impl FnOnce(&Path) -> std::io::Result<String>,
+    ) -> std::io::Result<Setup> {
+        let setup = Setup::new(with_rules)?;
+        let more = extra(setup.dir.path())?;
+        let mut text = std::fs::read_to_string(&setup.config)?;
+        text.push('\n');
+        text.push_str(&more);
+        std::fs::write(&setup.config, text)?;
+        Ok(setup)
+    }
+
     /// `toolwall MODE --config FILE`, stdin and stdout as given, stderr collected.
     pub fn spawn(&self, bin: &Path, mode: &str, io: Stdio) -> std::io::Result<Running> {
         let mut child = Command::new(bin)

@@ -57,14 +57,17 @@ pub fn call_text(conn: usize, seq: u32, out: &mut String) {
     out.push_str(&LOREM[start..(start + len).min(LOREM.len())]);
 }
 
-/// The JSON-RPC request for one echo call.
-pub fn request_json(seq: u32, text: &str, out: &mut Vec<u8>) {
+/// The echo tool of toolwall's builtin worker.
+pub const ECHO_TOOL: &str = "local__echo";
+
+/// The JSON-RPC request for one echo call of `tool`.
+pub fn request_json(seq: u32, tool: &str, text: &str, out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     out.extend_from_slice(seq.to_string().as_bytes());
-    out.extend_from_slice(
-        b",\"method\":\"tools/call\",\"params\":{\"name\":\"local__echo\",\"arguments\":{\"text\":\"",
-    );
+    out.extend_from_slice(b",\"method\":\"tools/call\",\"params\":{\"name\":\"");
+    out.extend_from_slice(tool.as_bytes());
+    out.extend_from_slice(b"\",\"arguments\":{\"text\":\"");
     out.extend_from_slice(text.as_bytes());
     out.extend_from_slice(b"\"}}}");
 }
@@ -223,7 +226,7 @@ pub fn self_check() -> Result<(), String> {
     let mut text = String::new();
     call_text(2, 7, &mut text);
     let mut json = Vec::new();
-    request_json(7, &text, &mut json);
+    request_json(7, ECHO_TOOL, &text, &mut json);
     let reply = format!(
         "{{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{{\"content\":[{{\"type\":\"text\",\"text\":\"{text}\"}}]}}}}"
     );

@@ -90,6 +90,9 @@ const SETTING_KEYS: &[&str] = &[
     "max_listing_bytes",
     "relist_min_interval_ms",
     "pin_retention_secs",
+    "state_dir",
+    "stderr_lines",
+    "stderr_lines_per_sec",
 ];
 
 /// `[servers]` in the config file.
@@ -122,6 +125,13 @@ pub struct ServersConfig {
     pub relist_min_interval_ms: u64,
     /// Seconds the pin of a tool no longer listed is kept before it is pruned.
     pub pin_retention_secs: u64,
+    /// Where local servers (`command`) keep their private state directories (`NAME/`):
+    /// by default the directory next to the ledger's, named like it with `-servers`.
+    pub state_dir: Option<PathBuf>,
+    /// Lines of each local server's stderr kept for `toolwall status NAME`.
+    pub stderr_lines: usize,
+    /// stderr lines per second a local server's host sends on (the rest are counted).
+    pub stderr_lines_per_sec: u32,
     /// `[servers.NAME]`, by name.
     pub servers: BTreeMap<String, ServerConfig>,
     /// Keys of `[servers]` that were neither a setting nor a table (refused by `validate`,
@@ -146,6 +156,9 @@ impl Default for ServersConfig {
             max_listing_bytes: DEFAULT_MAX_LISTING_BYTES,
             relist_min_interval_ms: DEFAULT_RELIST_MIN_INTERVAL_MS,
             pin_retention_secs: DEFAULT_PIN_RETENTION_SECS,
+            state_dir: None,
+            stderr_lines: crate::stdio_server::config::DEFAULT_STDERR_LINES,
+            stderr_lines_per_sec: crate::stdio_server::hosting::STDERR_LINES_PER_SEC,
             servers: BTreeMap::new(),
             not_tables: Vec::new(),
         }
@@ -165,7 +178,8 @@ pub enum EraChoice {
     Modern,
 }
 
-/// `[servers.NAME]`: one upstream MCP server over Streamable HTTP.
+/// `[servers.NAME]`: one upstream MCP server, over Streamable HTTP (`url`) or a local
+/// program spoken to over its stdin and stdout (`command`, see `crate::stdio_server`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, expecting = "a [servers.NAME] table")]
 pub struct ServerConfig {
@@ -201,6 +215,11 @@ pub struct ServerConfig {
     /// Which MCP era to speak: detected (`auto`), or forced for a server whose detection
     /// misleads.
     pub era: EraChoice,
+    /// A local server: the program and its arguments (never with `url`). The other keys
+    /// of a local server are in [`crate::stdio_server::config::LocalServerKeys`].
+    pub command: Option<Vec<String>>,
+    #[serde(flatten)]
+    pub local: crate::stdio_server::config::LocalServerKeys,
     /// Keys this build does not know (refused by `validate`, values never shown).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, IgnoredAny>,
@@ -226,6 +245,8 @@ impl Default for ServerConfig {
             max_listing_bytes: None,
             max_pages: None,
             era: EraChoice::Auto,
+            command: None,
+            local: Default::default(),
             unknown: BTreeMap::new(),
         }
     }
@@ -314,6 +335,9 @@ impl<'de> Visitor<'de> for ServersVisitor {
                 "max_listing_bytes" => cfg.max_listing_bytes = map.next_value()?,
                 "relist_min_interval_ms" => cfg.relist_min_interval_ms = map.next_value()?,
                 "pin_retention_secs" => cfg.pin_retention_secs = map.next_value()?,
+                "state_dir" => cfg.state_dir = Some(map.next_value()?),
+                "stderr_lines" => cfg.stderr_lines = map.next_value()?,
+                "stderr_lines_per_sec" => cfg.stderr_lines_per_sec = map.next_value()?,
                 _ => match map.next_value::<ServerEntry>()? {
                     ServerEntry::Table(server) => {
                         cfg.servers.insert(key, *server);
@@ -337,17 +361,24 @@ impl ServersConfig {
     /// setup. Pin modes, budgets, `new_tools`, `owns_resources` and `refresh_secs` do not
     /// count: they apply without one (budgets travel with every listing request).
     pub fn same_connections(&self, other: &ServersConfig) -> bool {
+        // A local server counts by its name only: a change of its command, environment,
+        // grants or timeouts restarts that server alone (`changed_local_servers`).
         let key = |c: &ServersConfig| {
             c.enabled()
                 .map(|(n, s)| {
+                    if s.is_local() {
+                        return (n.clone(), None);
+                    }
                     (
                         n.clone(),
-                        s.url.clone(),
-                        s.headers.clone(),
-                        s.bearer_token_file.clone(),
-                        s.bearer_token_env.clone(),
-                        s.timeout_secs,
-                        s.era,
+                        Some((
+                            s.url.clone(),
+                            s.headers.clone(),
+                            s.bearer_token_file.clone(),
+                            s.bearer_token_env.clone(),
+                            s.timeout_secs,
+                            s.era,
+                        )),
                     )
                 })
                 .collect::<Vec<_>>()
@@ -365,6 +396,19 @@ impl ServersConfig {
                 other.connect_timeout_secs,
             )
             && self.retry_max_secs == other.retry_max_secs
+    }
+
+    /// Local servers enabled in both `self` and `other` whose program must start again
+    /// for `other` (command, environment, secrets' sources, grants, timeouts, era).
+    pub fn changed_local_servers(&self, other: &ServersConfig) -> Vec<String> {
+        let launch = |s: &ServerConfig| (s.command.clone(), s.local.clone(), s.timeout_secs, s.era);
+        self.enabled()
+            .filter(|(_, s)| s.is_local())
+            .filter_map(|(n, s)| {
+                let o = other.servers.get(n).filter(|o| o.enabled && o.is_local())?;
+                (launch(s) != launch(o)).then(|| n.clone())
+            })
+            .collect()
     }
 
     /// Check what serde cannot. The error names the key (`servers.NAME.KEY`) and never
@@ -414,6 +458,7 @@ impl ServersConfig {
                 MAX_TIMEOUT_SECS * 1000
             ));
         }
+        crate::stdio_server::config::validate_settings(self)?;
         if self.max_body_bytes > MAX_BODY_BYTES_LIMIT {
             return Err(format!(
                 "servers.max_body_bytes must be at most {MAX_BODY_BYTES_LIMIT} (an answer must fit one worker message)"
@@ -545,20 +590,41 @@ impl ServerConfig {
         })
     }
 
+    /// A local server (`command`): a program toolwall starts, not an URL it reaches.
+    pub fn is_local(&self) -> bool {
+        self.command.is_some()
+    }
+
     fn validate(&self, name: &str) -> Result<(), String> {
         let at = |key: &str| format!("servers.{name}.{key}");
         if let Some(key) = self.unknown.keys().next() {
             let hint = if inline_secret::key_suggests_secret(key) {
-                " (tokens never go in the config: use bearer_token_file or bearer_token_env)"
+                " (tokens never go in the config: use bearer_token_file or bearer_token_env, or secret_env for a local server)"
             } else {
                 ""
             };
             return Err(format!(
-                "unknown key {}; known keys: url, headers, bearer_token_file, bearer_token_env, timeout_secs, enabled, pin, new_tools, renamed_from, owns_resources, era, max_tools, max_resources, max_prompts, max_resource_templates, max_listing_bytes, max_pages{hint} (its value is not shown)",
-                at(key.as_str())
+                "unknown key {}; known keys: url, headers, bearer_token_file, bearer_token_env, timeout_secs, enabled, pin, new_tools, renamed_from, owns_resources, era, max_tools, max_resources, max_prompts, max_resource_templates, max_listing_bytes, max_pages, and for a local server {}{hint} (its value is not shown)",
+                at(key.as_str()),
+                crate::stdio_server::config::LOCAL_KEYS
             ));
         }
-        self.validate_url(name)?;
+        if self.is_local() {
+            crate::stdio_server::config::validate(name, self)?;
+        } else {
+            if self.url.is_empty() {
+                return Err(format!(
+                    "servers.{name} needs url (a server over HTTP) or command (a local program started by toolwall)"
+                ));
+            }
+            if let Some(key) = self.local.set_keys().first() {
+                return Err(format!(
+                    "{} applies to local servers only (those with command), not to a url server",
+                    at(key)
+                ));
+            }
+            self.validate_url(name)?;
+        }
         if self.headers.len() > MAX_HEADERS {
             return Err(format!(
                 "{} has more than {MAX_HEADERS} entries",
@@ -846,7 +912,7 @@ enabled = false
                 "[servers.a]\nurl = \"http://127.0.0.1:1/\"\nbogus = 1\n",
                 "servers.a.bogus",
             ),
-            ("[servers.a]\n", "servers.a.url is required"),
+            ("[servers.a]\n", "servers.a needs url"),
             ("[servers.a]\nurl = \"ftp://h/\"\n", "servers.a.url"),
             ("[servers.a]\nurl = \"http://h/#x\"\n", "fragment"),
             (

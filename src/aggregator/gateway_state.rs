@@ -1,6 +1,7 @@
-//! What the gateway's core keeps about the upstream servers: which worker reaches them,
-//! the `configure` setup (credentials included: it lives only here and in the RPC
-//! message), each server's state for `status`, when to list each of them again, the
+//! What the gateway's core keeps about the upstream servers: which worker reaches each of
+//! them (the aggregator worker for `url` servers, a host of its own for each local
+//! server), each worker's `configure` setup (credentials included: they live only here
+//! and in the RPC message), each server's state for `status`, when to list each of them again, the
 //! listing intake (pins, off the loop), the tools their pins hide, and who owns which
 //! resource URI. The core calls it at the points named in each method and applies what it
 //! returns (`src/gateway/core/upstream_listings.rs`).
@@ -44,9 +45,10 @@ pub struct Applied {
 }
 
 pub struct UpstreamsState {
-    /// The aggregator worker.
-    pub worker: WorkerId,
-    setup: AggregatorSetup,
+    /// The worker that reaches each enabled server.
+    routes: HashMap<String, WorkerId>,
+    /// Each worker's `configure` setup (its servers only).
+    setups: HashMap<WorkerId, AggregatorSetup>,
     config: ServersConfig,
     board: UpstreamBoard,
     rules: HashMap<String, Arc<ServerRules>>,
@@ -63,6 +65,10 @@ pub struct UpstreamsState {
     owners_refreshed: HashMap<String, Instant>,
     refresh: Option<Duration>,
     next_refresh: Option<Instant>,
+    /// Local servers' last stderr lines.
+    stderr: crate::stdio_server::stderr_board::StderrBoard,
+    /// Log lines from events, for the core to write.
+    logs: Vec<String>,
 }
 
 fn server_rules(config: &ServersConfig, name: &str) -> Arc<ServerRules> {
@@ -89,13 +95,26 @@ fn owns(config: &ServersConfig) -> Vec<(String, Vec<String>)> {
 }
 
 impl UpstreamsState {
-    /// `setup` from [`super::prepare::build_setup`]; the pin store opens beside the ledger
-    /// (after `Ledger::open` migrated it) and the intake thread starts; `waker` wakes the
-    /// loop when a listing has been reviewed.
+    /// `setup` from [`super::prepare::build_setup`], for the aggregator `worker`; see
+    /// [`UpstreamsState::empty`].
     pub fn new(
         worker: WorkerId,
         config: &ServersConfig,
         setup: AggregatorSetup,
+        ledger_path: &Path,
+        waker: Arc<Waker>,
+        now: Instant,
+    ) -> UpstreamsState {
+        let mut state = UpstreamsState::empty(config, ledger_path, waker, now);
+        state.route(worker, setup);
+        state
+    }
+
+    /// No worker yet ([`UpstreamsState::route`] adds them); the pin store opens beside the
+    /// ledger (after `Ledger::open` migrated it) and the intake thread starts; `waker`
+    /// wakes the loop when a listing has been reviewed.
+    pub fn empty(
+        config: &ServersConfig,
         ledger_path: &Path,
         waker: Arc<Waker>,
         now: Instant,
@@ -127,8 +146,8 @@ impl UpstreamsState {
         // Listings in flight are at most one per server and kind; owner updates one more.
         let capacity = config.servers.len() * (Kind::ALL.len() + 2) + 8;
         UpstreamsState {
-            worker,
-            setup,
+            routes: HashMap::new(),
+            setups: HashMap::new(),
             config: config.clone(),
             board: UpstreamBoard::new(config),
             rules,
@@ -141,22 +160,66 @@ impl UpstreamsState {
             owners_refreshed: HashMap::new(),
             refresh,
             next_refresh: refresh.map(|r| now + r),
+            stderr: crate::stdio_server::stderr_board::StderrBoard::new(config.stderr_lines),
+            logs: Vec::new(),
         }
     }
 
-    pub fn is_worker(&self, worker: WorkerId) -> bool {
-        self.worker == worker
+    /// `worker` reaches the servers of `setup` (the aggregator: every url server; a local
+    /// server's host: that server).
+    pub fn route(&mut self, worker: WorkerId, setup: AggregatorSetup) {
+        for s in &setup.servers {
+            self.routes.insert(s.name.clone(), worker);
+        }
+        self.setups.insert(worker, setup);
     }
 
-    /// `on_worker_ready` of the aggregator: the `configure` request, sent before any
+    /// A worker that reaches upstream servers (the aggregator, or a local server's host).
+    pub fn is_worker(&self, worker: WorkerId) -> bool {
+        self.setups.contains_key(&worker)
+    }
+
+    /// The worker that reaches `server`.
+    pub fn worker_of(&self, server: &str) -> Option<WorkerId> {
+        self.routes.get(server).copied()
+    }
+
+    /// Whether `worker` may speak for `server` (events and answers naming another
+    /// server are not its to give).
+    pub fn speaks_for(&self, worker: WorkerId, server: &str) -> bool {
+        self.worker_of(server) == Some(worker)
+    }
+
+    /// `on_worker_ready` of an upstream worker: the `configure` request, sent before any
     /// listing. Never log or ledger it (it holds credentials).
-    pub fn configure_request(&self, id: u64) -> Message {
-        spec::configure_request(id, &self.setup)
+    pub fn configure_request(&self, worker: WorkerId, id: u64) -> Message {
+        let empty = AggregatorSetup {
+            limits: super::setup::Limits::from_config(&self.config),
+            servers: Vec::new(),
+        };
+        spec::configure_request(id, self.setups.get(&worker).unwrap_or(&empty))
+    }
+
+    /// Replaces a local server's setup (its secrets were read again on reload); the host
+    /// gets it when it is ready again.
+    pub fn replace_setup(&mut self, worker: WorkerId, setup: AggregatorSetup) {
+        if self.setups.contains_key(&worker) {
+            self.setups.insert(worker, setup);
+        }
     }
 
     /// The enabled servers, to list each one (start, refresh, worker restart).
     pub fn servers(&self) -> Vec<String> {
         self.board.enabled().map(str::to_owned).collect()
+    }
+
+    /// The enabled servers `worker` reaches.
+    pub fn servers_of(&self, worker: WorkerId) -> Vec<String> {
+        self.board
+            .enabled()
+            .filter(|s| self.worker_of(s) == Some(worker))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// The `name` field of a request to the aggregator: `server` for listings and
@@ -175,9 +238,9 @@ impl UpstreamsState {
         self.schedule.request(server, kind, now)
     }
 
-    /// Listings whose turn came (pending, interval passed).
-    pub fn due(&mut self, now: Instant) -> Vec<(String, Kind)> {
-        self.schedule.due(now)
+    /// Listings whose turn came (pending, interval passed) of servers `ready` accepts.
+    pub fn due(&mut self, now: Instant, ready: impl Fn(&str) -> bool) -> Vec<(String, Kind)> {
+        self.schedule.due(now, ready)
     }
 
     /// The request for a listing: its budget travels with it, so a reload applies at once.
@@ -512,15 +575,52 @@ impl UpstreamsState {
         catalog.resource_route(uri, &self.owners)
     }
 
-    /// An event from the aggregator (`on_worker_message`): what to list again. Counted, not
-    /// recorded, when it is a `list_changed`.
-    pub fn on_event(&mut self, kind: &str, detail: &str) -> Option<Relist> {
+    /// An event from an upstream worker (`on_worker_message`): what to list again.
+    /// Counted, not recorded, when it is a `list_changed`. An event about a server the
+    /// worker does not reach is ignored (a local server's host speaks for that server
+    /// alone).
+    pub fn on_event(
+        &mut self,
+        worker: WorkerId,
+        kind: &str,
+        detail: &str,
+        now: Instant,
+    ) -> Option<Relist> {
+        let parsed = serde_json::from_str::<Value>(detail).ok()?;
+        let server = parsed.get("server").and_then(Value::as_str)?.to_owned();
+        if !self.speaks_for(worker, &server) {
+            return None;
+        }
+        if kind == "stderr" {
+            let logs = self.stderr.on_event(&server, &parsed, now);
+            self.logs.extend(logs);
+            return None;
+        }
         self.board.on_event(kind, detail)
     }
 
-    pub fn on_worker_gone(&mut self, why: &str) {
-        self.board.on_worker_gone(why);
-        self.schedule.worker_gone();
+    /// Log lines the events brought (stderr, rate-limited), for the core to write.
+    pub fn take_logs(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.logs)
+    }
+
+    /// `toolwall status NAME`: the server's entry with its last stderr lines.
+    pub fn server_json(&self, server: &str, catalog: &Catalog) -> Option<Value> {
+        let all = self.status_json(catalog);
+        let mut entry = all
+            .as_array()?
+            .iter()
+            .find(|s| s["server"] == server)?
+            .clone();
+        entry["stderr"] = self.stderr.json(server);
+        Some(entry)
+    }
+
+    /// `worker` is gone: its servers are unreachable, their listings in flight are over.
+    pub fn on_worker_gone(&mut self, worker: WorkerId, why: &str) {
+        let servers = self.servers_of(worker);
+        self.board.on_worker_gone(&servers, why);
+        self.schedule.worker_gone(&servers);
     }
 
     /// Listings asked of the worker or the intake and not applied yet (readiness).
@@ -670,6 +770,7 @@ impl UpstreamsState {
             .set_min_interval(Duration::from_millis(config.relist_min_interval_ms));
         self.refresh = (config.refresh_secs > 0).then(|| Duration::from_secs(config.refresh_secs));
         self.next_refresh = self.refresh.map(|r| now + r);
+        self.stderr.set_capacity(config.stderr_lines);
     }
 }
 
@@ -719,7 +820,36 @@ mod tests {
         let waker = Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap());
         let t0 = Instant::now();
         let mut s = UpstreamsState::new(3, &config, setup, &path, waker, t0);
+        s.route(
+            3,
+            AggregatorSetup {
+                limits: Limits::from_config(&config),
+                servers: vec![crate::aggregator::setup::UpstreamSetup {
+                    name: "gh".into(),
+                    url: "http://127.0.0.1:1/".into(),
+                    headers: vec![],
+                    bearer_token: None,
+                    timeout_secs: 1,
+                    era: Default::default(),
+                    addresses: vec![],
+                    unusable: None,
+                    secret_env: vec![],
+                }],
+            },
+        );
         assert!(s.is_worker(3));
+        assert!(!s.is_worker(4));
+        assert!(s.speaks_for(3, "gh"));
+        assert!(!s.speaks_for(4, "gh"));
+        assert!(
+            s.on_event(
+                4,
+                "list_changed",
+                r#"{"server":"gh","kinds":["tools"]}"#,
+                t0
+            )
+            .is_none()
+        );
         assert_eq!(s.servers(), vec!["gh".to_string()]);
         assert!(!s.refresh_due(t0));
         assert!(s.refresh_due(t0 + Duration::from_secs(10)));

@@ -11,12 +11,13 @@
 pub mod budget;
 pub mod call_link;
 pub mod call_relay;
+pub mod channel;
 pub mod config;
 pub mod era;
 pub mod error;
 pub mod exchange;
 pub mod gateway_state;
-mod inline_secret;
+pub(crate) mod inline_secret;
 pub mod listing_pages;
 pub mod message;
 pub mod prepare;

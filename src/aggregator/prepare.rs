@@ -121,7 +121,8 @@ pub fn upstream_ports(servers: &ServersConfig) -> Vec<u16> {
     ports
 }
 
-/// Everything the worker needs, for every enabled server. Resolves all hosts at once (one
+/// Everything the aggregator worker needs, for every enabled url server (local servers
+/// have hosts of their own). Resolves all hosts at once (one
 /// thread each), so the wait is the slowest lookup, not their sum. A server whose
 /// credential or addresses fail is still listed, as unusable, with the reason.
 pub fn build_setup(servers: &ServersConfig) -> AggregatorSetup {
@@ -129,6 +130,7 @@ pub fn build_setup(servers: &ServersConfig) -> AggregatorSetup {
     type Lookup = std::thread::JoinHandle<Result<Vec<SocketAddr>, String>>;
     let lookups: Vec<(String, Lookup)> = servers
         .enabled()
+        .filter(|(_, s)| !s.is_local())
         .filter_map(|(name, s)| {
             let (n, url) = (name.clone(), s.url.clone());
             std::thread::Builder::new()
@@ -148,7 +150,7 @@ pub fn build_setup(servers: &ServersConfig) -> AggregatorSetup {
         })
         .collect();
     let mut out = Vec::new();
-    for (name, server) in servers.enabled() {
+    for (name, server) in servers.enabled().filter(|(_, s)| !s.is_local()) {
         let mut unusable = None;
         let addresses = match resolved.remove(name) {
             Some(Ok(a)) => a,
@@ -184,6 +186,7 @@ pub fn build_setup(servers: &ServersConfig) -> AggregatorSetup {
             era: server.era,
             addresses,
             unusable,
+            secret_env: Vec::new(),
         });
     }
     AggregatorSetup {

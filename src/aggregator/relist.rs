@@ -66,10 +66,14 @@ impl RelistSchedule {
 
     /// Listings to start now: pending, not in flight, interval passed. Each returned one is
     /// in flight.
-    pub fn due(&mut self, now: Instant) -> Vec<(String, Kind)> {
+    pub fn due(&mut self, now: Instant, ready: impl Fn(&str) -> bool) -> Vec<(String, Kind)> {
         let mut out = Vec::new();
         for ((server, kind), slot) in self.slots.iter_mut() {
-            if slot.pending && !slot.in_flight && slot.not_before.is_none_or(|t| t <= now) {
+            if slot.pending
+                && !slot.in_flight
+                && slot.not_before.is_none_or(|t| t <= now)
+                && ready(server)
+            {
                 slot.pending = false;
                 slot.in_flight = true;
                 slot.not_before = Some(now + self.min_interval);
@@ -88,10 +92,11 @@ impl RelistSchedule {
             .min()
     }
 
-    /// The worker is gone: nothing of it is in flight any more; what was pending stays.
-    pub fn worker_gone(&mut self) {
-        for slot in self.slots.values_mut() {
-            if slot.in_flight {
+    /// The worker reaching `servers` is gone: nothing of theirs is in flight any more;
+    /// what was pending stays.
+    pub fn worker_gone(&mut self, servers: &[String]) {
+        for ((server, _), slot) in self.slots.iter_mut() {
+            if slot.in_flight && servers.contains(server) {
                 slot.in_flight = false;
                 slot.pending = true;
             }
@@ -127,18 +132,24 @@ mod tests {
         // Other lists and servers are independent.
         assert!(s.request("a", Kind::Resources, t0));
         assert!(s.request("b", Kind::Tools, t0));
-        assert!(s.due(t0 + ms(500)).is_empty(), "still in flight");
+        assert!(s.due(t0 + ms(500), |_| true).is_empty(), "still in flight");
         s.done("a", Kind::Tools);
         assert_eq!(s.next_deadline(), Some(t0 + ms(100)));
-        assert!(s.due(t0 + ms(50)).is_empty(), "not before the interval");
-        assert_eq!(s.due(t0 + ms(100)), vec![("a".to_string(), Kind::Tools)]);
+        assert!(
+            s.due(t0 + ms(50), |_| true).is_empty(),
+            "not before the interval"
+        );
+        assert_eq!(
+            s.due(t0 + ms(100), |_| true),
+            vec![("a".to_string(), Kind::Tools)]
+        );
         assert_eq!(s.in_flight(), 3);
         s.done("a", Kind::Tools);
         // Nothing pending: nothing due.
-        assert!(s.due(t0 + ms(1000)).is_empty());
+        assert!(s.due(t0 + ms(1000), |_| true).is_empty());
         // A request right after: waits for the interval.
         assert!(!s.request("a", Kind::Tools, t0 + ms(150)));
-        assert_eq!(s.due(t0 + ms(200)).len(), 1);
+        assert_eq!(s.due(t0 + ms(200), |_| true).len(), 1);
     }
 
     #[test]
@@ -146,8 +157,8 @@ mod tests {
         let t0 = Instant::now();
         let mut s = RelistSchedule::new(Duration::ZERO);
         assert!(s.request("a", Kind::Tools, t0));
-        s.worker_gone();
+        s.worker_gone(&["a".to_string()]);
         assert_eq!(s.in_flight(), 0);
-        assert_eq!(s.due(t0).len(), 1);
+        assert_eq!(s.due(t0, |_| true).len(), 1);
     }
 }

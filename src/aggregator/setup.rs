@@ -68,6 +68,10 @@ pub struct UpstreamSetup {
     /// Why the server cannot be reached at all (its credential could not be read, its
     /// name did not resolve, its address was refused): reported as its state.
     pub unusable: Option<String>,
+    /// A local server's secret variables (`secret_env`, `secret_env_from`), read by the
+    /// gateway: they reach the server's environment and nowhere else.
+    #[serde(default)]
+    pub secret_env: Vec<(String, Secret)>,
 }
 
 /// The `args` of the `configure` request.
@@ -92,9 +96,11 @@ mod tests {
             era: EraChoice::Auto,
             addresses: vec![],
             unusable: None,
+            secret_env: vec![("K".into(), Secret::new("hunter2-env".into()))],
         };
         let text = format!("{s:?}");
         assert!(!text.contains("hunter2"), "{text}");
+        assert!(!text.contains("hunter2-env"), "{text}");
         // But it travels (the worker needs it).
         let json = serde_json::to_string(&s).unwrap();
         assert!(json.contains("hunter2-token"));

@@ -17,8 +17,8 @@ use crate::workers::supervisor::WorkerSpec;
 /// The aggregator worker's name in status, the ledger and errors.
 pub const WORKER_NAME: &str = "aggregator";
 
-/// The aggregator worker's spec, or `None` when no server is enabled (then no aggregator
-/// runs). Its grant: TCP connect to the ports of the enabled servers' URLs, nothing else
+/// The aggregator worker's spec, or `None` when no url server is enabled (then no
+/// aggregator runs; local servers have hosts of their own). Its grant: TCP connect to the ports of the enabled servers' URLs, nothing else
 /// (no files, no DNS: the gateway resolves upstream hosts and passes the addresses).
 /// `state_dir` is the ledger's directory, which the attestation proves unreadable.
 pub fn worker_spec(
@@ -26,7 +26,7 @@ pub fn worker_spec(
     sandbox_mode: SandboxMode,
     state_dir: &Path,
 ) -> Option<WorkerSpec> {
-    servers.enabled().next()?;
+    servers.enabled().find(|(_, s)| !s.is_local())?;
     let mut grant = sandbox::role_grant_defaults(Role::Aggregator);
     grant.tcp_connect_ports.extend(upstream_ports(servers));
     grant.tcp_connect_ports.sort_unstable();

@@ -19,6 +19,14 @@ pub struct UpstreamStatus {
     pub era: Option<String>,
     pub last_error: Option<String>,
     pub url: String,
+    /// `http`, or `stdio` for a local server.
+    pub transport: String,
+    /// A local server's program, as configured (the program's name only).
+    pub command: Option<String>,
+    /// A local server's running program (none while it is down).
+    pub pid: Option<i64>,
+    /// Times a local server's program was started by its current host.
+    pub starts: u64,
     pub pin: String,
     /// Why its catalog is not current (a listing refused or failed), per list; it keeps
     /// serving its last good catalog meanwhile.
@@ -61,6 +69,14 @@ impl UpstreamBoard {
                         era: None,
                         last_error: None,
                         url: s.url.clone(),
+                        transport: if s.is_local() { "stdio" } else { "http" }.into(),
+                        command: s
+                            .command
+                            .as_ref()
+                            .and_then(|c| c.first())
+                            .map(|c| c.chars().take(200).collect()),
+                        pid: None,
+                        starts: 0,
                         pin: s.pin.as_str().into(),
                         degraded: BTreeMap::new(),
                         list_changed_coalesced: 0,
@@ -97,6 +113,23 @@ impl UpstreamBoard {
                 }
                 entry.era = text("era");
                 entry.last_error = text("last_error");
+                if entry.transport == "stdio" {
+                    entry.pid = detail.get("pid").and_then(Value::as_i64);
+                    if let Some(n) = detail.get("starts").and_then(Value::as_u64) {
+                        entry.starts = n;
+                    }
+                }
+                None
+            }
+            "server_process" if entry.transport == "stdio" => {
+                let running = detail.get("running").and_then(Value::as_bool) == Some(true);
+                entry.pid = detail
+                    .get("pid")
+                    .and_then(Value::as_i64)
+                    .filter(|_| running);
+                if let Some(n) = detail.get("starts").and_then(Value::as_u64) {
+                    entry.starts = n;
+                }
                 None
             }
             "list_changed" => {
@@ -118,11 +151,12 @@ impl UpstreamBoard {
         }
     }
 
-    /// The worker is gone: nothing is reachable until it is back.
-    pub fn on_worker_gone(&mut self, why: &str) {
+    /// The worker reaching `servers` is gone: they are unreachable until it is back.
+    pub fn on_worker_gone(&mut self, servers: &[String], why: &str) {
         for s in self.servers.values_mut() {
-            if s.state != "disabled" {
+            if s.state != "disabled" && servers.contains(&s.server) {
                 s.state = "worker_down".into();
+                s.pid = None;
                 s.last_error = Some(why.chars().take(MAX_ERROR_CHARS).collect());
             }
         }
@@ -201,16 +235,31 @@ pub fn format_servers(servers: &Value) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     for s in servers.as_array().into_iter().flatten() {
-        let _ = writeln!(
-            out,
-            "server {}  state {}  era {}  tools {}  pin {}  {}",
-            s["server"].as_str().unwrap_or(""),
-            s["state"].as_str().unwrap_or(""),
-            s["era"].as_str().unwrap_or("-"),
-            s["tools"],
-            s["pin"].as_str().unwrap_or(""),
-            s["url"].as_str().unwrap_or("")
-        );
+        if s["transport"] == "stdio" {
+            let _ = writeln!(
+                out,
+                "server {}  state {}  era {}  tools {}  pin {}  stdio {}  pid {}  restarts {}",
+                s["server"].as_str().unwrap_or(""),
+                s["state"].as_str().unwrap_or(""),
+                s["era"].as_str().unwrap_or("-"),
+                s["tools"],
+                s["pin"].as_str().unwrap_or(""),
+                super::error::quote_upstream(s["command"].as_str().unwrap_or(""), 200),
+                s["pid"].as_i64().map_or("-".to_string(), |p| p.to_string()),
+                s["starts"].as_u64().unwrap_or(0).saturating_sub(1)
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "server {}  state {}  era {}  tools {}  pin {}  {}",
+                s["server"].as_str().unwrap_or(""),
+                s["state"].as_str().unwrap_or(""),
+                s["era"].as_str().unwrap_or("-"),
+                s["tools"],
+                s["pin"].as_str().unwrap_or(""),
+                s["url"].as_str().unwrap_or("")
+            );
+        }
         if let Some(e) = s["last_error"].as_str() {
             let _ = writeln!(
                 out,
@@ -329,7 +378,7 @@ mod tests {
         b.on_event("upstream_state", r#"{"server":"a","state":"pwned"}"#);
         assert_eq!(b.get("a").unwrap().state, "up");
         assert!(b.on_event("upstream_state", "not json").is_none());
-        b.on_worker_gone("killed");
+        b.on_worker_gone(&["a".to_string(), "off".to_string()], "killed");
         assert_eq!(b.get("a").unwrap().state, "worker_down");
         assert_eq!(b.get("off").unwrap().state, "disabled");
         let j = b.to_json(|s| json!({"tools": if s == "a" { 3 } else { 0 }}));

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use super::budget::ListingBudget;
 use super::call_link::NoAnswer;
 use super::call_relay::{self, CallContext};
+use super::channel::Channel;
 use super::config::EraChoice;
 use super::era::{
     self, AfterStatus, Discovery, Era, ListChanges, after_status, judge_discover, judge_initialize,
@@ -49,6 +50,9 @@ pub const MIN_RETRY: Duration = Duration::from_secs(1);
 pub const LISTEN_IDLE: Duration = Duration::from_secs(300);
 /// Progress and log notifications relayed from one listening stream: per second, burst.
 pub const LISTEN_NOTIFICATIONS: (u32, u32) = (20, 50);
+/// A local server up this long before its stream broke starts again without the backoff
+/// its earlier failures built up.
+pub const STABLE_UP: Duration = Duration::from_secs(30);
 
 /// The method that lists `kind`.
 pub fn list_method(kind: Kind) -> &'static str {
@@ -155,7 +159,7 @@ struct ToolCallParams<'a> {
 pub struct Upstream {
     name: String,
     era_choice: EraChoice,
-    transport: Option<Transport>,
+    transport: Option<Channel>,
     unusable: Option<String>,
     limits: Limits,
     state: Mutex<ConnState>,
@@ -181,11 +185,24 @@ impl std::fmt::Debug for Upstream {
 
 impl Upstream {
     pub fn new(setup: &UpstreamSetup, limits: &Limits, events: EventSink) -> Arc<Upstream> {
+        let channel = Transport::new(setup, limits)
+            .map(|t| Channel::Http(Box::new(t)))
+            .map_err(|e| e.message);
+        Upstream::with_channel(setup, limits, events, channel)
+    }
+
+    /// An upstream reached through `channel` (or never, and why).
+    pub fn with_channel(
+        setup: &UpstreamSetup,
+        limits: &Limits,
+        events: EventSink,
+        channel: Result<Channel, String>,
+    ) -> Arc<Upstream> {
         let (transport, unusable) = match &setup.unusable {
             Some(why) => (None, Some(why.clone())),
-            None => match Transport::new(setup, limits) {
+            None => match channel {
                 Ok(t) => (Some(t), None),
-                Err(e) => (None, Some(e.message)),
+                Err(e) => (None, Some(e)),
             },
         };
         Arc::new(Upstream {
@@ -233,16 +250,20 @@ impl Upstream {
     // ---- state ----------------------------------------------------------------------
 
     fn emit_state(&self, st: &ConnState) {
-        (self.events)(
-            "upstream_state",
-            json!({
-                "server": self.name,
-                "state": st.phase.as_str(),
-                "era": st.era.as_ref().map(Era::describe),
-                "last_error": st.last_error,
-                "list_changed": {"tools": st.changes.tools, "resources": st.changes.resources, "prompts": st.changes.prompts},
-            }),
-        );
+        let mut detail = json!({
+            "server": self.name,
+            "state": st.phase.as_str(),
+            "era": st.era.as_ref().map(Era::describe),
+            "last_error": st.last_error,
+            "list_changed": {"tools": st.changes.tools, "resources": st.changes.resources, "prompts": st.changes.prompts},
+        });
+        if let (Some(Value::Object(more)), Value::Object(d)) = (
+            self.transport.as_ref().and_then(Channel::describe),
+            &mut detail,
+        ) {
+            d.extend(more);
+        }
+        (self.events)("upstream_state", detail);
     }
 
     /// `kinds` changed: one event for those not already announced; the rest are counted.
@@ -350,7 +371,7 @@ impl Upstream {
 
     // ---- connecting -------------------------------------------------------------------
 
-    fn transport(&self) -> Result<&Transport, UpstreamError> {
+    fn transport(&self) -> Result<&Channel, UpstreamError> {
         self.transport.as_ref().ok_or_else(|| {
             UpstreamError::new(
                 UpstreamErrorCode::ServerDown,
@@ -365,13 +386,14 @@ impl Upstream {
     /// legacy session).
     fn connect(&self, legacy_only: bool) -> Result<(Era, ListChanges), UpstreamError> {
         let transport = self.transport()?;
+        transport.open()?;
         let mut ignore = |_: Notice| {};
-        if !legacy_only && self.era_choice != EraChoice::Legacy {
+        if !legacy_only && self.era_choice != EraChoice::Legacy && !transport.knows_legacy() {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let params = params_for(None, None).map(|p| p.to_string());
             let headers = protocol_headers(None, "server/discover", None);
             let body = request_body(id, "server/discover", params.as_deref());
-            let reply = transport.post(&headers, &body, Some(id), &mut ignore)?;
+            let reply = transport.probe(&headers, &body, id, &mut ignore)?;
             if matches!(reply.status, 401 | 403)
                 && let Some(e) = status_error(&self.name, reply.status)
             {
@@ -397,6 +419,7 @@ impl Upstream {
                 }
                 Discovery::TryLegacy(why) => {
                     crate::debug!("server {}: {why}; trying the legacy handshake", self.name);
+                    transport.note_legacy();
                 }
             }
         }
@@ -922,12 +945,28 @@ impl Upstream {
                 Ok((era, changes)) => {
                     crate::info!("server {}: up, {}", self.name, era.describe());
                     self.mark_up(era, changes);
-                    backoff = MIN_RETRY;
+                    let up_at = Instant::now();
+                    let lines = self.transport.as_ref().is_some_and(Channel::always_listens);
+                    if !lines {
+                        backoff = MIN_RETRY;
+                    }
                     self.stay_connected();
+                    if lines {
+                        // Its program stopped (crashed, broke the protocol): it starts
+                        // again, with backoff unless it had run for a while.
+                        if up_at.elapsed() >= STABLE_UP {
+                            backoff = MIN_RETRY;
+                        }
+                        std::thread::sleep(backoff);
+                        backoff = (backoff * 2).min(max);
+                    }
                 }
                 Err(e) => {
                     if self.lock().phase != Phase::Down {
                         crate::warn!("server {}: down: {e}; retrying with backoff", self.name);
+                    }
+                    if let Some(t) = &self.transport {
+                        t.reset(&e);
                     }
                     self.mark_down(&e);
                     self.sleep_unless_checked(backoff);
@@ -950,7 +989,8 @@ impl Upstream {
                     _ => return,
                 }
             };
-            if !(changes.any() && stream_works) {
+            let listens = self.transport.as_ref().is_some_and(Channel::always_listens);
+            if !((changes.any() || listens) && stream_works) {
                 if self.wait_for_check(Duration::from_secs(3600)) {
                     return;
                 }
@@ -981,6 +1021,11 @@ impl Upstream {
                         self.name
                     );
                     stream_works = false;
+                }
+                Err(e) if self.transport.as_ref().is_some_and(Channel::always_listens) => {
+                    crate::warn!("server {}: {e}; starting it again", self.name);
+                    self.mark_down(&e);
+                    return;
                 }
                 Err(e) if e.code.means_unreachable() && e.code != UpstreamErrorCode::Timeout => {
                     crate::warn!("server {}: the listening stream broke: {e}", self.name);

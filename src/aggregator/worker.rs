@@ -35,6 +35,14 @@ use crate::workers::rpc::{Message, Op, RpcError};
 /// Answers and events from threads, waiting for the worker's loop.
 pub type Outbox = Arc<Mutex<Vec<Message>>>;
 
+/// How a server of the setup is reached, when not over HTTP (a local server's host makes
+/// its stdio channel here).
+pub type ChannelFactory = Arc<
+    dyn Fn(&super::setup::UpstreamSetup, EventSink) -> Result<super::channel::Channel, String>
+        + Send
+        + Sync,
+>;
+
 struct Job {
     id: u64,
     op: Op,
@@ -60,6 +68,7 @@ pub struct AggregatorRole {
     /// Agents' calls queued or running: answers and cancellations find them here.
     links: Arc<CallLinks>,
     events: Option<EventSink>,
+    channels: Option<ChannelFactory>,
 }
 
 fn response_ok(id: u64, ok: String, facts: Option<String>) -> Message {
@@ -101,6 +110,19 @@ impl AggregatorRole {
             servers: None,
             links: Arc::new(CallLinks::default()),
             events: None,
+            channels: None,
+        }
+    }
+
+    /// An aggregator whose servers are reached through `channels`.
+    pub fn with_channels(
+        outbox: Outbox,
+        waker: Arc<Waker>,
+        channels: ChannelFactory,
+    ) -> AggregatorRole {
+        AggregatorRole {
+            channels: Some(channels),
+            ..AggregatorRole::new(outbox, waker)
         }
     }
 
@@ -246,7 +268,15 @@ impl AggregatorRole {
         let mut servers = HashMap::new();
         let mut names = Vec::new();
         for s in &setup.servers {
-            let upstream = Upstream::new(s, &setup.limits, Arc::clone(&events));
+            let upstream = match &self.channels {
+                Some(make) => Upstream::with_channel(
+                    s,
+                    &setup.limits,
+                    Arc::clone(&events),
+                    make(s, Arc::clone(&events)),
+                ),
+                None => Upstream::new(s, &setup.limits, Arc::clone(&events)),
+            };
             let threads = setup.limits.threads.max(1);
             let queue = setup.limits.queue.max(1);
             let jobs = match self.start_pool(&upstream, threads, queue) {

@@ -18,7 +18,7 @@ pub struct Flag {
 /// One subcommand.
 pub struct Command {
     pub words: &'static [&'static str],
-    /// Names of required positional arguments, in order.
+    /// Names of positional arguments, in order; `[NAME]` is optional (only at the end).
     pub positional: &'static [&'static str],
     /// The flags it accepts besides `--config` and `--help`.
     pub flags: &'static [&'static str],
@@ -38,18 +38,6 @@ pub const FLAGS: &[Flag] = &[
         short: None,
         value: None,
         help: "Print the daemon's answer as JSON",
-    },
-    Flag {
-        long: "n",
-        short: Some('n'),
-        value: Some("N"),
-        help: "How many calls (default 20)",
-    },
-    Flag {
-        long: "ledger",
-        short: None,
-        value: Some("FILE"),
-        help: "The ledger file (default: the config's [ledger] path)",
     },
     Flag {
         long: "reason",
@@ -124,6 +112,18 @@ pub const FLAGS: &[Flag] = &[
         help: "30d, 12h, ... or never (default never)",
     },
     Flag {
+        long: "write",
+        short: None,
+        value: Some("CONFIG"),
+        help: "Merge the imported servers into this toolwall config (refused when a name is taken; the previous file is kept as CONFIG.toolwall-backup)",
+    },
+    Flag {
+        long: "rewrite-client",
+        short: None,
+        value: None,
+        help: "Replace the imported servers in the client's file with one toolwall entry (the previous file is kept as FILE.toolwall-backup; the diff is printed)",
+    },
+    Flag {
         long: "digest",
         short: None,
         value: Some("SHA256"),
@@ -148,10 +148,10 @@ pub const COMMANDS: &[Command] = &[
     },
     Command {
         words: &["status"],
-        positional: &[],
+        positional: &["[SERVER]"],
         flags: &["json"],
         group: "Daemon (over the admin socket)",
-        summary: "Workers, confinement, counters, ledger health",
+        summary: "Workers, confinement, counters, ledger health; with SERVER, that server's state, its host's probes and a local server's last stderr lines",
     },
     Command {
         words: &["reload"],
@@ -196,6 +196,13 @@ pub const COMMANDS: &[Command] = &[
         summary: "Approve exactly the waiting definition with that digest",
     },
     Command {
+        words: &["import"],
+        positional: &["FILE"],
+        flags: &["write", "rewrite-client"],
+        group: "Files (no daemon needed)",
+        summary: "Print an agent client's MCP servers (Claude Code .mcp.json or ~/.claude.json, Cursor mcp.json, VS Code .vscode/mcp.json, Codex config.toml) as [servers.*] tables; secrets go to 0600 files in the state directory",
+    },
+    Command {
         words: &["token", "create"],
         positional: &[],
         flags: &["principal", "kind", "expires"],
@@ -217,11 +224,13 @@ pub const COMMANDS: &[Command] = &[
         summary: "Revoke a token",
     },
     Command {
-        words: &["ledger", "tail"],
-        positional: &[],
-        flags: &["n", "json", "ledger"],
+        // Shown in the usage only: `toolwall ledger ...` is parsed by `crate::ledger::cli`,
+        // which has its own subcommands, filters and --help.
+        words: &["ledger"],
+        positional: &["tail|query|show ID|stats|verify|key|archive list"],
+        flags: &[],
         group: "Files (no daemon needed)",
-        summary: "Recent calls from the ledger",
+        summary: "Read, question and check the ledger, live or a copy (`toolwall ledger --help` for filters and options)",
     },
     Command {
         words: &["policy", "check"],
@@ -352,7 +361,12 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Outcome, String
     };
     let name = command.words.join(" ");
     let positional: Vec<String> = words[command.words.len()..].to_vec();
-    if positional.len() != command.positional.len() {
+    let required = command
+        .positional
+        .iter()
+        .filter(|p| !p.starts_with('['))
+        .count();
+    if positional.len() < required || positional.len() > command.positional.len() {
         return Err(format!(
             "toolwall {name} takes {}; see toolwall {name} --help",
             match command.positional {
@@ -464,14 +478,14 @@ mod tests {
     fn each_command_takes_only_its_own_flags() {
         let e = run(&["serve", "--tool", "x"]).unwrap_err();
         assert!(e.contains("toolwall serve does not take --tool"), "{e}");
-        let e = run(&["status", "-n", "3"]).unwrap_err();
-        assert!(e.contains("does not take --n"), "{e}");
+        let e = run(&["status", "--reason", "3"]).unwrap_err();
+        assert!(e.contains("does not take --reason"), "{e}");
         assert!(run(&["serve", "--config", "x.toml"]).is_ok());
         assert!(run(&["--config", "x.toml", "status", "--json"]).is_ok());
-        let Ok(Outcome::Run(p)) = run(&["ledger", "tail", "-n", "5", "--json"]) else {
+        let Ok(Outcome::Run(p)) = run(&["deny", "7", "--reason", "no", "--json"]) else {
             panic!("parses")
         };
-        assert_eq!((p.flag("n"), p.switch("json")), (Some("5"), true));
+        assert_eq!((p.flag("reason"), p.switch("json")), (Some("no"), true));
         let e = run(&["deny", "3", "--reason", "a", "--reason", "b"]).unwrap_err();
         assert!(e.contains("twice"), "{e}");
     }

@@ -42,67 +42,7 @@ pub fn format_status(s: &serde_json::Value) -> String {
     );
     out.push_str(&crate::launcher::plan::format_status(&s["agents"]));
     for w in s["workers"].as_array().into_iter().flatten() {
-        let conf = &w["confinement"];
-        let _ = writeln!(
-            out,
-            "worker {}  role {}  pid {}  state {}  restarts {}  landlock ABI {} {}  seccomp {}  no_new_privs {}",
-            w["name"].as_str().unwrap_or(""),
-            w["role"].as_str().unwrap_or(""),
-            w["pid"],
-            w["state"].as_str().unwrap_or(""),
-            w["restarts"],
-            conf["landlock_abi"],
-            conf["landlock"].as_str().unwrap_or("unknown"),
-            conf["seccomp"],
-            conf["no_new_privs"]
-        );
-        if !conf.is_null() {
-            let _ = writeln!(
-                out,
-                "    uid {}  gid {}  capabilities cleared {}  bounding set cleared {}",
-                conf["uid"],
-                conf["gid"],
-                conf["capabilities_cleared"],
-                conf["bounding_set_cleared"]
-            );
-        }
-        match w["gaps"].as_array() {
-            Some(gaps) if gaps.is_empty() => {
-                let _ = writeln!(out, "    confined: yes");
-            }
-            Some(gaps) => {
-                for gap in gaps {
-                    let _ = writeln!(out, "    NOT CONFINED: {}", gap.as_str().unwrap_or(""));
-                }
-            }
-            None => {
-                let _ = writeln!(out, "    confined: not attested yet");
-            }
-        }
-        for p in conf["probes"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "    probe {:<24} {}  {}",
-                p["name"].as_str().unwrap_or(""),
-                if p["denied"] == true {
-                    "denied"
-                } else if p["detail"]
-                    .as_str()
-                    .is_some_and(|d| d.contains("by design"))
-                {
-                    "allowed (by design)"
-                } else {
-                    "ALLOWED"
-                },
-                p["detail"].as_str().unwrap_or("")
-            );
-        }
-        for warning in w["warnings"].as_array().into_iter().flatten() {
-            let _ = writeln!(out, "    WARNING: {}", warning.as_str().unwrap_or(""));
-        }
-        if let Some(e) = w["last_exit"].as_str() {
-            let _ = writeln!(out, "    last exit: {e}");
-        }
+        format_worker(&mut out, w);
     }
     out.push_str(&crate::aggregator::status::format_servers(&s["servers"]));
     out
@@ -128,6 +68,104 @@ pub fn format_approvals(reply: &serde_json::Value) -> String {
             p["rule"].as_str().unwrap_or("-"),
             p["arguments"].as_str().unwrap_or("")
         );
+    }
+    out
+}
+
+/// One worker's lines of `toolwall status`: identity, confinement, each probe.
+fn format_worker(out: &mut String, w: &serde_json::Value) {
+    use std::fmt::Write as _;
+    let conf = &w["confinement"];
+    let _ = writeln!(
+        out,
+        "worker {}  role {}  pid {}  state {}  restarts {}  landlock ABI {} {}  seccomp {}  no_new_privs {}",
+        w["name"].as_str().unwrap_or(""),
+        w["role"].as_str().unwrap_or(""),
+        w["pid"],
+        w["state"].as_str().unwrap_or(""),
+        w["restarts"],
+        conf["landlock_abi"],
+        conf["landlock"].as_str().unwrap_or("unknown"),
+        conf["seccomp"],
+        conf["no_new_privs"]
+    );
+    if !conf.is_null() {
+        let _ = writeln!(
+            out,
+            "    uid {}  gid {}  capabilities cleared {}  bounding set cleared {}",
+            conf["uid"], conf["gid"], conf["capabilities_cleared"], conf["bounding_set_cleared"]
+        );
+    }
+    match w["gaps"].as_array() {
+        Some(gaps) if gaps.is_empty() => {
+            let _ = writeln!(out, "    confined: yes");
+        }
+        Some(gaps) => {
+            for gap in gaps {
+                let _ = writeln!(out, "    NOT CONFINED: {}", gap.as_str().unwrap_or(""));
+            }
+        }
+        None => {
+            let _ = writeln!(out, "    confined: not attested yet");
+        }
+    }
+    for p in conf["probes"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "    probe {:<24} {}  {}",
+            p["name"].as_str().unwrap_or(""),
+            if p["denied"] == true {
+                "denied"
+            } else if p["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("by design"))
+            {
+                "allowed (by design)"
+            } else {
+                "ALLOWED"
+            },
+            p["detail"].as_str().unwrap_or("")
+        );
+    }
+    for warning in w["warnings"].as_array().into_iter().flatten() {
+        let _ = writeln!(out, "    WARNING: {}", warning.as_str().unwrap_or(""));
+    }
+    if let Some(e) = w["last_exit"].as_str() {
+        let _ = writeln!(out, "    last exit: {e}");
+    }
+}
+
+/// `toolwall status SERVER`: the server's line, its worker (for a local server, its own
+/// host and its probes) and its last stderr lines.
+pub fn format_server_status(s: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if s["ok"] != true {
+        let _ = writeln!(out, "error: {}", s["error"].as_str().unwrap_or(""));
+        return out;
+    }
+    out.push_str(&crate::aggregator::status::format_servers(
+        &serde_json::Value::Array(vec![s["server"].clone()]),
+    ));
+    if !s["worker"].is_null() {
+        format_worker(&mut out, &s["worker"]);
+    }
+    let stderr = &s["server"]["stderr"];
+    if let Some(lines) = stderr["lines"].as_array() {
+        let dropped = stderr["dropped"].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "stderr (last {} lines{}):",
+            lines.len(),
+            if dropped > 0 {
+                format!(", {dropped} earlier or rate-limited lines not kept")
+            } else {
+                String::new()
+            }
+        );
+        for l in lines {
+            let _ = writeln!(out, "    {}", l.as_str().unwrap_or(""));
+        }
     }
     out
 }

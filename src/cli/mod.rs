@@ -30,7 +30,12 @@ pub fn main() -> i32 {
 }
 
 fn run() -> Result<i32, String> {
-    let parsed = match args::parse(std::env::args_os().skip(1))? {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // The ledger's subcommands have their own filters and help (src/ledger/cli.rs).
+    if crate::ledger::cli::is_ledger_command(&args) {
+        return crate::ledger::cli::run(args);
+    }
+    let parsed = match args::parse(args)? {
         Outcome::Run(p) => p,
         Outcome::Help(text) => {
             print!("{text}");
@@ -64,6 +69,17 @@ fn run() -> Result<i32, String> {
             }
             Ok(if reply["ok"] == true { 0 } else { 1 })
         }
+        ["status", server] => {
+            let config = load(config_path)?;
+            let request = serde_json::json!({"op": "status", "server": server});
+            let reply = admin_request(&config, &request)?;
+            if json_out {
+                println!("{reply}");
+            } else {
+                print!("{}", format::format_server_status(&reply));
+            }
+            Ok(if reply["ok"] == true { 0 } else { 1 })
+        }
         ["reload"] => {
             let config = load(config_path)?;
             let reply = admin_request(&config, &serde_json::json!({"op": "reload"}))?;
@@ -91,6 +107,24 @@ fn run() -> Result<i32, String> {
             };
             let reply = admin_request(&config, &request)?;
             admin_outcome(&reply, json_out)
+        }
+        ["import", file] => {
+            // The secrets go to the state directory of the config merged into, else of
+            // --config.
+            let write = parsed.flag("write").map(PathBuf::from);
+            let config = match &write {
+                Some(target) if target.exists() => {
+                    Config::from_file(target).map_err(|e| e.to_string())?
+                }
+                _ => load(config_path.clone())?,
+            };
+            crate::import::run(&crate::import::ImportRequest {
+                file: std::path::Path::new(file),
+                write: write.as_deref(),
+                rewrite_client: parsed.switch("rewrite-client"),
+                config: &config,
+                config_path: config_path.clone().or_else(|| config.source.clone()),
+            })
         }
         ["token", "create"] => {
             let config = load(config_path)?;
@@ -154,21 +188,6 @@ fn run() -> Result<i32, String> {
                 &serde_json::json!({"op": "pin_approve", "tool": tool, "digest": digest}),
             )?;
             admin_outcome(&reply, json_out)
-        }
-        ["ledger", "tail"] => {
-            let n: usize = match parsed.flag("n") {
-                Some(v) => v
-                    .parse()
-                    .map_err(|_| format!("-n needs a number, got {v:?}"))?,
-                None => 20,
-            };
-            let path = match parsed.flag("ledger") {
-                Some(p) => p.into(),
-                None => load(config_path)?.ledger.path,
-            };
-            let text = crate::ledger::tail(&path, n, json_out).map_err(|e| e.to_string())?;
-            print!("{text}");
-            Ok(0)
         }
         ["policy", "check"] => {
             let config = match Config::load(config_path.as_deref()) {

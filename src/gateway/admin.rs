@@ -28,7 +28,12 @@ pub fn bind(config: &Config, _mode: Mode) -> std::io::Result<Option<UnixListener
 #[derive(Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 enum Request {
-    Status,
+    /// Everything; with `server`, that server's entry, its host worker and its last
+    /// stderr lines.
+    Status {
+        #[serde(default)]
+        server: Option<String>,
+    },
     Reload,
     Approvals,
     /// Re-run every ready worker's confinement probes inside the live worker.
@@ -61,7 +66,8 @@ pub fn handle(gw: &mut Gateway, principal: &str, line: &[u8]) -> Value {
     };
     let now = Instant::now();
     match request {
-        Request::Status => status(gw, now),
+        Request::Status { server: None } => status(gw, now),
+        Request::Status { server: Some(name) } => server_status(gw, &name),
         Request::Reload => match gw.reload() {
             Ok(summary) => json!({"ok": true, "message": summary}),
             Err(e) => json!({"ok": false, "error": e}),
@@ -112,30 +118,47 @@ fn decide(
     }
 }
 
+/// `toolwall status SERVER`: the server as `status` shows it, with its last stderr lines,
+/// and the worker that reaches it (a local server's own host, or the aggregator).
+fn server_status(gw: &Gateway, name: &str) -> Value {
+    let core = gw.core();
+    let Some(u) = core.upstreams() else {
+        return json!({"ok": false, "error": "no upstream servers are configured"});
+    };
+    let Some(entry) = u.server_json(name, core.catalog()) else {
+        return json!({"ok": false, "error": format!("no server named {name:?} is configured")});
+    };
+    let worker = u.worker_of(name).and_then(|id| {
+        gw.supervisor()
+            .workers
+            .iter()
+            .find(|w| w.id == id)
+            .map(worker_json)
+    });
+    json!({"ok": true, "server": entry, "worker": worker})
+}
+
+fn worker_json(w: &crate::workers::supervisor::WorkerProc) -> Value {
+    // The one verdict: the same gaps the supervisor refuses a worker for.
+    let gaps = w.report.as_ref().map(|r| r.gaps());
+    json!({
+        "confined": gaps.as_ref().is_some_and(Vec::is_empty),
+        "gaps": gaps,
+        "name": w.spec.name,
+        "role": w.spec.role.to_string(),
+        "server": w.spec.server,
+        "pid": w.pid,
+        "state": w.state.as_str(),
+        "restarts": w.restarts,
+        "last_exit": w.last_exit,
+        "confinement": w.report,
+        "warnings": w.warnings,
+    })
+}
+
 fn status(gw: &Gateway, now: Instant) -> Value {
     let core = gw.core();
-    let workers: Vec<Value> = gw
-        .supervisor()
-        .workers
-        .iter()
-        .map(|w| {
-            // The one verdict: the same gaps the supervisor refuses a worker for.
-            let gaps = w.report.as_ref().map(|r| r.gaps());
-            json!({
-                "confined": gaps.as_ref().is_some_and(Vec::is_empty),
-                "gaps": gaps,
-                "name": w.spec.name,
-                "role": w.spec.role.to_string(),
-                "server": w.spec.server,
-                "pid": w.pid,
-                "state": w.state.as_str(),
-                "restarts": w.restarts,
-                "last_exit": w.last_exit,
-                "confinement": w.report,
-                "warnings": w.warnings,
-            })
-        })
-        .collect();
+    let workers: Vec<Value> = gw.supervisor().workers.iter().map(worker_json).collect();
     json!({
         "ok": true,
         "version": env!("CARGO_PKG_VERSION"),

@@ -249,7 +249,8 @@ impl Gateway {
     /// Commit what the core staged and tell it how that went: only then may its actions
     /// leave (the core turns them into refusals when the commit failed).
     fn commit(&mut self) {
-        if self.core.records().staged() > 0 {
+        // Staged rows, or the chain's waiting rows and a signature that fell due.
+        if self.core.records().has_work() {
             let started = Instant::now();
             let outcome = self
                 .core
@@ -298,6 +299,8 @@ impl Gateway {
         let now = Instant::now();
         let candidates = [
             self.core.next_deadline(),
+            // The ledger's waiting chain rows and checkpoint signatures.
+            self.core.records().next_deadline(),
             self.supervisor.next_deadline(),
             self.doors.check_at,
             self.stop_deadline,

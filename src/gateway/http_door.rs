@@ -29,6 +29,9 @@ use crate::transport::http::{
     RequestLimits, RequestReader, TlsSession, load_server_config,
 };
 
+/// Read-buffer capacity an idle connection may keep between requests.
+const KEEP_READ_BUFFER: usize = 64 * 1024;
+
 /// How often idle sessions are swept.
 const SESSION_SWEEP: Duration = Duration::from_secs(60);
 
@@ -835,6 +838,10 @@ fn consume(h: &mut HttpConn, n: usize) {
         None => {
             let n = n.min(h.plain.len());
             h.plain.drain(..n);
+            // A large body read once is not kept for the rest of a keep-alive connection.
+            if h.plain.is_empty() && h.plain.capacity() > KEEP_READ_BUFFER {
+                h.plain = Vec::new();
+            }
         }
     }
 }

@@ -43,17 +43,18 @@ pub struct AgentPlan {
     pub notes: Vec<String>,
 }
 
-/// The agent user of each workspace: its own `agent_user`, else `[sandbox] agent_user`.
+/// The agent user of each workspace and each local server: its own `agent_user`, else
+/// `[sandbox] agent_user`.
 pub fn agent_user_names(config: &Config) -> BTreeSet<String> {
-    config
-        .workspaces
-        .0
-        .values()
-        .map(|ws| {
-            ws.agent_user
-                .clone()
-                .unwrap_or_else(|| config.sandbox.agent_user.clone())
-        })
+    let workspaces = config.workspaces.0.values().map(|ws| ws.agent_user.clone());
+    let servers = config
+        .servers
+        .enabled()
+        .filter(|(_, s)| s.is_local())
+        .map(|(_, s)| s.local.agent_user.clone());
+    workspaces
+        .chain(servers)
+        .map(|u| u.unwrap_or_else(|| config.sandbox.agent_user.clone()))
         .collect()
 }
 

@@ -36,6 +36,10 @@ pub const MIGRATIONS: &[Migration] = &[
         what: "security_rule_events kept in call order; indexes no call needs dropped",
         sql: MIGRATION_3,
     },
+    Migration {
+        what: "the hash chain: chain_seq on every chained row, ledger_chain",
+        sql: MIGRATION_4,
+    },
 ];
 
 /// The schema version this build writes.
@@ -165,6 +169,37 @@ DROP TABLE security_rule_events;
 ALTER TABLE security_rule_events_v3 RENAME TO security_rule_events;
 ";
 
+/// The hash chain (`src/ledger/chain/`). Every chained row says which commit group last
+/// wrote it (`chain_seq`); `ledger_chain` holds one row per group: what it wrote and the
+/// hash that links it to the group before. Rows already in the file keep `chain_seq` NULL
+/// and are sealed by the chain's first row when the gateway next opens the ledger. Adding
+/// a column is O(1) in SQLite: no row is rewritten. `ledger_writer_state` says whether the
+/// last writer closed the ledger cleanly (see `chain::recovery`); `ledger_checkpoints` holds
+/// the signed heads (see `chain::signing`).
+const MIGRATION_4: &str = "
+ALTER TABLE tool_calls ADD COLUMN chain_seq INTEGER;
+ALTER TABLE security_rule_events ADD COLUMN chain_seq INTEGER;
+ALTER TABLE event_body_blobs ADD COLUMN chain_seq INTEGER;
+ALTER TABLE events ADD COLUMN chain_seq INTEGER;
+CREATE TABLE ledger_chain (
+    seq     INTEGER PRIMARY KEY,
+    ts_ms   INTEGER NOT NULL,
+    records BLOB NOT NULL,
+    hash    BLOB NOT NULL
+);
+CREATE TABLE ledger_writer_state (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    open INTEGER NOT NULL
+);
+CREATE TABLE ledger_checkpoints (
+    seq          INTEGER PRIMARY KEY,
+    signed_at_ms INTEGER NOT NULL,
+    hash         BLOB NOT NULL,
+    public_key   BLOB NOT NULL,
+    signature    BLOB NOT NULL
+);
+";
+
 fn read_i64(conn: &Connection, sql: &str, path: &Path) -> Result<i64, LedgerError> {
     conn.query_row(sql, [], |row| row.get::<_, i64>(0))
         .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, format!("{sql}: {e}")))
@@ -279,7 +314,7 @@ mod tests {
                     (7, 1, 'd', 'ask', 'request', 'config');",
         )
         .unwrap();
-        migrate(&mut conn, &path, 2).unwrap();
+        apply(&mut conn, &path, 2, &MIGRATIONS[..3]).unwrap();
         assert_eq!(version(&conn), 3);
         let rows: Vec<(i64, String, i64, String)> = conn
             .prepare("SELECT call_id, phase, seq, rule_id FROM security_rule_events")

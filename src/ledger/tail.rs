@@ -129,7 +129,7 @@ fn text_line(row: &Row, out: &mut String) -> rusqlite::Result<()> {
 /// A field as printed in text mode: as is when it is made only of visible characters,
 /// else quoted with every control, space-like, format or non-ASCII-graphic symbol escaped
 /// as `\u{..}` (ANSI escapes and bidi overrides included).
-fn escape(value: &str) -> String {
+pub(crate) fn escape(value: &str) -> String {
     let plain = |c: char| c.is_ascii_graphic() && c != '"' && c != '\\' || c.is_alphanumeric();
     if !value.is_empty() && value.chars().all(plain) {
         return value.to_owned();

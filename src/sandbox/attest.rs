@@ -35,7 +35,7 @@ pub const REQUIRED_PROBES: &[&str] = &[
 /// Probes of [`probes_allowed_by_design`] must be present but may succeed; every other one
 /// must be denied.
 pub fn required_probes(role: &str) -> &'static [&'static str] {
-    if role == Role::Workspace.as_str() {
+    if role == Role::Workspace.as_str() || role == Role::StdioServer.as_str() {
         super::workspace_probes::WORKSPACE_PROBES
     } else {
         REQUIRED_PROBES
@@ -45,7 +45,7 @@ pub fn required_probes(role: &str) -> &'static [&'static str] {
 /// Probes whose success a role needs to do its job: the workspace runs programs, so its
 /// fork, spawn and exec probes succeed (their detail says so). Empty for other roles.
 pub fn probes_allowed_by_design(role: &str) -> &'static [&'static str] {
-    if role == Role::Workspace.as_str() {
+    if role == Role::Workspace.as_str() || role == Role::StdioServer.as_str() {
         super::workspace_probes::ALLOWED_BY_DESIGN
     } else {
         &[]

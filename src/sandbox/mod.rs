@@ -145,16 +145,26 @@ pub enum Role {
     /// Shell and file tools in one workspace: runs programs (fork and exec are its job),
     /// writes only under the workspace root.
     Workspace,
+    /// One local MCP server (`[servers.NAME] command`): runs its program and speaks MCP to
+    /// it over its stdin and stdout; writes only its private state directory and
+    /// `write_paths`.
+    StdioServer,
 }
 
 impl Role {
-    pub const ALL: [Role; 3] = [Role::Builtin, Role::Aggregator, Role::Workspace];
+    pub const ALL: [Role; 4] = [
+        Role::Builtin,
+        Role::Aggregator,
+        Role::Workspace,
+        Role::StdioServer,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Builtin => "builtin",
             Role::Aggregator => "aggregator",
             Role::Workspace => "workspace",
+            Role::StdioServer => "stdio-server",
         }
     }
 
@@ -162,7 +172,7 @@ impl Role {
     /// programs are arbitrary) instead of an allow-list, and its attestation expects
     /// fork, spawn and exec to succeed.
     pub fn runs_programs(self) -> bool {
-        self == Role::Workspace
+        matches!(self, Role::Workspace | Role::StdioServer)
     }
 }
 
@@ -179,8 +189,9 @@ impl FromStr for Role {
             "builtin" => Ok(Role::Builtin),
             "aggregator" => Ok(Role::Aggregator),
             "workspace" => Ok(Role::Workspace),
+            "stdio-server" => Ok(Role::StdioServer),
             other => Err(format!(
-                "unknown worker role {other:?} (expected \"builtin\", \"aggregator\" or \"workspace\")"
+                "unknown worker role {other:?} (expected \"builtin\", \"aggregator\", \"workspace\" or \"stdio-server\")"
             )),
         }
     }

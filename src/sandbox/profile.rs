@@ -12,6 +12,7 @@ pub(super) fn seccomp_json(role: Role) -> &'static str {
         Role::Builtin => include_str!("../../sandbox-profiles/builtin.json"),
         Role::Aggregator => include_str!("../../sandbox-profiles/aggregator.json"),
         Role::Workspace => include_str!("../../sandbox-profiles/workspace.json"),
+        Role::StdioServer => include_str!("../../sandbox-profiles/stdio-server.json"),
     }
 }
 
@@ -21,6 +22,7 @@ pub(super) fn landlock_toml(role: Role) -> &'static str {
         Role::Builtin => include_str!("../../sandbox-profiles/builtin.landlock.toml"),
         Role::Aggregator => include_str!("../../sandbox-profiles/aggregator.landlock.toml"),
         Role::Workspace => include_str!("../../sandbox-profiles/workspace.landlock.toml"),
+        Role::StdioServer => include_str!("../../sandbox-profiles/stdio-server.landlock.toml"),
     }
 }
 

@@ -7,7 +7,8 @@
 //! store) and its directory (the state directory, with the WAL, the lock and the pins);
 //! the admin socket and its directory (the runtime directory); the framed unix door; the
 //! TLS certificate and key and their directories; each upstream's `bearer_token_file` and
-//! its directory. A directory shared with the rest of the system (`/etc`, `/etc/ssl/certs`,
+//! its directory; each local server's `secret_env` file and its directory, and the
+//! directory of the local servers' private state. A directory shared with the rest of the system (`/etc`, `/etc/ssl/certs`,
 //! `/run`, `/tmp`, ...), or one that holds a path a worker is granted, is not hidden as a
 //! whole: only the files in it are.
 
@@ -153,6 +154,21 @@ pub fn config_secrets(config: &Config) -> Vec<SecretPath> {
                 file,
             );
         }
+        for (var, file) in &server.local.secret_env {
+            file_and_dir(
+                &mut out,
+                &format!("secret_env:{name}:{var}"),
+                &format!("secret_env_dir:{name}:{var}"),
+                file,
+            );
+        }
+    }
+    // Local servers' private state (their caches may hold their credentials): each server
+    // is granted its own directory in there, and nothing else is.
+    if config.servers.servers.values().any(|s| s.is_local()) {
+        let root =
+            crate::stdio_server::config::servers_state_root(&config.servers, &config.state_dir());
+        push_as(&mut out, "servers_state", &root, true);
     }
     out
 }

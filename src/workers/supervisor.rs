@@ -338,6 +338,26 @@ impl Supervisor {
         }
     }
 
+    /// Start the worker `id` again with new settings (a local server whose configuration
+    /// changed on reload): it is stopped now and starts again at once, without the backoff
+    /// earlier failures built up.
+    pub fn restart_with_settings(
+        &mut self,
+        id: WorkerId,
+        stdin_settings: Vec<u8>,
+        registry: &Registry,
+        now: Instant,
+        events: &mut Vec<WorkerEvent>,
+    ) {
+        let Some(w) = self.workers.iter_mut().find(|w| w.id == id) else {
+            return;
+        };
+        w.stdin_settings = Some(stdin_settings);
+        w.backoff = MIN_BACKOFF;
+        let why = format!("worker {} restarts: its configuration changed", w.spec.name);
+        Self::take_down(w, registry, why, now, events);
+    }
+
     fn index(&self, token: Token) -> Option<usize> {
         self.workers.iter().position(|w| w.token == token)
     }

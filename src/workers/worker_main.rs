@@ -43,6 +43,10 @@ pub fn run(role: Role) -> i32 {
         // Its own settings, attestation and loop (it runs programs as tasks).
         return crate::workspace::worker::run();
     }
+    if role == Role::StdioServer {
+        // Its own settings and attestation; it runs one local server's program.
+        return crate::stdio_server::host::run();
+    }
     if let Err(e) = sandbox::scrub_inherited_fds() {
         crate::error!("worker {role}: cannot close inherited fds: {e}");
         return 3;

@@ -15,9 +15,13 @@
 //!    enters one more scoped domain (so the task cannot signal its leader), and execs
 //!    `/bin/sh -c COMMAND` in the workspace root with the configured environment;
 //! 5. waits: a byte `T` on its control pipe sends SIGTERM to every process of the task, `K`
-//!    sends SIGKILL, end of file (the worker died) sends SIGKILL. When the shell exits, it
-//!    kills what the task left behind, reaps all of it, writes the shell's wait status on
-//!    its status pipe and exits.
+//!    sends SIGKILL, end of file (the worker died) sends SIGKILL (after SIGTERM and the
+//!    spec's `eof_grace`, when it has one). When the shell exits, it kills what the task
+//!    left behind, reaps all of it, writes the shell's wait status on its status pipe and
+//!    exits.
+//!
+//! A local MCP server (`crate::stdio_server`) is started the same way, with its program
+//! executed directly ([`LaunchSpec::program`]) and a pipe of its host as its stdin.
 //!
 //! The status pipe carries the shell's pid (4 bytes) as soon as it runs, then its wait
 //! status (4 bytes), native byte order. When the second number arrives, every process of
@@ -42,6 +46,9 @@ pub struct LaunchSpec<'w> {
     /// The task's `cgroup.procs`, when it has a cgroup of its own: the leader moves
     /// itself there first.
     pub cgroup_procs: Option<OwnedFd>,
+    /// On end of file of the control pipe: SIGTERM, then SIGKILL this much later (zero:
+    /// SIGKILL at once).
+    pub eof_grace: std::time::Duration,
     shell: CString,
     argv: Vec<CString>,
     envp: Vec<CString>,
@@ -73,6 +80,35 @@ impl<'w> LaunchSpec<'w> {
             cwd: c(cwd.as_os_str().as_bytes(), "the root")?,
             walls,
             cgroup_procs: None,
+            eof_grace: std::time::Duration::ZERO,
+        })
+    }
+
+    /// `program` (a path) executed directly with `argv` (its first entry is the name it
+    /// is called by), in `cwd`, with exactly `env` (`NAME=value`).
+    pub fn program(
+        program: &Path,
+        argv: &[String],
+        cwd: &Path,
+        env: &[String],
+        walls: &'w ProgramWalls,
+    ) -> Result<LaunchSpec<'w>, String> {
+        let c =
+            |s: &[u8], what: &str| CString::new(s).map_err(|_| format!("{what} holds a NUL byte"));
+        Ok(LaunchSpec {
+            shell: c(program.as_os_str().as_bytes(), "the program")?,
+            argv: argv
+                .iter()
+                .map(|a| c(a.as_bytes(), "an argument"))
+                .collect::<Result<_, _>>()?,
+            envp: env
+                .iter()
+                .map(|e| c(e.as_bytes(), "the environment"))
+                .collect::<Result<_, _>>()?,
+            cwd: c(cwd.as_os_str().as_bytes(), "the working directory")?,
+            walls,
+            cgroup_procs: None,
+            eof_grace: std::time::Duration::ZERO,
         })
     }
 }
@@ -110,9 +146,9 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Starts `spec` as a task. `devnull` is `/dev/null` opened read-write (the command's
-/// stdin).
-pub fn launch(spec: &LaunchSpec, devnull: &OwnedFd) -> io::Result<Launched> {
+/// Starts `spec` as a task. `stdin` is what the command reads: `/dev/null` opened
+/// read-write for a workspace command, the read end of a pipe for a local server.
+pub fn launch(spec: &LaunchSpec, stdin: &OwnedFd) -> io::Result<Launched> {
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
@@ -125,7 +161,7 @@ pub fn launch(spec: &LaunchSpec, devnull: &OwnedFd) -> io::Result<Launched> {
     let mut envp: Vec<*const libc::c_char> = spec.envp.iter().map(|e| e.as_ptr()).collect();
     envp.push(std::ptr::null());
     let child_fds = [
-        devnull.as_raw_fd(),
+        stdin.as_raw_fd(),
         out_w.as_raw_fd(),
         err_w.as_raw_fd(),
         ctl_r.as_raw_fd(),
@@ -137,6 +173,7 @@ pub fn launch(spec: &LaunchSpec, devnull: &OwnedFd) -> io::Result<Launched> {
         envp: envp.as_ptr(),
         cwd: spec.cwd.as_ptr(),
     };
+    let eof_grace_ms = i64::try_from(spec.eof_grace.as_millis()).unwrap_or(i64::MAX);
     // SAFETY: the child runs only `leader_main`, which makes async-signal-safe system
     // calls on values prepared above and never returns.
     let pid = unsafe { libc::fork() };
@@ -148,6 +185,7 @@ pub fn launch(spec: &LaunchSpec, devnull: &OwnedFd) -> io::Result<Launched> {
                 &shell,
                 spec.walls,
                 spec.cgroup_procs.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                eof_grace_ms,
             )
         }
     }
@@ -243,6 +281,7 @@ unsafe fn leader_main(
     shell: &Exec,
     walls: &ProgramWalls,
     cgroup_procs: RawFd,
+    eof_grace_ms: i64,
 ) -> ! {
     // SAFETY (whole body): system calls on valid, pre-built arguments.
     unsafe {
@@ -308,10 +347,23 @@ unsafe fn leader_main(
             libc::kill(-child, sig);
         };
         let pidfd = libc::syscall(libc::SYS_pidfd_open, child, 0u32) as libc::c_int;
-        let poll_ms = if pidfd >= 0 { 1000 } else { 50 };
+        let mut poll_ms = if pidfd >= 0 { 1000 } else { 50 };
         let mut control_open = true;
         let mut shell_status: Option<libc::c_int> = None;
+        // Milliseconds on the monotonic clock when a graceful stop turns into SIGKILL.
+        let mut kill_at: Option<i64> = None;
+        let now_ms = || {
+            let mut ts: libc::timespec = std::mem::zeroed();
+            libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+            ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000
+        };
         loop {
+            if let Some(at) = kill_at
+                && now_ms() >= at
+            {
+                kill_at = None;
+                terminate(libc::SIGKILL);
+            }
             let mut poll_fds = [
                 libc::pollfd {
                     fd: if control_open { FD_CONTROL } else { -1 },
@@ -329,9 +381,15 @@ unsafe fn leader_main(
                 let mut buf = [0u8; 16];
                 let n = libc::read(FD_CONTROL, buf.as_mut_ptr().cast(), buf.len());
                 if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
-                    // The worker is gone: so is the task.
+                    // The worker is gone: so is the task (gracefully, when it may be).
                     control_open = false;
-                    terminate(libc::SIGKILL);
+                    if eof_grace_ms > 0 {
+                        terminate(libc::SIGTERM);
+                        kill_at = Some(now_ms().saturating_add(eof_grace_ms));
+                        poll_ms = 20;
+                    } else {
+                        terminate(libc::SIGKILL);
+                    }
                 } else if n > 0 {
                     for byte in &buf[..n as usize] {
                         match byte {
@@ -416,9 +474,15 @@ unsafe fn shell_main(leader: libc::pid_t, scoped: bool, shell: &Exec) -> ! {
         libc::close(FD_CONTROL);
         libc::close(FD_STATUS);
         if libc::chdir(shell.cwd) != 0 {
-            fail(b"toolwall: cannot enter the workspace root\n", 126);
+            fail(b"toolwall: cannot enter the working directory\n", 126);
         }
         libc::execve(shell.path, shell.argv, shell.envp);
-        fail(b"toolwall: cannot run /bin/sh\n", 127);
+        if *libc::__errno_location() == libc::EACCES {
+            fail(
+                b"toolwall: cannot run the program: permission denied (outside the granted paths?)\n",
+                126,
+            );
+        }
+        fail(b"toolwall: cannot run the program\n", 127);
     }
 }

@@ -149,6 +149,13 @@ pub fn run() -> i32 {
 /// The worker must run as its agent user (real, effective and saved ids, no other group),
 /// or, when the configuration allowed it, as toolwall's own user; never as root.
 fn check_identity(settings: &WorkspaceWorkerSettings) -> Result<(), String> {
+    check_agent_identity(&settings.agent)
+}
+
+/// The check of [`check_identity`] for any host of agent programs (a local server's too).
+pub(crate) fn check_agent_identity(
+    agent: &super::settings::AgentExpectation,
+) -> Result<(), String> {
     let (mut r, mut e, mut s) = (0, 0, 0);
     let (mut gr, mut ge, mut gs) = (0, 0, 0);
     // SAFETY: out-pointers to local integers.
@@ -162,7 +169,7 @@ fn check_identity(settings: &WorkspaceWorkerSettings) -> Result<(), String> {
                 .into(),
         );
     }
-    match &settings.agent.user {
+    match &agent.user {
         Some(user) => {
             if [r, e, s] != [user.uid; 3] || [gr, ge, gs] != [user.gid; 3] {
                 return Err(format!(
@@ -183,10 +190,10 @@ fn check_identity(settings: &WorkspaceWorkerSettings) -> Result<(), String> {
             }
         }
         None => {
-            if r != settings.agent.gateway_uid {
+            if r != agent.gateway_uid {
                 return Err(format!(
                     "running as uid {r}, neither an agent user nor toolwall's uid {}",
-                    settings.agent.gateway_uid
+                    agent.gateway_uid
                 ));
             }
         }

@@ -51,6 +51,28 @@ pub fn report(name: &str, before: Rss, during: Rss, served_in: Option<Duration>)
     );
 }
 
+/// Raise this process's open-file limit so it can hold `n` connections (and the gateway
+/// raises its own); fails with the reason when the hard limit is below.
+pub fn allow_descriptors(n: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write one rlimit.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        if limit.rlim_cur < n {
+            assert!(
+                limit.rlim_max >= n,
+                "this test holds {n} connections; the hard open-file limit is {}",
+                limit.rlim_max
+            );
+            limit.rlim_cur = n;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+        }
+    }
+}
+
 /// `n` TCP connections to the door that never send a byte.
 pub fn silent_tcp(port: u16, n: usize) -> Vec<TcpStream> {
     (0..n)

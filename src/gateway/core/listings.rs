@@ -15,7 +15,8 @@ use crate::mcp::jsonrpc;
 use crate::workers::rpc::{self, Op};
 
 impl<R: Recorder> Core<R> {
-    /// The aggregator worker is `upstreams.worker`; the core lists and routes its servers.
+    /// The upstream servers and the workers that reach them; the core lists and routes
+    /// them.
     pub fn set_upstreams(&mut self, upstreams: UpstreamsState) {
         self.upstreams = Some(upstreams);
     }
@@ -84,11 +85,15 @@ impl<R: Recorder> Core<R> {
         if self.is_aggregator(worker) {
             // Credentials first (only over this channel), then every server's lists.
             let key = self.calls.new_key();
-            let Some(msg) = self.upstreams.as_ref().map(|u| u.configure_request(key)) else {
+            let Some(msg) = self
+                .upstreams
+                .as_ref()
+                .map(|u| u.configure_request(worker, key))
+            else {
                 return;
             };
             self.internal_request(key, worker, Purpose::Configure, msg);
-            self.refresh_upstreams(now);
+            self.refresh_upstreams_of(worker, now);
             return;
         }
         let server = self.workers[worker].server.clone();

@@ -22,25 +22,40 @@ impl<R: Recorder> Core<R> {
     pub fn refresh_upstreams(&mut self, now: Instant) {
         self.now = now;
         let Some(u) = &self.upstreams else { return };
-        let (worker, servers) = (u.worker, u.servers());
-        if !self.workers[worker].ready {
-            return;
-        }
-        for server in servers {
+        for server in u.servers() {
             for kind in Kind::ALL {
                 self.want_listing(&server, kind, now);
             }
         }
     }
 
+    /// List every list of the servers `worker` reaches (it is ready, again).
+    pub(super) fn refresh_upstreams_of(&mut self, worker: WorkerId, now: Instant) {
+        self.now = now;
+        let Some(u) = &self.upstreams else { return };
+        for server in u.servers_of(worker) {
+            for kind in Kind::ALL {
+                self.want_listing(&server, kind, now);
+            }
+        }
+    }
+
+    /// Whether the worker that reaches `server` is ready.
+    fn upstream_ready(&self, server: &str) -> bool {
+        self.upstreams
+            .as_ref()
+            .and_then(|u| u.worker_of(server))
+            .is_some_and(|w| self.workers[w].ready)
+    }
+
     /// A listing is wanted: started now, or left pending (and counted) by the schedule.
     fn want_listing(&mut self, server: &str, kind: Kind, now: Instant) {
+        if !self.upstream_ready(server) {
+            return;
+        }
         let Some(u) = self.upstreams.as_mut() else {
             return;
         };
-        if !self.workers[u.worker].ready {
-            return;
-        }
         if u.want(server, kind, now) {
             self.send_listing(server, kind, now);
         }
@@ -50,7 +65,9 @@ impl<R: Recorder> Core<R> {
         self.now = now;
         let key = self.calls.new_key();
         let Some(u) = &self.upstreams else { return };
-        let worker = u.worker;
+        let Some(worker) = u.worker_of(server) else {
+            return;
+        };
         let msg = u.listing_request(key, server, kind);
         let listing = Purpose::Listing {
             kind,
@@ -93,12 +110,22 @@ impl<R: Recorder> Core<R> {
             return;
         };
         let applied = u.take_reviewed(&mut self.catalog, now);
-        let due = if self.workers[u.worker].ready {
-            u.due(now)
-        } else {
-            Vec::new()
-        };
         self.carry_out(applied);
+        // Listings of a server whose worker is down stay pending until it is back.
+        let ready: Vec<String> = self
+            .upstreams
+            .as_ref()
+            .map(|u| {
+                u.servers()
+                    .into_iter()
+                    .filter(|s| self.upstream_ready(s))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let Some(u) = self.upstreams.as_mut() else {
+            return;
+        };
+        let due = u.due(now, |s| ready.iter().any(|r| r == s));
         for (server, kind) in due {
             self.send_listing(&server, kind, now);
         }
@@ -113,7 +140,7 @@ impl<R: Recorder> Core<R> {
         detail: &str,
         now: Instant,
     ) {
-        if kind != "list_changed" {
+        if !matches!(kind, "list_changed" | "stderr") {
             self.event(
                 "worker_event",
                 json!({"worker": self.workers[worker].name, "kind": kind, "detail": detail}),
@@ -122,7 +149,11 @@ impl<R: Recorder> Core<R> {
         let Some(u) = self.upstreams.as_mut() else {
             return;
         };
-        let Some(relist) = u.on_event(kind, detail) else {
+        let relist = u.on_event(worker, kind, detail, now);
+        for line in u.take_logs() {
+            self.log(Level::Info, line);
+        }
+        let Some(relist) = relist else {
             return;
         };
         for kind in relist.kinds {

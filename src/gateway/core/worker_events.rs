@@ -20,7 +20,7 @@ impl<R: Recorder> Core<R> {
         self.now = now;
         self.workers[worker].ready = false;
         if let Some(u) = self.upstreams.as_mut().filter(|u| u.is_worker(worker)) {
-            u.on_worker_gone(reason);
+            u.on_worker_gone(worker, reason);
         }
         let name = self.workers[worker].name.clone();
         let message = format!("worker {name} is gone: {reason}");

@@ -54,6 +54,7 @@ impl Gateway {
             Ok((policy, config)) => {
                 let now = Instant::now();
                 if config.servers != self.config.servers {
+                    self.restart_changed_local_servers(&config);
                     let same_set = config.servers.same_connections(&self.config.servers);
                     self.core.reconfigure_upstreams(&config.servers, now);
                     if !same_set {
@@ -117,6 +118,58 @@ impl Gateway {
                 Err(e)
             }
         }
+    }
+
+    /// Local servers whose program, environment, grants or limits changed start again
+    /// with the new ones (their secrets read again); the others keep running.
+    fn restart_changed_local_servers(&mut self, config: &Config) {
+        let changed = self.config.servers.changed_local_servers(&config.servers);
+        if changed.is_empty() {
+            return;
+        }
+        let Some(plan) = self.supervisor.agents.as_ref() else {
+            return;
+        };
+        let mut protected = workspace_protected_paths(config);
+        protected.extend(
+            crate::sandbox::secrets::secret_files(self.supervisor.secrets())
+                .map(|p| p.to_path_buf()),
+        );
+        let secrets = self.supervisor.secrets().to_vec();
+        let planned: Vec<_> = changed
+            .into_iter()
+            .map(|name| {
+                let p = crate::stdio_server::hosting::plan_server(
+                    config, &name, plan, &secrets, &protected,
+                );
+                (name, p)
+            })
+            .collect();
+        let mut events = Vec::new();
+        let now = Instant::now();
+        for (name, planned) in planned {
+            let worker = self.core.upstreams().and_then(|u| u.worker_of(&name));
+            match (planned, worker) {
+                (Ok(p), Some(id)) => {
+                    crate::info!("reload: server {name} changed; starting it again");
+                    if let Some(u) = self.core.upstreams_mut() {
+                        u.replace_setup(id, p.setup);
+                    }
+                    self.supervisor.restart_with_settings(
+                        id,
+                        p.stdin,
+                        self.poll.registry(),
+                        now,
+                        &mut events,
+                    );
+                }
+                (Err(e), _) => {
+                    crate::error!("reload: server {name} keeps its previous configuration: {e}")
+                }
+                (_, None) => {}
+            }
+        }
+        self.apply_worker_events(&mut events, now);
     }
 
     pub(super) fn begin_stop(&mut self, now: Instant) {

@@ -225,6 +225,16 @@ impl Gateway {
         let spec = builtin_spec(&config);
         let id = core.add_worker(&spec.name, &spec.server);
         supervisor.add(spec, id, Token(WORKER_BASE));
+        // Upstream servers: url servers through the aggregator worker, each local server
+        // through a host of its own (added below, with the workspaces' agent users).
+        let mut upstreams = config.servers.enabled().next().map(|_| {
+            crate::aggregator::gateway_state::UpstreamsState::empty(
+                &config.servers,
+                &config.ledger.path,
+                Arc::clone(&waker),
+                Instant::now(),
+            )
+        });
         if let Some(spec) = crate::aggregator::spec::worker_spec(
             &config.servers,
             config.sandbox.mode,
@@ -234,14 +244,9 @@ impl Gateway {
             let setup = crate::aggregator::prepare::build_setup(&config.servers);
             let id = core.add_worker(&spec.name, &spec.server);
             supervisor.add(spec, id, Token(WORKER_BASE + 1));
-            core.set_upstreams(crate::aggregator::gateway_state::UpstreamsState::new(
-                id,
-                &config.servers,
-                setup,
-                &config.ledger.path,
-                Arc::clone(&waker),
-                Instant::now(),
-            ));
+            if let Some(u) = upstreams.as_mut() {
+                u.route(id, setup);
+            }
         }
         // One worker per workspace, all serving `ws`; calls are routed by the caller.
         let mut protected = workspace_protected_paths(&config);
@@ -273,6 +278,24 @@ impl Gateway {
             ws_workers.insert(ws.id.clone(), id);
             let token = Token(WORKER_BASE + 2 + n);
             supervisor.add_program_host(spec, id, token, stdin, host, allowed);
+        }
+        let first = WORKER_BASE + 2 + ws_workers.len();
+        let locals = crate::stdio_server::hosting::plan_servers(
+            &config,
+            &agents,
+            supervisor.secrets(),
+            &protected,
+        )
+        .map_err(|e| format!("servers: {e}"))?;
+        for (k, p) in locals.into_iter().enumerate() {
+            let id = core.add_worker(&p.spec.name, &p.spec.server);
+            supervisor.add_program_host(p.spec, id, Token(first + k), p.stdin, p.host, p.allowed);
+            if let Some(u) = upstreams.as_mut() {
+                u.route(id, p.setup);
+            }
+        }
+        if let Some(u) = upstreams {
+            core.set_upstreams(u);
         }
         supervisor.agents = Some(agents);
         if !ws_workers.is_empty() {

@@ -287,8 +287,10 @@ fn run_confined_worker_in(role: Role, mode: SandboxMode) {
     let read_refusal = match role {
         Role::Builtin => "EACCES",
         Role::Aggregator => "EPERM",
-        Role::Workspace => {
-            unreachable!("the workspace role has its own tests (tests/workspace.rs)")
+        Role::Workspace | Role::StdioServer => {
+            unreachable!(
+                "the roles that run programs have their own tests (tests/workspace.rs, tests/local_servers.rs)"
+            )
         }
     };
     assert!(

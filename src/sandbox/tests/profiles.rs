@@ -534,3 +534,46 @@ fn workspace_landlock_grants_system_dirs_to_read_and_run_and_only_devices_to_wri
         "a device outside /dev"
     );
 }
+
+/// A local server's program is walled in exactly like a workspace's: the same rules in
+/// every filter (only the comments say whom they protect).
+#[test]
+fn stdio_server_profile_denies_what_the_workspace_denies() {
+    let strip = |p: &Value| -> BTreeMap<String, Vec<String>> {
+        p.as_object()
+            .expect("filters")
+            .iter()
+            .map(|(name, f)| {
+                let mut rules: Vec<String> = f["filter"]
+                    .as_array()
+                    .expect("rules")
+                    .iter()
+                    .map(|r| {
+                        let mut r = r.clone();
+                        r.as_object_mut().expect("rule").remove("comment");
+                        for a in r["args"].as_array_mut().into_iter().flatten() {
+                            a.as_object_mut().expect("arg").remove("comment");
+                        }
+                        r.to_string()
+                    })
+                    .collect();
+                rules.sort();
+                let actions = format!("{} {}", f["mismatch_action"], f["match_action"]);
+                rules.push(actions);
+                (name.clone(), rules)
+            })
+            .collect()
+    };
+    assert_eq!(
+        strip(&profile(Role::StdioServer)),
+        strip(&profile(Role::Workspace))
+    );
+    let server = landlock_profile(Role::StdioServer).expect("profile");
+    let workspace = landlock_profile(Role::Workspace).expect("profile");
+    let paths = |g: &[super::super::profile::ReadGrant]| -> Vec<PathBuf> {
+        g.iter().map(|g| g.path.clone()).collect()
+    };
+    assert_eq!(paths(&server.hidden), paths(&workspace.hidden));
+    assert_eq!(paths(&server.execute), paths(&workspace.execute));
+    assert!(server.connect_tcp.is_empty());
+}

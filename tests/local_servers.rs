@@ -1,0 +1,834 @@
+//! Local MCP servers (`[servers.NAME] command = [...]`) through the real binary: started
+//! as confined children of a host that attested first, spoken to over stdio in both eras,
+//! behind the same catalog, policy and ledger as any server; faults at start and mid-call;
+//! secrets that reach the program and nothing else.
+
+mod common;
+
+use common::{PATIENCE, TestGateway, agent_user, base_config};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/stdio_server.py")
+}
+
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The tempdir of a test gateway, traversable by the agent user (its servers' state
+/// directory is inside it).
+fn open_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    common::searchable_above(dir.path());
+    let _ = agent_user();
+    dir
+}
+
+/// A `[servers.NAME]` table running the fixture with `args`, plus `extra` keys.
+fn fixture_server(name: &str, args: &[&str], extra: &str) -> String {
+    let mut command = vec!["python3".to_string(), fixture().display().to_string()];
+    command.extend(args.iter().map(|a| a.to_string()));
+    format!(
+        "[servers.{name}]\ncommand = {}\nread_paths = [\"{}\"]\n{extra}\n",
+        serde_json::to_string(&command).unwrap(),
+        fixtures_dir().display()
+    )
+}
+
+fn start(dir: tempfile::TempDir, servers: &str) -> TestGateway {
+    let settings = format!(
+        "[servers]\nstate_dir = \"{}/servers\"\nretry_max_secs = 2\n",
+        dir.path().display()
+    );
+    let config = base_config(dir.path(), &format!("{settings}\n{servers}"));
+    TestGateway::start_with(dir, &config)
+}
+
+/// The text of a tool result.
+fn text(result: &Value) -> String {
+    result["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn tool_json(result: &Value) -> Value {
+    serde_json::from_str(&text(result)).unwrap_or(Value::Null)
+}
+
+/// Poll `status` until `check` holds for server `name`.
+fn wait_server(gw: &TestGateway, name: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + PATIENCE * 2;
+    loop {
+        let status = gw.admin(json!({"op": "status"}));
+        let entry = status["servers"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["server"] == name).cloned())
+            .unwrap_or(Value::Null);
+        if check(&entry) {
+            return entry;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "server {name} never showed {what}: {entry:#}\nlog:\n{}",
+                gw.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_tool(gw: &TestGateway, tool: &str) {
+    let deadline = Instant::now() + PATIENCE * 2;
+    let mut c = gw.connect();
+    loop {
+        let list = c.call("tools/list", json!({}));
+        let names: Vec<String> = list["result"]["tools"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if names.iter().any(|n| n == tool) {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("{tool} never listed: {names:?}\nlog:\n{}", gw.log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_local_server_serves_through_the_one_pipeline() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start(dir, &fixture_server("fx", &[], ""));
+    wait_tool(&gw, "fx__echo");
+    let mut c = gw.connect();
+    let r = c.tool("fx__echo", json!({"text": "through the wall"}));
+    assert_eq!(text(&r), "through the wall", "{r}");
+    let who = tool_json(&c.tool("fx__whoami", json!({})));
+    let agent = agent_user();
+    assert_eq!(who["uid"], agent.uid, "runs as the agent user: {who}");
+    let env: Vec<String> = serde_json::from_value(who["env"].clone()).unwrap();
+    // Python adds nothing of its own to os.environ here; the set is exactly ours.
+    assert_eq!(env, vec!["HOME", "LANG", "PATH", "TMPDIR"], "{who}");
+    assert!(
+        who["home"].as_str().unwrap().ends_with("/servers/fx"),
+        "{who}"
+    );
+    assert!(
+        who["tmpdir"].as_str().unwrap().ends_with("/servers/fx/tmp"),
+        "{who}"
+    );
+    // Resources and prompts cross the same pipeline.
+    let read = c.call("resources/read", json!({"uri": "fixture://hello"}));
+    assert_eq!(read["result"]["contents"][0]["text"], "hello", "{read}");
+    let prompt = c.call(
+        "prompts/get",
+        json!({"name": "fx__greet", "arguments": {"who": "me"}}),
+    );
+    assert_eq!(
+        prompt["result"]["messages"][0]["content"]["text"], "hello me",
+        "{prompt}"
+    );
+    // The ledger has the rows, as for any server.
+    let rows = gw.wait_rows("the echo row", |rows| {
+        rows.iter()
+            .any(|r| r["tool_name"] == "echo" && r["decision"] == "allowed")
+    });
+    assert!(rows.iter().any(|r| r["server_name"] == "fx"), "{rows:#?}");
+    // Status: the server's transport, pid, era; its host's probes like any worker's.
+    let entry = wait_server(&gw, "fx", "a pid", |s| s["pid"].is_i64());
+    assert_eq!(entry["transport"], "stdio", "{entry}");
+    assert_eq!(entry["state"], "up", "{entry}");
+    assert!(
+        entry["era"].as_str().unwrap().starts_with("modern"),
+        "{entry}"
+    );
+    let status = gw.admin(json!({"op": "status"}));
+    let host = status["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "server:fx")
+        .cloned()
+        .expect("the host in status");
+    assert_eq!(host["role"], "stdio-server", "{host}");
+    assert_eq!(host["confined"], true, "{host}");
+    assert_eq!(host["confinement"]["uid"], agent.uid, "{host}");
+    let text = String::from_utf8_lossy(&gw.cli(&["status"]).stdout).into_owned();
+    assert!(text.contains("server fx  state up"), "{text}");
+    assert!(text.contains("stdio python3"), "{text}");
+}
+
+fn is_tool_error(r: &Value) -> bool {
+    r["result"]["isError"] == true
+}
+
+/// The message of a refused call (the structured error's, or the text).
+fn error_message(r: &Value) -> String {
+    r["result"]["structuredContent"]["error"]["message"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| text(r))
+}
+
+#[test]
+fn faults_at_start_are_clear_errors_naming_the_server_and_the_gateway_goes_on() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let servers = [
+        fixture_server(
+            "hang",
+            &["--hang"],
+            "start_timeout_secs = 2\ndiscover_timeout_ms = 300",
+        ),
+        fixture_server("junk", &["--garbage-at-start"], "start_timeout_secs = 5"),
+        fixture_server("gone", &["--exit-at-start"], "start_timeout_secs = 5"),
+        fixture_server("missing", &[], "start_timeout_secs = 5")
+            .replace("\"python3\"", "\"surely-not-installed-mcp-server\""),
+    ]
+    .join("\n");
+    let gw = start(dir, &servers);
+    let hang = wait_server(&gw, "hang", "a start timeout", |s| {
+        s["state"] == "down"
+            && s["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("did not answer within 2 s of its start"))
+    });
+    assert!(
+        hang["last_error"].as_str().unwrap().contains("server hang"),
+        "{hang}"
+    );
+    let junk = wait_server(&gw, "junk", "the garbage", |s| {
+        s["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("something other than a JSON-RPC message"))
+    });
+    let e = junk["last_error"].as_str().unwrap();
+    assert!(
+        e.contains("server junk") && e.contains("Server listening on stdio"),
+        "{e}"
+    );
+    let gone = wait_server(&gw, "gone", "its exit", |s| {
+        s["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("exited with code 7"))
+    });
+    let e = gone["last_error"].as_str().unwrap();
+    // The usual cause of a failed start, in the error: its last stderr lines.
+    assert!(e.contains("cannot find my package"), "{e}");
+    let missing = wait_server(&gw, "missing", "the missing program", |s| {
+        s["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("was not found on PATH"))
+    });
+    assert!(
+        missing["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("surely-not-installed-mcp-server"),
+        "{missing}"
+    );
+    // Started again with backoff, not given up.
+    wait_server(&gw, "gone", "a restart", |s| {
+        s["starts"].as_u64() >= Some(2)
+    });
+    // Meanwhile the gateway serves everything else.
+    let mut c = gw.connect();
+    let r = c.tool("local__echo", json!({"text": "still here"}));
+    assert_eq!(text(&r), "still here", "{r}");
+    // `status NAME` says why, with the server's stderr.
+    let out = gw.cli(&["status", "gone"]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("server gone  state"), "{shown}");
+    assert!(shown.contains("cannot find my package"), "{shown}");
+    assert!(shown.contains("worker server:gone"), "{shown}");
+    assert!(shown.contains("probe read_probe_dir"), "{shown}");
+}
+
+#[test]
+fn faults_mid_call_fail_at_once_and_the_server_starts_again() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start(
+        dir,
+        &fixture_server("fx", &[], "timeout_secs = 3\nstop_grace_ms = 200"),
+    );
+    wait_tool(&gw, "fx__crash");
+    // A call in flight fails as soon as the program dies, not when its sleep would end.
+    let mut sleeper = gw.connect();
+    let sid = sleeper.request(
+        json!(1),
+        "tools/call",
+        Some(json!({"name": "fx__sleep", "arguments": {"secs": 30}})),
+    );
+    let _ = sid;
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = gw.connect();
+    let crash = c.tool("fx__crash", json!({"code": 3}));
+    assert!(is_tool_error(&crash), "{crash}");
+    let m = error_message(&crash);
+    assert!(
+        m.contains("server fx") && m.contains("exited with code 3"),
+        "{m}"
+    );
+    assert!(m.contains("crashing on purpose"), "the stderr tail: {m}");
+    let slept = sleeper.recv().expect("the sleeping call's answer");
+    let slept = slept.body;
+    assert!(is_tool_error(&slept), "failed with the program: {slept}");
+    // Back after its backoff.
+    let entry = wait_server(&gw, "fx", "a second start", |s| {
+        s["state"] == "up" && s["starts"].as_u64() >= Some(2)
+    });
+    assert!(entry["pid"].is_i64(), "{entry}");
+    let r = c.tool("fx__echo", json!({"text": "again"}));
+    assert_eq!(text(&r), "again", "{r}");
+
+    // A call the program does not answer within timeout_secs fails, naming the key; the
+    // program goes on serving.
+    let slow = c.tool("fx__sleep", json!({"secs": 10}));
+    assert!(is_tool_error(&slow), "{slow}");
+    let m = error_message(&slow);
+    assert!(
+        m.contains("no answer within 3 s") && m.contains("servers.fx.timeout_secs"),
+        "{m}"
+    );
+    let r = c.tool("fx__echo", json!({"text": "still up"}));
+    assert_eq!(text(&r), "still up", "{r}");
+
+    // Garbage on stdout in the middle of a call.
+    let junk = c.tool("fx__garbage", json!({}));
+    assert!(is_tool_error(&junk), "{junk}");
+    let m = error_message(&junk);
+    assert!(
+        m.contains("not a JSON-RPC message") || m.contains("something other than a JSON-RPC"),
+        "{m}"
+    );
+    wait_server(&gw, "fx", "a third start", |s| {
+        s["state"] == "up" && s["starts"].as_u64() >= Some(3)
+    });
+
+    // A program that stops reading its stdin: a big message cannot be written; the call
+    // fails after timeout_secs, naming the server.
+    let r = c.tool("fx__stop_reading", json!({}));
+    assert!(!is_tool_error(&r), "{r}");
+    let big = "x".repeat(512 * 1024);
+    let r = c.tool("fx__echo", json!({"text": big}));
+    assert!(
+        is_tool_error(&r),
+        "{}",
+        &r.to_string()[..300.min(r.to_string().len())]
+    );
+    let m = error_message(&r);
+    assert!(
+        m.contains("server fx") && m.contains("does not read its stdin"),
+        "{m}"
+    );
+    wait_server(&gw, "fx", "a fourth start", |s| {
+        s["state"] == "up" && s["starts"].as_u64() >= Some(4)
+    });
+    let r = c.tool("fx__echo", json!({"text": "and again"}));
+    assert_eq!(text(&r), "and again", "{r}");
+}
+
+/// VmRSS of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_stderr_flood_is_bounded_counted_and_shown_in_status() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start(dir, &fixture_server("fx", &[], ""));
+    wait_tool(&gw, "fx__flood_stderr");
+    let mut c = gw.connect();
+    let before = rss_kib(gw.pid());
+    // 200,000 lines, about 16 MB.
+    let r = c.tool("fx__flood_stderr", json!({"lines": 200000}));
+    assert!(!is_tool_error(&r), "{r}");
+    let r = c.tool("fx__echo", json!({"text": "after the flood"}));
+    assert_eq!(text(&r), "after the flood", "{r}");
+    let after = rss_kib(gw.pid());
+    assert!(
+        after < before + 16 * 1024,
+        "the gateway grew from {before} to {after} KiB"
+    );
+    let detail = {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let d = gw.admin(json!({"op": "status", "server": "fx"}));
+            if d["server"]["stderr"]["dropped"].as_u64().unwrap_or(0) > 1000 {
+                break d;
+            }
+            assert!(Instant::now() < deadline, "{d}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let lines = detail["server"]["stderr"]["lines"].as_array().unwrap();
+    assert!(!lines.is_empty() && lines.len() <= 50, "{}", lines.len());
+    assert!(lines[0].as_str().unwrap().contains("stderr flood line"));
+    // The log says it left lines out, and holds far fewer than were written.
+    gw.wait_for_log("stderr lines not logged");
+    let logged = gw.log().matches("stderr flood line").count();
+    assert!(logged < 1000, "{logged} lines logged");
+}
+
+fn refused(r: &Value, what: &str) -> String {
+    let v = tool_json(r);
+    assert_eq!(v["ok"], false, "{what} was not refused: {r}");
+    let errno = v["errno"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        matches!(errno.as_str(), "EACCES" | "EPERM"),
+        "{what}: refused with {errno}, not by the kernel's walls: {v}"
+    );
+    errno
+}
+
+fn pid_alive(pid: i64) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+#[test]
+fn a_hostile_server_is_refused_by_the_kernel_and_leaves_nothing_behind() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let open_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let granted = open_port.local_addr().unwrap().port();
+    let other_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ungranted = other_port.local_addr().unwrap().port();
+    let d = dir.path().to_path_buf();
+    let servers = format!(
+        "{}\n{}\n{}",
+        fixture_server("evil", &[], ""),
+        fixture_server("other", &[], ""),
+        fixture_server("net", &[], &format!("network = [{granted}]"))
+    );
+    let mut gw = start(dir, &servers);
+    wait_tool(&gw, "evil__read_file");
+    wait_tool(&gw, "other__echo");
+    wait_tool(&gw, "net__connect_tcp");
+    let mut c = gw.connect();
+    let call = |c: &mut common::FramedClient, tool: &str, args: Value| c.tool(tool, args);
+    let ledger = d.join("state/ledger.db");
+    let config = d.join("toolwall.toml");
+    let other_state = d.join("servers/other");
+    for (what, path) in [
+        ("the ledger", ledger.clone()),
+        ("the config", config.clone()),
+        ("/etc/shadow", PathBuf::from("/etc/shadow")),
+        ("another server's state", other_state.join("tmp")),
+    ] {
+        refused(
+            &call(&mut c, "evil__read_file", json!({"path": path})),
+            what,
+        );
+    }
+    refused(
+        &call(&mut c, "evil__list_dir", json!({"path": other_state})),
+        "listing another server's state",
+    );
+    refused(
+        &call(&mut c, "evil__list_dir", json!({"path": d.join("state")})),
+        "listing the ledger's directory",
+    );
+    for path in [
+        d.join("escape.txt"),
+        fixtures_dir().join("written-by-a-server.txt"),
+        PathBuf::from("/tmp/written-by-a-server.txt"),
+        other_state.join("planted.txt"),
+    ] {
+        refused(
+            &call(&mut c, "evil__write_file", json!({"path": path})),
+            &format!("writing {}", path.display()),
+        );
+        assert!(!path.exists(), "{} exists", path.display());
+    }
+    // Its own state directory is its own.
+    let who = tool_json(&call(&mut c, "evil__whoami", json!({})));
+    let home = PathBuf::from(who["home"].as_str().unwrap());
+    let own = home.join("own.txt");
+    let r = tool_json(&call(&mut c, "evil__write_file", json!({"path": own})));
+    assert_eq!(r["ok"], true, "{r}");
+    // No network at all without `network`; with it, only its ports.
+    refused(
+        &call(&mut c, "evil__connect_tcp", json!({"port": granted})),
+        "a TCP connect without network",
+    );
+    let r = tool_json(&call(&mut c, "net__connect_tcp", json!({"port": granted})));
+    assert_eq!(r["ok"], true, "the granted port: {r}");
+    refused(
+        &call(&mut c, "net__connect_tcp", json!({"port": ungranted})),
+        "an ungranted port",
+    );
+    for sock in [d.join("mcp.sock"), d.join("admin.sock")] {
+        refused(
+            &call(&mut c, "evil__connect_unix", json!({"path": sock})),
+            "toolwall's unix sockets",
+        );
+    }
+    refused(
+        &call(&mut c, "evil__signal", json!({"pid": gw.pid(), "sig": 0})),
+        "signalling the gateway",
+    );
+    refused(
+        &call(&mut c, "evil__parent_environ", json!({})),
+        "its parent's environment",
+    );
+    // A process that tries to outlive the server (new session, SIGTERM ignored).
+    let pidfile = home.join("tmp/left.pid");
+    let left = tool_json(&call(
+        &mut c,
+        "evil__leave_behind",
+        json!({"pidfile": pidfile}),
+    ));
+    let pid = left["pid"].as_i64().unwrap_or(0);
+    assert!(pid > 0 && pid_alive(pid), "{left}");
+    let server_pid = who["pid"].as_i64().unwrap();
+    gw.terminate();
+    let deadline = Instant::now() + PATIENCE;
+    while pid_alive(pid) || pid_alive(server_pid) {
+        assert!(
+            Instant::now() < deadline,
+            "a process of the server outlived the stop: {pid} {server_pid}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(open_port);
+    drop(other_port);
+}
+
+#[test]
+fn a_secret_reaches_the_program_and_no_ledger_byte_log_line_or_status() {
+    use sha2::Digest;
+    use std::os::unix::fs::PermissionsExt;
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let secret = format!("tw-secret-{:x}", rand_u64());
+    let file = dir.path().join("api.token");
+    std::fs::write(&file, format!("{secret}\n")).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let servers = fixture_server(
+        "fx",
+        &["--print-env-to-stderr"],
+        &format!("secret_env = {{ API_TOKEN = \"{}\" }}", file.display()),
+    );
+    let gw = start(dir, &servers);
+    wait_tool(&gw, "fx__env_check");
+    let mut c = gw.connect();
+    let digest = hex(&sha2::Sha256::digest(secret.as_bytes()));
+    let r = tool_json(&c.tool(
+        "fx__env_check",
+        json!({"name": "API_TOKEN", "sha256": digest}),
+    ));
+    assert_eq!(r["present"], true, "{r}");
+    assert_eq!(r["matches"], true, "the program has the exact value: {r}");
+    // The program printed its environment on stderr: the value is redacted.
+    let detail = {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let d = gw.admin(json!({"op": "status", "server": "fx"}));
+            if d.to_string().contains("env API_TOKEN=") {
+                break d;
+            }
+            assert!(Instant::now() < deadline, "{d}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert!(
+        detail
+            .to_string()
+            .contains("env API_TOKEN=<secret API_TOKEN>"),
+        "{detail}"
+    );
+    // A refusal and an error in the same session, to give it every chance to leak.
+    let _ = c.tool("fx__read_file", json!({"path": "/etc/shadow"}));
+    let _ = c.tool("fx__crash", json!({"code": 9}));
+    wait_server(&gw, "fx", "a restart", |s| {
+        s["state"] == "up" && s["starts"].as_u64() >= Some(2)
+    });
+    let statuses = [
+        gw.cli(&["status"]).stdout,
+        gw.cli(&["status", "--json"]).stdout,
+        gw.cli(&["status", "fx"]).stdout,
+        gw.cli(&["status", "fx", "--json"]).stdout,
+    ];
+    let mut gw = gw;
+    gw.terminate();
+    let mut haystacks: Vec<(String, Vec<u8>)> = statuses
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| (format!("status output {i}"), s))
+        .collect();
+    haystacks.push(("the log".into(), gw.log().into_bytes()));
+    for entry in std::fs::read_dir(gw.dir.path().join("state")).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_file() {
+            haystacks.push((p.display().to_string(), std::fs::read(&p).unwrap()));
+        }
+    }
+    assert!(haystacks.len() >= 6, "{}", haystacks.len());
+    for (what, bytes) in &haystacks {
+        let text = String::from_utf8_lossy(bytes);
+        assert!(!text.contains(&secret), "the secret is in {what}");
+    }
+}
+
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .unwrap();
+    u64::from_ne_bytes(b)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn both_eras_over_stdio() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let servers = [
+        fixture_server("both", &["--era", "both"], ""),
+        fixture_server("legacy", &["--era", "legacy"], ""),
+        fixture_server(
+            "silent",
+            &["--era", "legacy-silent"],
+            "discover_timeout_ms = 300",
+        ),
+        fixture_server("modern", &["--era", "modern"], ""),
+    ]
+    .join("\n");
+    let gw = start(dir, &servers);
+    for (name, era) in [
+        ("both", "modern"),
+        ("legacy", "legacy"),
+        ("silent", "legacy"),
+        ("modern", "modern"),
+    ] {
+        let entry = wait_server(&gw, name, "up", |s| s["state"] == "up");
+        assert!(
+            entry["era"].as_str().unwrap_or_default().starts_with(era),
+            "{name}: {entry}"
+        );
+        wait_tool(&gw, &format!("{name}__echo"));
+        let r = gw
+            .connect()
+            .tool(&format!("{name}__echo"), json!({"text": name}));
+        assert_eq!(text(&r), name, "{r}");
+    }
+}
+
+#[test]
+fn reload_restarts_only_the_servers_whose_configuration_changed() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let servers = format!(
+        "{}\n{}",
+        fixture_server("a", &[], "env = { MODE = \"one\" }"),
+        fixture_server("b", &[], "")
+    );
+    let gw = start(dir, &servers);
+    let a = wait_server(&gw, "a", "a pid", |s| s["pid"].is_i64());
+    let b = wait_server(&gw, "b", "a pid", |s| s["pid"].is_i64());
+    let config = std::fs::read_to_string(&gw.config_path).unwrap();
+    std::fs::write(
+        &gw.config_path,
+        config.replace("MODE = \"one\"", "MODE = \"two\""),
+    )
+    .unwrap();
+    let r = gw.admin(json!({"op": "reload"}));
+    assert_eq!(r["ok"], true, "{r}");
+    let a2 = wait_server(&gw, "a", "a new pid", |s| {
+        s["pid"].is_i64() && s["pid"] != a["pid"]
+    });
+    assert!(!pid_alive(a["pid"].as_i64().unwrap()) || a2["pid"] != a["pid"]);
+    let who = tool_json(&gw.connect().tool("a__whoami", json!({})));
+    assert!(
+        who["env"].as_array().unwrap().contains(&json!("MODE")),
+        "{who}"
+    );
+    let b2 = wait_server(&gw, "b", "its pid", |s| s["pid"].is_i64());
+    assert_eq!(b2["pid"], b["pid"], "an unchanged server keeps running");
+    assert_eq!(b2["starts"], 1, "{b2}");
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The npm packages' directory (`scripts/install-test-deps.sh node`).
+fn node_modules() -> PathBuf {
+    repo().join("target/third-party/node_modules")
+}
+
+#[test]
+fn the_reference_filesystem_server_lists_and_reads_what_it_was_granted_only() {
+    common::deps::ensure(&["node"]);
+    let dir = open_dir();
+    let granted = dir.path().join("project");
+    std::fs::create_dir_all(granted.join("src")).unwrap();
+    std::fs::write(granted.join("README.md"), "hello from the project\n").unwrap();
+    std::fs::write(dir.path().join("outside.txt"), "not yours\n").unwrap();
+    common::give_to_agent(&granted);
+    let nm = node_modules();
+    let servers = format!(
+        r#"[servers.fs]
+command = ["{bin}", "{granted}"]
+env = {{ PATH = "{nm}/node/bin:/usr/bin:/bin" }}
+read_paths = ["{nm}", "{granted}"]
+start_timeout_secs = 30
+"#,
+        bin = nm.join(".bin/mcp-server-filesystem").display(),
+        granted = granted.display(),
+        nm = nm.display(),
+    );
+    let gw = start(dir, &servers);
+    wait_tool(&gw, "fs__read_text_file");
+    let mut c = gw.connect();
+    let list = c.tool("fs__list_directory", json!({"path": granted}));
+    let listing = text(&list);
+    assert!(
+        listing.contains("README.md") && listing.contains("src"),
+        "{list}"
+    );
+    let read = c.tool(
+        "fs__read_text_file",
+        json!({"path": granted.join("README.md")}),
+    );
+    assert!(text(&read).contains("hello from the project"), "{read}");
+    // Outside its directory: refused (by the server, and under it by the kernel).
+    let outside = c.tool(
+        "fs__read_text_file",
+        json!({"path": gw.dir.path().join("outside.txt")}),
+    );
+    assert!(is_tool_error(&outside), "{outside}");
+    assert!(!text(&outside).contains("not yours"), "{outside}");
+    // The server allows writing its directory; the walls do not (read_paths only).
+    let write = c.tool(
+        "fs__write_file",
+        json!({"path": granted.join("new.txt"), "content": "x"}),
+    );
+    assert!(is_tool_error(&write), "{write}");
+    assert!(!granted.join("new.txt").exists());
+    let entry = wait_server(&gw, "fs", "up", |s| s["state"] == "up");
+    assert!(entry["pid"].is_i64(), "{entry}");
+}
+
+#[test]
+fn the_reference_everything_server_over_stdio() {
+    common::deps::ensure(&["node"]);
+    let dir = open_dir();
+    let nm = node_modules();
+    let servers = format!(
+        r#"[servers.every]
+command = ["{bin}", "stdio"]
+env = {{ PATH = "{nm}/node/bin:/usr/bin:/bin" }}
+read_paths = ["{nm}"]
+start_timeout_secs = 30
+pin = "off"
+"#,
+        bin = nm.join(".bin/mcp-server-everything").display(),
+        nm = nm.display(),
+    );
+    let gw = start(dir, &servers);
+    wait_tool(&gw, "every__echo");
+    let mut c = gw.connect();
+    let r = c.tool(
+        "every__echo",
+        json!({"message": "from the everything server"}),
+    );
+    assert!(text(&r).contains("from the everything server"), "{r}");
+    let sum = c.tool("every__get-sum", json!({"a": 2, "b": 3}));
+    assert!(text(&sum).contains('5'), "{sum}");
+    let prompts = c.call("prompts/list", json!({}));
+    assert!(
+        prompts["result"]["prompts"].as_array().is_some_and(|p| p
+            .iter()
+            .any(|p| p["name"].as_str().is_some_and(|n| n.starts_with("every__")))),
+        "{prompts}"
+    );
+}
+
+#[test]
+fn the_official_python_sdk_server_over_stdio_in_both_eras() {
+    common::deps::ensure(&["python"]);
+    let dir = open_dir();
+    // The SDK's venv may be built on an interpreter the agent user cannot reach (pyenv
+    // under /root): the system's Python 3.11 runs it with the venv's packages, as an
+    // operator would run it.
+    let venv = repo().join("target/mcp-venv");
+    let site = venv.join("lib/python3.11/site-packages");
+    let table = |name: &str, era: &str| {
+        format!(
+            r#"[servers.{name}]
+command = ["/usr/bin/python3", "{script}", "stdio"]
+env = {{ PYTHONPATH = "{site}" }}
+read_paths = ["{venv}", "{fixtures}"]
+era = "{era}"
+start_timeout_secs = 30
+"#,
+            site = site.display(),
+            script = repo().join("tests/fixtures/sdk_server.py").display(),
+            venv = venv.display(),
+            fixtures = fixtures_dir().display(),
+        )
+    };
+    // The SDK serves the 2026-07-28 era over stdio too (server/discover answers before
+    // initialize); its URI is owned by the first one, or neither would serve it.
+    let servers = format!(
+        "{}discover_timeout_ms = 60000\nowns_resources = [\"sdk://*\"]\n\n{}",
+        table("sdk", "auto"),
+        table("sdkold", "legacy")
+    );
+    let gw = start(dir, &servers);
+    for name in ["sdk", "sdkold"] {
+        wait_tool(&gw, &format!("{name}__add"));
+        let mut c = gw.connect();
+        let r = c.tool(&format!("{name}__add"), json!({"a": 2, "b": 40}));
+        assert!(text(&r).contains("42"), "{name}: {r}");
+        let r = c.tool(&format!("{name}__shout"), json!({"text": "quiet"}));
+        assert!(text(&r).contains("QUIET"), "{name}: {r}");
+    }
+    let auto = wait_server(&gw, "sdk", "up", |s| s["state"] == "up");
+    let legacy = wait_server(&gw, "sdkold", "up", |s| s["state"] == "up");
+    assert!(
+        legacy["era"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("legacy"),
+        "{legacy}"
+    );
+    assert!(
+        auto["era"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("modern"),
+        "{auto}"
+    );
+    let read = gw
+        .connect()
+        .call("resources/read", json!({"uri": "sdk://greeting"}));
+    assert!(read.to_string().contains("hello from the SDK"), "{read}");
+}
