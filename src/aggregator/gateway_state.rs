@@ -75,7 +75,7 @@ fn server_rules(config: &ServersConfig, name: &str) -> Arc<ServerRules> {
     let s = config.servers.get(name).cloned().unwrap_or_default();
     Arc::new(ServerRules {
         server: name.to_owned(),
-        origin: s.url.clone(),
+        origin: crate::pins::origin::of_server(&s.url, s.command.as_deref()),
         mode: s.pin,
         new_tools: s.new_tools(),
         renamed_from: s.renamed_from.clone(),

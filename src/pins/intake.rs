@@ -122,6 +122,10 @@ pub struct ReviewSummary {
     pub renamed_from: Option<(String, usize)>,
     /// Servers no longer configured that were reached at this server's origin.
     pub looks_renamed_from: Vec<String>,
+    /// Servers still configured, pinned at this new server's origin.
+    pub same_address_as: Vec<String>,
+    /// The address this server was pinned at and the one it is reached at now.
+    pub moved: Option<(String, String)>,
     pub store_error: Option<String>,
 }
 
@@ -138,6 +142,8 @@ impl ReviewSummary {
             || self.dropped_held > 0
             || self.renamed_from.is_some()
             || !self.looks_renamed_from.is_empty()
+            || !self.same_address_as.is_empty()
+            || self.moved.is_some()
             || self.store_error.is_some()
     }
 
@@ -162,6 +168,19 @@ impl ReviewSummary {
             out.push((true, format!(
                 "pin: server {s} is reached where server {from} was, which is no longer configured: its tools are held as new until approved; if it is {from} renamed, set [servers.{s}] renamed_from = \"{}\"",
                 self.looks_renamed_from[0]
+            )));
+        }
+        if !self.same_address_as.is_empty() {
+            out.push((true, format!(
+                "pin: server {s} is reached where server {} is already pinned: its tools are held as new until approved (see `toolwall pins list`)",
+                self.same_address_as.join(", ")
+            )));
+        }
+        if let Some((was, now)) = &self.moved {
+            out.push((true, format!(
+                "pin: server {s} is reached at {} now, pinned at {}: approved definitions are still served, new tools are held until approved",
+                quote_upstream(now, 200),
+                quote_upstream(was, 200)
             )));
         }
         if self.first_sight > 0 {
@@ -270,6 +289,21 @@ impl ReviewSummary {
         }
         out
     }
+}
+
+/// What the pin store knows of a listed server.
+#[derive(Default)]
+struct ServerState {
+    /// Never pinned, and no pinned server at its address: its tools are pinned on sight.
+    first_sight: bool,
+    /// `renamed_from`: the old name and how many pins moved.
+    renamed: Option<(String, usize)>,
+    /// The address it was pinned at, when it is reached at another now.
+    moved_from: Option<String>,
+    /// Pinned servers at its address, no longer configured.
+    looks_renamed: Vec<String>,
+    /// Pinned servers at its address, still configured.
+    same_address: Vec<String>,
 }
 
 /// A listing, ready for the catalog.
@@ -479,39 +513,80 @@ fn review_tools(
         return out;
     };
 
-    // The server: seen before, renamed (declared or not), or brand new.
+    // The server: seen before (maybe at another address now), renamed (declared or not),
+    // reached where another pinned server is, or brand new. Only brand new is trusted on
+    // first sight.
     let server_state = store.write(|t| {
+        let mut state = ServerState::default();
         if let Some(mut known) = t.server(server)? {
+            if !known.origin.is_empty()
+                && !rules.origin.is_empty()
+                && !super::origin::same(&known.origin, &rules.origin)
+            {
+                state.moved_from = Some(std::mem::take(&mut known.origin));
+            }
             if known.origin.is_empty() && !rules.origin.is_empty() {
                 known.origin = rules.origin.clone();
                 t.put_server(&known)?;
             }
-            return Ok((false, false, None, Vec::new()));
+            return Ok(state);
         }
         if let Some(from) = &rules.renamed_from
-            && t.server(from)?.is_some()
+            && let Some(old) = t.server(from)?
         {
             let moved = t.move_server(from, server)?;
-            return Ok((false, false, Some((from.clone(), moved)), Vec::new()));
+            state.renamed = Some((from.clone(), moved));
+            if !old.origin.is_empty() && !super::origin::same(&old.origin, &rules.origin) {
+                state.moved_from = Some(old.origin);
+            }
+            t.put_server(&ServerRecord {
+                server: server.to_owned(),
+                origin: rules.origin.clone(),
+                first_listed_ms: old.first_listed_ms,
+            })?;
+            return Ok(state);
         }
-        let looks: Vec<String> = t
-            .servers_from(&rules.origin, server)?
-            .into_iter()
-            .filter(|s| !rules.configured.contains(s))
-            .collect();
-        Ok((looks.is_empty(), !looks.is_empty(), None, looks))
+        for other in t.servers_from(&rules.origin, server)? {
+            if rules.configured.contains(&other) {
+                state.same_address.push(other);
+            } else {
+                state.looks_renamed.push(other);
+            }
+        }
+        state.first_sight = state.looks_renamed.is_empty() && state.same_address.is_empty();
+        Ok(state)
     });
     let (first_sight, force_hold) = match server_state {
-        Ok((first, force, renamed, looks)) => {
-            summary.renamed_from = renamed;
-            summary.looks_renamed_from = looks;
-            (first, force)
+        Ok(state) => {
+            let hold = !state.first_sight
+                && (state.moved_from.is_some()
+                    || !state.looks_renamed.is_empty()
+                    || !state.same_address.is_empty());
+            summary.renamed_from = state.renamed;
+            summary.looks_renamed_from = state.looks_renamed;
+            summary.same_address_as = state.same_address;
+            summary.moved = state.moved_from.map(|was| (was, rules.origin.clone()));
+            (state.first_sight, hold)
         }
         Err(e) => {
             summary.store_error = Some(e);
             (false, true)
         }
     };
+    // A server now reached elsewhere keeps serving what was approved; what is new there
+    // waits, and the new address is the one remembered.
+    if summary.moved.is_some()
+        && summary.renamed_from.is_none()
+        && let Err(e) = store.write(|t| {
+            if let Some(mut known) = t.server(server)? {
+                known.origin = rules.origin.clone();
+                t.put_server(&known)?;
+            }
+            Ok(())
+        })
+    {
+        summary.store_error = Some(e);
+    }
     let ctx = ReviewCtx {
         server: server.to_owned(),
         mode: rules.mode,
@@ -786,6 +861,133 @@ mod tests {
         .unwrap();
         assert_eq!(served(&moved), vec!["new__a"]);
         assert_eq!(moved.summary.unwrap().renamed_from, Some(("old".into(), 1)));
+    }
+
+    fn at(server: &str, origin: &str, configured: &[&str]) -> Arc<ServerRules> {
+        let mut r = (*rules(server, NewTools::Serve)).clone();
+        r.origin = origin.into();
+        r.configured = configured.iter().map(|s| s.to_string()).collect();
+        Arc::new(r)
+    }
+
+    #[test]
+    fn a_new_name_at_any_spelling_of_a_pinned_address_is_held() {
+        let (_d, mut store) = setup();
+        let base = "http://127.0.0.1:1/mcp";
+        process(
+            Some(&mut store),
+            &job("a", &[t("x", "v0")], at("a", base, &["a"]), 1),
+        )
+        .unwrap();
+        // The upstream changes its tool: waiting for approval under `a`.
+        let changed = process(
+            Some(&mut store),
+            &job("a", &[t("x", "v1 RUGPULL")], at("a", base, &["a"]), 2),
+        )
+        .unwrap();
+        assert!(changed.entries.is_empty());
+        let spellings = [
+            "http://127.0.0.1:1/mcp",
+            "http://localhost:1/mcp",
+            "http://127.0.0.1:1/mcp/",
+            "HTTP://127.0.0.1:1/MCP",
+            "http://127.0.0.1:1/mcp?v=1",
+            "http://[::1]:1/mcp",
+        ];
+        for (n, url) in spellings.iter().enumerate() {
+            let name = format!("b{n}");
+            // `a` renamed (gone from the config), or still configured next to it.
+            for configured in [vec![name.as_str()], vec!["a", name.as_str()]] {
+                let r = process(
+                    Some(&mut store),
+                    &job(
+                        &name,
+                        &[t("x", "v1 RUGPULL")],
+                        at(&name, url, &configured),
+                        3,
+                    ),
+                )
+                .unwrap();
+                assert!(
+                    r.entries.is_empty(),
+                    "{url} {configured:?}: {:?}",
+                    served(&r)
+                );
+                let s = r.summary.unwrap();
+                assert_eq!(s.first_sight, 0, "{url}");
+                let named = if configured.len() == 2 {
+                    &s.same_address_as
+                } else {
+                    &s.looks_renamed_from
+                };
+                assert_eq!(named, &vec!["a".to_string()], "{url}");
+                assert!(
+                    s.log_lines()
+                        .iter()
+                        .any(|(warn, l)| *warn && l.contains("held"))
+                );
+            }
+        }
+        // Another address is another server: first sight.
+        let other = process(
+            Some(&mut store),
+            &job(
+                "c",
+                &[t("x", "v")],
+                at("c", "http://127.0.0.1:2/mcp", &["c"]),
+                4,
+            ),
+        )
+        .unwrap();
+        assert_eq!(served(&other), vec!["c__x"]);
+    }
+
+    #[test]
+    fn a_server_moved_to_another_address_keeps_approvals_and_holds_what_is_new() {
+        let (_d, mut store) = setup();
+        let base = "http://127.0.0.1:1/mcp";
+        process(
+            Some(&mut store),
+            &job("a", &[t("x", "v0")], at("a", base, &["a"]), 1),
+        )
+        .unwrap();
+        let elsewhere = "http://127.0.0.1:9/mcp";
+        let r = process(
+            Some(&mut store),
+            &job(
+                "a",
+                &[t("x", "v0"), t("y", "new")],
+                at("a", elsewhere, &["a"]),
+                2,
+            ),
+        )
+        .unwrap();
+        assert_eq!(served(&r), vec!["a__x"], "new_tools = serve does not apply");
+        let s = r.summary.unwrap();
+        assert_eq!(s.moved, Some((base.to_string(), elsewhere.to_string())));
+        assert!(s.log_lines().iter().any(|(_, l)| l.contains("pinned at")));
+        // Remembered at its new address: nothing more to say the next time.
+        let again = process(
+            Some(&mut store),
+            &job(
+                "a",
+                &[t("x", "v0"), t("y", "new")],
+                at("a", elsewhere, &["a"]),
+                3,
+            ),
+        )
+        .unwrap();
+        assert!(again.summary.unwrap().moved.is_none());
+        // Declared rename to another address: pins follow, new tools wait.
+        let mut declared = (*at("b", "http://127.0.0.1:7/mcp", &["b"])).clone();
+        declared.renamed_from = Some("a".into());
+        let r = process(
+            Some(&mut store),
+            &job("b", &[t("x", "v0"), t("z", "new")], Arc::new(declared), 4),
+        )
+        .unwrap();
+        assert_eq!(served(&r), vec!["b__x"]);
+        assert!(r.summary.unwrap().moved.is_some());
     }
 
     #[test]

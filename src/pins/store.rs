@@ -448,19 +448,28 @@ impl PinTx<'_> {
             .map_err(|e| err("reading pin_servers", e))
     }
 
-    /// Servers other than `server` listed before from `origin`.
+    /// Servers other than `server` listed before from `origin`, however either was spelled
+    /// (see [`super::origin`]).
     pub fn servers_from(&self, origin: &str, server: &str) -> Result<Vec<String>, String> {
         let mut stmt = self
             .tx
             .prepare_cached(
-                "SELECT server FROM pin_servers WHERE origin = ?1 AND server != ?2 ORDER BY server",
+                "SELECT server, origin FROM pin_servers WHERE origin != '' AND server != ?1 ORDER BY server",
             )
             .map_err(|e| err("reading pin_servers", e))?;
         let rows = stmt
-            .query_map(params![origin, server], |r| r.get(0))
+            .query_map(params![server], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
             .map_err(|e| err("reading pin_servers", e))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(|e| err("reading pin_servers", e))
+        let mut out = Vec::new();
+        for row in rows {
+            let (name, at) = row.map_err(|e| err("reading pin_servers", e))?;
+            if super::origin::same(&at, origin) {
+                out.push(name);
+            }
+        }
+        Ok(out)
     }
 
     pub fn put_server(&self, r: &ServerRecord) -> Result<(), String> {
