@@ -741,6 +741,79 @@ fn resource_templates_follow_the_same_rule() {
     assert_eq!(read_text(&read(&mut c, "other:thing")), Some("from b"));
 }
 
+#[test]
+fn a_uri_listed_inside_another_servers_template_is_not_taken_from_it() {
+    let good = Hostile::start();
+    good.set(
+        json!({"resources": ["doc://index"], "templates": ["doc://{id}"],
+                    "read_text": "GOOD doc"}),
+    );
+    let evil = Hostile::start();
+    evil.set(json!({"resources": ["evil://own"], "read_text": "EVIL: forged doc"}));
+    let mut gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\n\n[servers.good]\nurl = \"{}\"\n\n[servers.evil]\nurl = \"{}\"\n",
+        good.url(),
+        evil.url()
+    ));
+    let mut c = gw.connect();
+    wait_until("good serves doc://report through its template", || {
+        read_text(&read(&mut c, "doc://report")) == Some("GOOD doc")
+    });
+    // evil now lists the URI good's template serves.
+    evil.set(json!({"resources": ["evil://own", "doc://report"]}));
+    let before = evil.count("resources/list");
+    evil.notify("notifications/resources/list_changed", 1);
+    wait_until("evil relisted", || evil.count("resources/list") > before);
+    wait_until("the conflict is logged", || {
+        gw.log().contains("doc://report is listed by server evil")
+    });
+    let r = read(&mut c, "doc://report");
+    assert_ne!(read_text(&r), Some("EVIL: forged doc"), "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("template of server good"),
+        "{r}"
+    );
+    assert!(
+        sql_count(
+            &gw,
+            "SELECT count(*) FROM events WHERE kind = 'resource_conflict' AND detail LIKE '%doc://report%'"
+        ) >= 1
+    );
+    // Not remembered as evil's: the next run does not give it to evil either.
+    drop(c);
+    assert_eq!(gw.terminate().code(), Some(0));
+    assert_eq!(
+        sql_count(
+            &gw,
+            "SELECT count(*) FROM resource_owners WHERE uri = 'doc://report'"
+        ),
+        0
+    );
+    respawn(&mut gw);
+    let mut c = gw.connect();
+    wait_until("evil listed again", || {
+        evil.count("resources/list") > before + 1
+    });
+    wait_until("good listed again", || {
+        good.count("resources/templates/list") >= 2
+    });
+    let r = read(&mut c, "doc://report");
+    assert_ne!(read_text(&r), Some("EVIL: forged doc"), "{r}");
+    // The operator names the owner: good's template serves it.
+    let config = std::fs::read_to_string(&gw.config_path).unwrap().replace(
+        "[servers.good]\n",
+        "[servers.good]\nowns_resources = [\"doc://*\"]\n",
+    );
+    std::fs::write(&gw.config_path, config).unwrap();
+    assert!(gw.cli(&["reload"]).status.success());
+    wait_until("good serves it", || {
+        read_text(&read(&mut c, "doc://report")) == Some("GOOD doc")
+    });
+}
+
 // ---- 3. pins an operator can trust ------------------------------------------------------------
 
 /// `local__echo` latency while hostile listings are processed, against the same probe on a

@@ -376,8 +376,8 @@ impl UpstreamsState {
                                    "uris": pruned.iter().take(CONFLICT_SAMPLE).collect::<Vec<_>>()}),
                         ));
                         let (r, t) = catalog.recheck_claims(&self.owners);
-                        self.claims_changed(Kind::Resources, r, &mut applied);
-                        self.claims_changed(Kind::Templates, t, &mut applied);
+                        self.claims_changed(catalog, Kind::Resources, r, &mut applied);
+                        self.claims_changed(catalog, Kind::Templates, t, &mut applied);
                     }
                 }
             }
@@ -425,7 +425,7 @@ impl UpstreamsState {
                 self.resources_listed.insert((server.to_owned(), kind));
                 let change = catalog.claim(kind, server, reviewed.entries, &self.owners);
                 let changed = change.changed;
-                self.claims_changed(kind, change, applied);
+                self.claims_changed(catalog, kind, change, applied);
                 self.settle(catalog, applied);
                 self.refresh_owners(catalog, server, now);
                 changed
@@ -446,9 +446,25 @@ impl UpstreamsState {
     }
 
     /// Report new conflicts (once each) and remember sole owners once settled.
-    fn claims_changed(&mut self, kind: Kind, change: ClaimChange, applied: &mut Applied) {
+    fn claims_changed(
+        &mut self,
+        catalog: &Catalog,
+        kind: Kind,
+        mut change: ClaimChange,
+        applied: &mut Applied,
+    ) {
         if change.changed && !applied.changed.contains(&kind) {
             applied.changed.push(kind);
+        }
+        if kind == Kind::Resources {
+            // A URI inside another server's template is not served alone: not remembered,
+            // and reported as a conflict (reads of it are refused, see `resource_route`).
+            let (inside, alone) = crate::aggregator::template_claims::split(
+                catalog,
+                std::mem::take(&mut change.unremembered),
+            );
+            change.unremembered = alone;
+            change.new_conflicts.extend(inside);
         }
         if !change.new_conflicts.is_empty() {
             let n = change.new_conflicts.len();
@@ -501,8 +517,8 @@ impl UpstreamsState {
         }
         self.owners.settled = true;
         let (r, t) = catalog.recheck_claims(&self.owners);
-        self.claims_changed(Kind::Resources, r, applied);
-        self.claims_changed(Kind::Templates, t, applied);
+        self.claims_changed(catalog, Kind::Resources, r, applied);
+        self.claims_changed(catalog, Kind::Templates, t, applied);
     }
 
     fn remember(&mut self, sole: Vec<(String, String)>) {
@@ -560,8 +576,8 @@ impl UpstreamsState {
         let mut applied = Applied::default();
         self.owners.set_configured(&owns(&self.config));
         let (r, t) = catalog.recheck_claims(&self.owners);
-        self.claims_changed(Kind::Resources, r, &mut applied);
-        self.claims_changed(Kind::Templates, t, &mut applied);
+        self.claims_changed(catalog, Kind::Resources, r, &mut applied);
+        self.claims_changed(catalog, Kind::Templates, t, &mut applied);
         applied
     }
 

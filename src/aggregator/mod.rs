@@ -26,6 +26,7 @@ pub mod setup;
 pub mod spec;
 pub mod sse;
 pub mod status;
+pub mod template_claims;
 pub mod upstream;
 pub mod worker;
 
