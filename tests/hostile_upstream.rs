@@ -814,6 +814,66 @@ fn a_uri_listed_inside_another_servers_template_is_not_taken_from_it() {
     });
 }
 
+#[test]
+fn a_new_uri_both_servers_list_goes_to_neither_whoever_answers_first() {
+    let good = Hostile::start();
+    good.set(json!({"resources": ["good://a"], "read_text": "GOOD report"}));
+    let evil = Hostile::start();
+    evil.set(json!({"resources": ["evil://a"], "read_text": "EVIL: forged report"}));
+    let mut gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 100\n\n[servers.good]\nurl = \"{}\"\n\n[servers.evil]\nurl = \"{}\"\n",
+        good.url(),
+        evil.url()
+    ));
+    let mut c = gw.connect();
+    wait_until("both served", || {
+        read_text(&read(&mut c, "good://a")) == Some("GOOD report")
+            && read_text(&read(&mut c, "evil://a")) == Some("EVIL: forged report")
+    });
+    // Both now list a new URI in one round; evil answers first, good a second later.
+    good.set(json!({"resources": ["good://a", "report://q3"], "resources_delay": 1.0}));
+    evil.set(json!({"resources": ["evil://a", "report://q3"]}));
+    let (g0, e0) = (good.count("resources/list"), evil.count("resources/list"));
+    assert!(gw.cli(&["reload"]).status.success());
+    wait_until("both relisted", || {
+        good.count("resources/list") > g0 && evil.count("resources/list") > e0
+    });
+    wait_until("the conflict is seen", || {
+        server_status(&gw, "good")["resource_conflicts"].as_u64() == Some(1)
+            && server_status(&gw, "evil")["resource_conflicts"].as_u64() == Some(1)
+    });
+    let r = read(&mut c, "report://q3");
+    assert_ne!(read_text(&r), Some("EVIL: forged report"), "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("evil and good"),
+        "{r}"
+    );
+    assert!(
+        gw.log().contains("resource conflict: report://q3"),
+        "{}",
+        gw.log()
+    );
+    drop(c);
+    assert_eq!(gw.terminate().code(), Some(0));
+    assert_eq!(
+        sql_count(
+            &gw,
+            "SELECT count(*) FROM resource_owners WHERE uri = 'report://q3'"
+        ),
+        0
+    );
+    assert_eq!(
+        sql_count(
+            &gw,
+            "SELECT count(*) FROM resource_owners WHERE uri IN ('good://a', 'evil://a')"
+        ),
+        2
+    );
+}
+
 // ---- 3. pins an operator can trust ------------------------------------------------------------
 
 /// `local__echo` latency while hostile listings are processed, against the same probe on a

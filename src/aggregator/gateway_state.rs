@@ -61,6 +61,11 @@ pub struct UpstreamsState {
     owners: OwnerRules,
     /// Servers whose resources (and templates) have been listed in this run.
     resources_listed: BTreeSet<(String, Kind)>,
+    /// URIs served alone since start, waiting for every other server to list before they
+    /// are remembered (ownership does not depend on who answers first).
+    candidates: crate::aggregator::owner_candidates::OwnerCandidates,
+    /// Set while the first settling remembers what every server's first listing left alone.
+    settling: bool,
     /// When each server's remembered URIs were last refreshed in the store.
     owners_refreshed: HashMap<String, Instant>,
     refresh: Option<Duration>,
@@ -157,6 +162,10 @@ impl UpstreamsState {
             hidden: HashMap::new(),
             owners,
             resources_listed: BTreeSet::new(),
+            candidates: crate::aggregator::owner_candidates::OwnerCandidates::new(
+                config.max_remembered_uris,
+            ),
+            settling: false,
             owners_refreshed: HashMap::new(),
             refresh,
             next_refresh: refresh.map(|r| now + r),
@@ -423,10 +432,12 @@ impl UpstreamsState {
             }
             Kind::Resources | Kind::Templates => {
                 self.resources_listed.insert((server.to_owned(), kind));
+                self.candidates.heard(server, kind);
                 let change = catalog.claim(kind, server, reviewed.entries, &self.owners);
                 let changed = change.changed;
                 self.claims_changed(catalog, kind, change, applied);
                 self.settle(catalog, applied);
+                self.remember_ripe(catalog);
                 self.refresh_owners(catalog, server, now);
                 changed
             }
@@ -494,9 +505,38 @@ impl UpstreamsState {
                 ));
             }
         }
-        if self.owners.settled {
+        if self.settling {
             self.remember(change.unremembered);
+        } else if self.owners.settled {
+            self.candidates.add(kind, change.unremembered);
         }
+    }
+
+    /// Remember the waiting URIs every other server has listed after, that are still
+    /// served alone by their server.
+    fn remember_ripe(&mut self, catalog: &Catalog) {
+        if !self.owners.settled || self.candidates.is_empty() {
+            return;
+        }
+        let ripe = self.candidates.ripe(&self.servers());
+        let mut sole = Vec::new();
+        for (uri, server, kind) in ripe {
+            if catalog
+                .claims(kind)
+                .is_some_and(|c| c.serves(&uri, &server))
+            {
+                sole.push((uri, server, kind));
+            }
+        }
+        let (resources, templates): (Vec<_>, Vec<_>) = sole
+            .into_iter()
+            .partition(|(_, _, k)| *k == Kind::Resources);
+        let strip = |v: Vec<(String, String, Kind)>| -> Vec<(String, String)> {
+            v.into_iter().map(|(u, s, _)| (u, s)).collect()
+        };
+        let (_, alone) = crate::aggregator::template_claims::split(catalog, strip(resources));
+        self.remember(alone);
+        self.remember(strip(templates));
     }
 
     /// Once every enabled server has listed its resources, URIs served alone are
@@ -516,9 +556,13 @@ impl UpstreamsState {
             return;
         }
         self.owners.settled = true;
+        // Every server's first listing is in: what is alone now is alone whoever answered
+        // first, so it is remembered at once.
+        self.settling = true;
         let (r, t) = catalog.recheck_claims(&self.owners);
         self.claims_changed(catalog, Kind::Resources, r, applied);
         self.claims_changed(catalog, Kind::Templates, t, applied);
+        self.settling = false;
     }
 
     fn remember(&mut self, sole: Vec<(String, String)>) {

@@ -20,6 +20,7 @@ pub mod gateway_state;
 pub(crate) mod inline_secret;
 pub mod listing_pages;
 pub mod message;
+pub mod owner_candidates;
 pub mod prepare;
 pub mod relist;
 pub mod setup;
