@@ -874,6 +874,56 @@ fn a_new_uri_both_servers_list_goes_to_neither_whoever_answers_first() {
     );
 }
 
+#[test]
+fn rotating_resource_uris_are_remembered_up_to_the_cap() {
+    let up = Hostile::start();
+    up.set(json!({"resource_count": 20, "resource_prefix": "rot://0/"}));
+    let mut gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 100\nmax_remembered_uris = 30\n\n[servers.fx]\nurl = \"{}\"\n",
+        up.url()
+    ));
+    let mut c = gw.connect();
+    for round in 1..=5 {
+        up.set(json!({"resource_prefix": format!("rot://{round}/")}));
+        let before = up.count("resources/list");
+        up.notify("notifications/resources/list_changed", 1);
+        wait_until("relisted", || up.count("resources/list") > before);
+        let uri = format!("rot://{round}/0");
+        wait_until("the new URIs served", || {
+            read_text(&read(&mut c, &uri)).is_some()
+        });
+    }
+    drop(c);
+    assert_eq!(gw.terminate().code(), Some(0));
+    let rows = sql_count(&gw, "SELECT count(*) FROM resource_owners");
+    assert!((20..=30).contains(&rows), "{rows} rows");
+    assert_eq!(
+        log_lines(&gw, "not remembered as its own"),
+        1,
+        "{}",
+        gw.log()
+    );
+    // A file holding more (an older build) is trimmed to the cap.
+    let conn = rusqlite::Connection::open(&gw.ledger).unwrap();
+    for i in 0..100 {
+        conn.execute(
+            "INSERT INTO resource_owners (uri, server, first_ms, last_seen_ms) VALUES (?1, 'fx', 1, 1)",
+            [format!("old://{i}")],
+        )
+        .unwrap();
+    }
+    drop(conn);
+    respawn(&mut gw);
+    let mut c = gw.connect();
+    wait_until("listed again", || {
+        read_text(&read(&mut c, "rot://5/0")).is_some()
+    });
+    drop(c);
+    assert_eq!(gw.terminate().code(), Some(0));
+    let rows = sql_count(&gw, "SELECT count(*) FROM resource_owners");
+    assert!(rows <= 30, "{rows} rows");
+}
+
 // ---- 3. pins an operator can trust ------------------------------------------------------------
 
 /// `local__echo` latency while hostile listings are processed, against the same probe on a

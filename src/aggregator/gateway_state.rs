@@ -64,6 +64,8 @@ pub struct UpstreamsState {
     /// URIs served alone since start, waiting for every other server to list before they
     /// are remembered (ownership does not depend on who answers first).
     candidates: crate::aggregator::owner_candidates::OwnerCandidates,
+    /// Servers told (once) that they reached `max_remembered_uris`.
+    owners_over_cap: BTreeSet<String>,
     /// Set while the first settling remembers what every server's first listing left alone.
     settling: bool,
     /// When each server's remembered URIs were last refreshed in the store.
@@ -135,9 +137,14 @@ impl UpstreamsState {
         let mut owners = OwnerRules::new(&owns(config));
         if let Some(store) = &pins {
             match store.owners() {
-                Ok(rows) => {
+                Ok(mut rows) => {
+                    // The ones seen last, at most `max_remembered_uris` per server (a file
+                    // written by an older build may hold more).
+                    rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.2));
                     for (uri, server, _) in rows {
-                        owners.remember(&uri, &server);
+                        if owners.remembered_by(&server) < config.max_remembered_uris {
+                            owners.remember(&uri, &server);
+                        }
                     }
                 }
                 Err(e) => crate::error!("{e}"),
@@ -166,6 +173,7 @@ impl UpstreamsState {
                 config.max_remembered_uris,
             ),
             settling: false,
+            owners_over_cap: BTreeSet::new(),
             owners_refreshed: HashMap::new(),
             refresh,
             next_refresh: refresh.map(|r| now + r),
@@ -566,10 +574,26 @@ impl UpstreamsState {
     }
 
     fn remember(&mut self, sole: Vec<(String, String)>) {
+        let cap = self.config.max_remembered_uris;
         let mut by_server: HashMap<String, Vec<String>> = HashMap::new();
+        let mut over: HashMap<String, usize> = HashMap::new();
         for (uri, server) in sole {
+            if self.owners.remembered(&uri) != Some(server.as_str())
+                && self.owners.remembered_by(&server) >= cap
+            {
+                *over.entry(server).or_default() += 1;
+                continue;
+            }
             self.owners.remember(&uri, &server);
             by_server.entry(server).or_default().push(uri);
+        }
+        for (server, n) in over {
+            // Once per server and run: a server rotating its URIs would log on every listing.
+            if self.owners_over_cap.insert(server.clone()) {
+                crate::warn!(
+                    "server {server}: {n} resource URIs served but not remembered as its own: it has max_remembered_uris = {cap} already"
+                );
+            }
         }
         for (server, uris) in by_server {
             self.submit_owners(server, uris);
@@ -584,6 +608,7 @@ impl UpstreamsState {
             uris,
             prune_before_ms: now.saturating_sub(i64::try_from(retention).unwrap_or(i64::MAX)),
             now_ms: now,
+            keep: self.config.max_remembered_uris,
         };
         if self.intake.submit(job).is_err() {
             crate::warn!("server {server}: resource owners not recorded (the intake is busy)");

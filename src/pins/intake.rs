@@ -73,6 +73,8 @@ pub enum Job {
         uris: Vec<String>,
         prune_before_ms: i64,
         now_ms: i64,
+        /// Most owners kept for the server (`max_remembered_uris`): the ones seen last.
+        keep: usize,
     },
 }
 
@@ -422,9 +424,16 @@ fn run(path: PathBuf, jobs: Receiver<Job>, done: std::sync::mpsc::Sender<Done>, 
                 uris,
                 prune_before_ms,
                 now_ms,
+                keep,
             } => {
-                let (pruned, error) =
-                    owners(store.as_mut(), &server, &uris, prune_before_ms, now_ms);
+                let (pruned, error) = owners(
+                    store.as_mut(),
+                    &server,
+                    &uris,
+                    prune_before_ms,
+                    now_ms,
+                    keep,
+                );
                 Done::Owners {
                     server,
                     pruned,
@@ -445,6 +454,7 @@ fn owners(
     uris: &[String],
     prune_before_ms: i64,
     now_ms: i64,
+    keep: usize,
 ) -> (Vec<String>, Option<String>) {
     let Some(store) = store else {
         return (Vec::new(), Some("the pin store is not open".into()));
@@ -459,7 +469,11 @@ fn owners(
             return (Vec::new(), Some(e));
         }
     }
-    match store.write(|t| t.prune_owners(server, prune_before_ms)) {
+    match store.write(|t| {
+        let mut gone = t.prune_owners(server, prune_before_ms)?;
+        gone.extend(t.trim_owners(server, keep)?);
+        Ok(gone)
+    }) {
         Ok(p) => (p, None),
         Err(e) => (Vec::new(), Some(e)),
     }
