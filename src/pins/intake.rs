@@ -692,6 +692,12 @@ fn review_tools(
         }
         Err(e) => summary.store_error = Some(e),
     }
+    // Said when it holds something new: a server held that way lists the same tools
+    // again and again, and must not log or record it every time.
+    if summary.new_held.count == 0 {
+        summary.looks_renamed_from.clear();
+        summary.same_address_as.clear();
+    }
     summary.hidden = out.hidden.len();
     out.summary = Some(summary);
     out
@@ -909,9 +915,13 @@ mod tests {
             "http://[::1]:1/mcp",
         ];
         for (n, url) in spellings.iter().enumerate() {
-            let name = format!("b{n}");
             // `a` renamed (gone from the config), or still configured next to it.
-            for configured in [vec![name.as_str()], vec!["a", name.as_str()]] {
+            for (name, with_a) in [(format!("b{n}"), false), (format!("c{n}"), true)] {
+                let configured = if with_a {
+                    vec!["a", name.as_str()]
+                } else {
+                    vec![name.as_str()]
+                };
                 let r = process(
                     Some(&mut store),
                     &job(
@@ -940,20 +950,33 @@ mod tests {
                         .iter()
                         .any(|(warn, l)| *warn && l.contains("held"))
                 );
+                // Listed again: still held, nothing more to log or record.
+                let again = process(
+                    Some(&mut store),
+                    &job(
+                        &name,
+                        &[t("x", "v1 RUGPULL")],
+                        at(&name, url, &configured),
+                        4,
+                    ),
+                )
+                .unwrap();
+                assert!(again.entries.is_empty());
+                assert!(!again.summary.unwrap().eventful());
             }
         }
         // Another address is another server: first sight.
         let other = process(
             Some(&mut store),
             &job(
-                "c",
+                "d",
                 &[t("x", "v")],
-                at("c", "http://127.0.0.1:2/mcp", &["c"]),
-                4,
+                at("d", "http://127.0.0.1:2/mcp", &["d"]),
+                5,
             ),
         )
         .unwrap();
-        assert_eq!(served(&other), vec!["c__x"]);
+        assert_eq!(served(&other), vec!["d__x"]);
     }
 
     #[test]
