@@ -664,23 +664,42 @@ fn review_tools(
 
     // Tools no longer listed, and the server's record once everything above is written.
     let write_record = first_sight && summary.store_error.is_none();
-    let tail = store.write(|t| {
-        let absent: Vec<_> = t
-            .summaries(server)?
-            .into_iter()
-            .filter(|p| !listed.contains(&p.tool))
-            .collect();
-        let decided = review::absent(absent, now, rules.retention_ms, rules.absent_cap);
-        for tool in decided.drop_held.iter().chain(&decided.prune) {
-            t.delete(tool)?;
-        }
-        if write_record {
-            t.put_server(&ServerRecord {
-                server: server.to_owned(),
-                origin: rules.origin.clone(),
-                first_listed_ms: now,
-            })?;
-        }
+    // Deleted in transactions of [`CHUNK`] like the reviews: a listing that rotated
+    // 10,000 held tools away must not hold the file's write lock past the ledger's wait.
+    let tail = store
+        .write(|t| {
+            let absent: Vec<_> = t
+                .summaries(server)?
+                .into_iter()
+                .filter(|p| !listed.contains(&p.tool))
+                .collect();
+            Ok(review::absent(
+                absent,
+                now,
+                rules.retention_ms,
+                rules.absent_cap,
+            ))
+        })
+        .and_then(|decided| {
+            for chunk in decided.drop_held.chunks(CHUNK) {
+                store.write(|t| chunk.iter().try_for_each(|tool| t.delete_held(tool)))?;
+            }
+            for chunk in decided.prune.chunks(CHUNK) {
+                store.write(|t| chunk.iter().try_for_each(|tool| t.delete(tool)))?;
+            }
+            Ok(decided)
+        });
+    let tail = tail.and_then(|decided| {
+        store.write(|t| {
+            if write_record {
+                t.put_server(&ServerRecord {
+                    server: server.to_owned(),
+                    origin: rules.origin.clone(),
+                    first_listed_ms: now,
+                })?;
+            }
+            Ok(())
+        })?;
         Ok(decided)
     });
     match tail {

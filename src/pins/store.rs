@@ -440,6 +440,16 @@ impl PinTx<'_> {
             .map_err(|e| err("deleting a pin", e))
     }
 
+    /// Delete `tool` if nothing of it is approved (a held new tool; an approval made since
+    /// it was found absent keeps it).
+    pub fn delete_held(&self, tool: &str) -> Result<(), String> {
+        self.tx
+            .prepare_cached("DELETE FROM tool_pins WHERE tool = ?1 AND digest IS NULL")
+            .and_then(|mut s| s.execute([tool]))
+            .map(drop)
+            .map_err(|e| err("deleting a pin", e))
+    }
+
     /// Every pin of `server`: (tool, last seen, approved, pending) without definitions.
     pub fn summaries(&self, server: &str) -> Result<Vec<PinSummary>, String> {
         let mut stmt = self
