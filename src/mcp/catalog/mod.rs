@@ -361,18 +361,47 @@ impl Catalog {
 impl Catalog {
     /// Servers other than `server` that list a resource template matching `uri`.
     pub fn template_rivals(&self, uri: &str, server: &str) -> Vec<String> {
+        let mut unlimited = usize::MAX;
+        self.template_rivals_within(uri, server, &mut unlimited)
+            .unwrap_or_default()
+    }
+
+    /// [`Catalog::template_rivals`] looking at most at `budget` templates (each costs
+    /// one); `None` once it ran out.
+    pub fn template_rivals_within(
+        &self,
+        uri: &str,
+        server: &str,
+        budget: &mut usize,
+    ) -> Option<Vec<String>> {
         let mut out: Vec<String> = Vec::new();
         for e in self.templates.listed() {
-            if e.server != server
-                && !out.contains(&e.server)
-                && templates::matches(&e.upstream, uri)
-            {
+            if e.server == server || out.contains(&e.server) {
+                continue;
+            }
+            *budget = budget.checked_sub(1)?;
+            if literal_start_fits(&e.upstream, uri) && templates::matches(&e.upstream, uri) {
                 out.push(e.server.clone());
             }
         }
         out.sort_unstable();
-        out
+        Some(out)
     }
+}
+
+/// Whether `uri` starts with the literal part of `template` before its first expression
+/// (a cheap test that rules most templates out; it reads no further than they agree).
+fn literal_start_fits(template: &str, uri: &str) -> bool {
+    let u = uri.as_bytes();
+    for (i, b) in template.bytes().enumerate() {
+        if b == b'{' {
+            return true;
+        }
+        if u.get(i) != Some(&b) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Why a URI one server lists and another's template matches is served by neither.
