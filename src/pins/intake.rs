@@ -560,9 +560,14 @@ fn review_tools(
             })?;
             return Ok(state);
         }
+        // Two local servers may run one program (their own walls, env and state): only a
+        // gone one's command line marks a rename. Two URLs alike are one server.
+        let local = rules.origin.starts_with(super::origin::LOCAL_PREFIX);
         for other in t.servers_from(&rules.origin, server)? {
             if rules.configured.contains(&other) {
-                state.same_address.push(other);
+                if !local {
+                    state.same_address.push(other);
+                }
             } else {
                 state.looks_renamed.push(other);
             }
@@ -996,6 +1001,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(served(&other), vec!["d__x"]);
+    }
+
+    #[test]
+    fn two_local_servers_may_run_one_program_but_a_renamed_one_is_held() {
+        let (_d, mut store) = setup();
+        let cmd = super::super::origin::of_server("", Some(&["python3".into(), "s.py".into()]));
+        process(
+            Some(&mut store),
+            &job("a", &[t("x", "v")], at("a", &cmd, &["a", "b"]), 1),
+        )
+        .unwrap();
+        let b = process(
+            Some(&mut store),
+            &job("b", &[t("x", "v")], at("b", &cmd, &["a", "b"]), 2),
+        )
+        .unwrap();
+        assert_eq!(
+            served(&b),
+            vec!["b__x"],
+            "another instance, its own first sight"
+        );
+        let c = process(
+            Some(&mut store),
+            &job("c", &[t("x", "v")], at("c", &cmd, &["c"]), 3),
+        )
+        .unwrap();
+        assert!(c.entries.is_empty(), "a and b are gone: c looks renamed");
+        assert_eq!(c.summary.unwrap().looks_renamed_from, vec!["a", "b"]);
     }
 
     #[test]
