@@ -47,6 +47,9 @@ pub const DEFAULT_RELIST_MIN_INTERVAL_MS: u64 = 1000;
 pub const DEFAULT_PIN_RETENTION_SECS: u64 = 30 * 24 * 3600;
 /// Longest `pin_retention_secs` (ten years).
 pub const MAX_PIN_RETENTION_SECS: u64 = 10 * 365 * 24 * 3600;
+/// Default of `[servers] max_remembered_uris`: resource URIs and templates remembered as
+/// one server's (and waiting to be), at most; more are served but not remembered.
+pub const DEFAULT_MAX_REMEMBERED_URIS: usize = 20_000;
 /// Most `owns_resources` patterns per server.
 pub const MAX_OWNS_RESOURCES: usize = 256;
 /// Default of `[servers.NAME] timeout_secs`: one upstream exchange, headers and body.
@@ -90,6 +93,7 @@ const SETTING_KEYS: &[&str] = &[
     "max_listing_bytes",
     "relist_min_interval_ms",
     "pin_retention_secs",
+    "max_remembered_uris",
     "state_dir",
     "stderr_lines",
     "stderr_lines_per_sec",
@@ -125,6 +129,9 @@ pub struct ServersConfig {
     pub relist_min_interval_ms: u64,
     /// Seconds the pin of a tool no longer listed is kept before it is pruned.
     pub pin_retention_secs: u64,
+    /// Resource URIs and templates remembered as one server's owned (and waiting to be),
+    /// at most per server: bounds `resource_owners` and its copy in memory.
+    pub max_remembered_uris: usize,
     /// Where local servers (`command`) keep their private state directories (`NAME/`):
     /// by default the directory next to the ledger's, named like it with `-servers`.
     pub state_dir: Option<PathBuf>,
@@ -156,6 +163,7 @@ impl Default for ServersConfig {
             max_listing_bytes: DEFAULT_MAX_LISTING_BYTES,
             relist_min_interval_ms: DEFAULT_RELIST_MIN_INTERVAL_MS,
             pin_retention_secs: DEFAULT_PIN_RETENTION_SECS,
+            max_remembered_uris: DEFAULT_MAX_REMEMBERED_URIS,
             state_dir: None,
             stderr_lines: crate::stdio_server::config::DEFAULT_STDERR_LINES,
             stderr_lines_per_sec: crate::stdio_server::hosting::STDERR_LINES_PER_SEC,
@@ -341,6 +349,7 @@ impl<'de> Visitor<'de> for ServersVisitor {
                 "max_listing_bytes" => cfg.max_listing_bytes = map.next_value()?,
                 "relist_min_interval_ms" => cfg.relist_min_interval_ms = map.next_value()?,
                 "pin_retention_secs" => cfg.pin_retention_secs = map.next_value()?,
+                "max_remembered_uris" => cfg.max_remembered_uris = map.next_value()?,
                 "state_dir" => cfg.state_dir = Some(map.next_value()?),
                 "stderr_lines" => cfg.stderr_lines = map.next_value()?,
                 "stderr_lines_per_sec" => cfg.stderr_lines_per_sec = map.next_value()?,
@@ -442,6 +451,7 @@ impl ServersConfig {
             ("max_resource_templates", self.max_resource_templates as u64),
             ("max_listing_bytes", self.max_listing_bytes as u64),
             ("pin_retention_secs", self.pin_retention_secs),
+            ("max_remembered_uris", self.max_remembered_uris as u64),
         ];
         for (key, value) in positive {
             if value == 0 {

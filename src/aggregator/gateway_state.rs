@@ -61,6 +61,13 @@ pub struct UpstreamsState {
     owners: OwnerRules,
     /// Servers whose resources (and templates) have been listed in this run.
     resources_listed: BTreeSet<(String, Kind)>,
+    /// URIs served alone since start, waiting for every other server to list before they
+    /// are remembered (ownership does not depend on who answers first).
+    candidates: crate::aggregator::owner_candidates::OwnerCandidates,
+    /// Servers told (once) that they reached `max_remembered_uris`.
+    owners_over_cap: BTreeSet<String>,
+    /// Set while the first settling remembers what every server's first listing left alone.
+    settling: bool,
     /// When each server's remembered URIs were last refreshed in the store.
     owners_refreshed: HashMap<String, Instant>,
     refresh: Option<Duration>,
@@ -75,7 +82,7 @@ fn server_rules(config: &ServersConfig, name: &str) -> Arc<ServerRules> {
     let s = config.servers.get(name).cloned().unwrap_or_default();
     Arc::new(ServerRules {
         server: name.to_owned(),
-        origin: s.url.clone(),
+        origin: crate::pins::origin::of_server(&s.url, s.command.as_deref()),
         mode: s.pin,
         new_tools: s.new_tools(),
         renamed_from: s.renamed_from.clone(),
@@ -131,9 +138,14 @@ impl UpstreamsState {
         let mut owners = OwnerRules::new(&owns(config));
         if let Some(store) = &pins {
             match store.owners() {
-                Ok(rows) => {
+                Ok(mut rows) => {
+                    // The ones seen last, at most `max_remembered_uris` per server (a file
+                    // written by an older build may hold more).
+                    rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.2));
                     for (uri, server, _) in rows {
-                        owners.remember(&uri, &server);
+                        if owners.remembered_by(&server) < config.max_remembered_uris {
+                            owners.remember(&uri, &server);
+                        }
                     }
                 }
                 Err(e) => crate::error!("{e}"),
@@ -158,6 +170,11 @@ impl UpstreamsState {
             hidden: HashMap::new(),
             owners,
             resources_listed: BTreeSet::new(),
+            candidates: crate::aggregator::owner_candidates::OwnerCandidates::new(
+                config.max_remembered_uris,
+            ),
+            settling: false,
+            owners_over_cap: BTreeSet::new(),
             owners_refreshed: HashMap::new(),
             refresh,
             next_refresh: refresh.map(|r| now + r),
@@ -377,8 +394,8 @@ impl UpstreamsState {
                                    "uris": pruned.iter().take(CONFLICT_SAMPLE).collect::<Vec<_>>()}),
                         ));
                         let (r, t) = catalog.recheck_claims(&self.owners);
-                        self.claims_changed(Kind::Resources, r, &mut applied);
-                        self.claims_changed(Kind::Templates, t, &mut applied);
+                        self.claims_changed(catalog, Kind::Resources, r, &mut applied);
+                        self.claims_changed(catalog, Kind::Templates, t, &mut applied);
                     }
                 }
             }
@@ -426,10 +443,12 @@ impl UpstreamsState {
             }
             Kind::Resources | Kind::Templates => {
                 self.resources_listed.insert((server.to_owned(), kind));
+                self.candidates.heard(server, kind);
                 let change = catalog.claim(kind, server, reviewed.entries, &self.owners);
                 let changed = change.changed;
-                self.claims_changed(kind, change, applied);
+                self.claims_changed(catalog, kind, change, applied);
                 self.settle(catalog, applied);
+                self.remember_ripe(catalog);
                 self.refresh_owners(catalog, server, now);
                 changed
             }
@@ -449,9 +468,25 @@ impl UpstreamsState {
     }
 
     /// Report new conflicts (once each) and remember sole owners once settled.
-    fn claims_changed(&mut self, kind: Kind, change: ClaimChange, applied: &mut Applied) {
+    fn claims_changed(
+        &mut self,
+        catalog: &Catalog,
+        kind: Kind,
+        mut change: ClaimChange,
+        applied: &mut Applied,
+    ) {
         if change.changed && !applied.changed.contains(&kind) {
             applied.changed.push(kind);
+        }
+        if kind == Kind::Resources {
+            // A URI inside another server's template is not served alone: not remembered,
+            // and reported as a conflict (reads of it are refused, see `resource_route`).
+            let (inside, alone) = crate::aggregator::template_claims::split(
+                catalog,
+                std::mem::take(&mut change.unremembered),
+            );
+            change.unremembered = alone;
+            change.new_conflicts.extend(inside);
         }
         if !change.new_conflicts.is_empty() {
             let n = change.new_conflicts.len();
@@ -481,9 +516,38 @@ impl UpstreamsState {
                 ));
             }
         }
-        if self.owners.settled {
+        if self.settling {
             self.remember(change.unremembered);
+        } else if self.owners.settled {
+            self.candidates.add(kind, change.unremembered);
         }
+    }
+
+    /// Remember the waiting URIs every other server has listed after, that are still
+    /// served alone by their server.
+    fn remember_ripe(&mut self, catalog: &Catalog) {
+        if !self.owners.settled || self.candidates.is_empty() {
+            return;
+        }
+        let ripe = self.candidates.ripe(&self.servers());
+        let mut sole = Vec::new();
+        for (uri, server, kind) in ripe {
+            if catalog
+                .claims(kind)
+                .is_some_and(|c| c.serves(&uri, &server))
+            {
+                sole.push((uri, server, kind));
+            }
+        }
+        let (resources, templates): (Vec<_>, Vec<_>) = sole
+            .into_iter()
+            .partition(|(_, _, k)| *k == Kind::Resources);
+        let strip = |v: Vec<(String, String, Kind)>| -> Vec<(String, String)> {
+            v.into_iter().map(|(u, s, _)| (u, s)).collect()
+        };
+        let (_, alone) = crate::aggregator::template_claims::split(catalog, strip(resources));
+        self.remember(alone);
+        self.remember(strip(templates));
     }
 
     /// Once every enabled server has listed its resources, URIs served alone are
@@ -503,16 +567,36 @@ impl UpstreamsState {
             return;
         }
         self.owners.settled = true;
+        // Every server's first listing is in: what is alone now is alone whoever answered
+        // first, so it is remembered at once.
+        self.settling = true;
         let (r, t) = catalog.recheck_claims(&self.owners);
-        self.claims_changed(Kind::Resources, r, applied);
-        self.claims_changed(Kind::Templates, t, applied);
+        self.claims_changed(catalog, Kind::Resources, r, applied);
+        self.claims_changed(catalog, Kind::Templates, t, applied);
+        self.settling = false;
     }
 
     fn remember(&mut self, sole: Vec<(String, String)>) {
+        let cap = self.config.max_remembered_uris;
         let mut by_server: HashMap<String, Vec<String>> = HashMap::new();
+        let mut over: HashMap<String, usize> = HashMap::new();
         for (uri, server) in sole {
+            if self.owners.remembered(&uri) != Some(server.as_str())
+                && self.owners.remembered_by(&server) >= cap
+            {
+                *over.entry(server).or_default() += 1;
+                continue;
+            }
             self.owners.remember(&uri, &server);
             by_server.entry(server).or_default().push(uri);
+        }
+        for (server, n) in over {
+            // Once per server and run: a server rotating its URIs would log on every listing.
+            if self.owners_over_cap.insert(server.clone()) {
+                crate::warn!(
+                    "server {server}: {n} resource URIs served but not remembered as its own: it has max_remembered_uris = {cap} already"
+                );
+            }
         }
         for (server, uris) in by_server {
             self.submit_owners(server, uris);
@@ -527,6 +611,7 @@ impl UpstreamsState {
             uris,
             prune_before_ms: now.saturating_sub(i64::try_from(retention).unwrap_or(i64::MAX)),
             now_ms: now,
+            keep: self.config.max_remembered_uris,
         };
         if self.intake.submit(job).is_err() {
             crate::warn!("server {server}: resource owners not recorded (the intake is busy)");
@@ -563,8 +648,8 @@ impl UpstreamsState {
         let mut applied = Applied::default();
         self.owners.set_configured(&owns(&self.config));
         let (r, t) = catalog.recheck_claims(&self.owners);
-        self.claims_changed(Kind::Resources, r, &mut applied);
-        self.claims_changed(Kind::Templates, t, &mut applied);
+        self.claims_changed(catalog, Kind::Resources, r, &mut applied);
+        self.claims_changed(catalog, Kind::Templates, t, &mut applied);
         applied
     }
 

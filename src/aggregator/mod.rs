@@ -21,6 +21,7 @@ pub(crate) mod inline_secret;
 pub mod listing_pages;
 pub mod message;
 pub mod missing_capability;
+pub mod owner_candidates;
 pub mod prepare;
 pub mod relist;
 pub mod scrub;
@@ -28,6 +29,7 @@ pub mod setup;
 pub mod spec;
 pub mod sse;
 pub mod status;
+pub mod template_claims;
 pub mod upstream;
 pub mod worker;
 

@@ -75,6 +75,8 @@ pub enum Job {
         uris: Vec<String>,
         prune_before_ms: i64,
         now_ms: i64,
+        /// Most owners kept for the server (`max_remembered_uris`): the ones seen last.
+        keep: usize,
     },
 }
 
@@ -124,6 +126,10 @@ pub struct ReviewSummary {
     pub renamed_from: Option<(String, usize)>,
     /// Servers no longer configured that were reached at this server's origin.
     pub looks_renamed_from: Vec<String>,
+    /// Servers still configured, pinned at this new server's origin.
+    pub same_address_as: Vec<String>,
+    /// The address this server was pinned at and the one it is reached at now.
+    pub moved: Option<(String, String)>,
     pub store_error: Option<String>,
 }
 
@@ -140,6 +146,8 @@ impl ReviewSummary {
             || self.dropped_held > 0
             || self.renamed_from.is_some()
             || !self.looks_renamed_from.is_empty()
+            || !self.same_address_as.is_empty()
+            || self.moved.is_some()
             || self.store_error.is_some()
     }
 
@@ -164,6 +172,19 @@ impl ReviewSummary {
             out.push((true, format!(
                 "pin: server {s} is reached where server {from} was, which is no longer configured: its tools are held as new until approved; if it is {from} renamed, set [servers.{s}] renamed_from = \"{}\"",
                 self.looks_renamed_from[0]
+            )));
+        }
+        if !self.same_address_as.is_empty() {
+            out.push((true, format!(
+                "pin: server {s} is reached where server {} is already pinned: its tools are held as new until approved (see `toolwall pins list`)",
+                self.same_address_as.join(", ")
+            )));
+        }
+        if let Some((was, now)) = &self.moved {
+            out.push((true, format!(
+                "pin: server {s} is reached at {} now, pinned at {}: approved definitions are still served, new tools are held until approved",
+                quote_upstream(now, 200),
+                quote_upstream(was, 200)
             )));
         }
         if self.first_sight > 0 {
@@ -272,6 +293,21 @@ impl ReviewSummary {
         }
         out
     }
+}
+
+/// What the pin store knows of a listed server.
+#[derive(Default)]
+struct ServerState {
+    /// Never pinned, and no pinned server at its address: its tools are pinned on sight.
+    first_sight: bool,
+    /// `renamed_from`: the old name and how many pins moved.
+    renamed: Option<(String, usize)>,
+    /// The address it was pinned at, when it is reached at another now.
+    moved_from: Option<String>,
+    /// Pinned servers at its address, no longer configured.
+    looks_renamed: Vec<String>,
+    /// Pinned servers at its address, still configured.
+    same_address: Vec<String>,
 }
 
 /// A listing, ready for the catalog.
@@ -390,9 +426,16 @@ fn run(path: PathBuf, jobs: Receiver<Job>, done: std::sync::mpsc::Sender<Done>, 
                 uris,
                 prune_before_ms,
                 now_ms,
+                keep,
             } => {
-                let (pruned, error) =
-                    owners(store.as_mut(), &server, &uris, prune_before_ms, now_ms);
+                let (pruned, error) = owners(
+                    store.as_mut(),
+                    &server,
+                    &uris,
+                    prune_before_ms,
+                    now_ms,
+                    keep,
+                );
                 Done::Owners {
                     server,
                     pruned,
@@ -413,6 +456,7 @@ fn owners(
     uris: &[String],
     prune_before_ms: i64,
     now_ms: i64,
+    keep: usize,
 ) -> (Vec<String>, Option<String>) {
     let Some(store) = store else {
         return (Vec::new(), Some("the pin store is not open".into()));
@@ -427,7 +471,11 @@ fn owners(
             return (Vec::new(), Some(e));
         }
     }
-    match store.write(|t| t.prune_owners(server, prune_before_ms)) {
+    match store.write(|t| {
+        let mut gone = t.prune_owners(server, prune_before_ms)?;
+        gone.extend(t.trim_owners(server, keep)?);
+        Ok(gone)
+    }) {
         Ok(p) => (p, None),
         Err(e) => (Vec::new(), Some(e)),
     }
@@ -484,39 +532,85 @@ fn review_tools(
         return out;
     };
 
-    // The server: seen before, renamed (declared or not), or brand new.
+    // The server: seen before (maybe at another address now), renamed (declared or not),
+    // reached where another pinned server is, or brand new. Only brand new is trusted on
+    // first sight.
     let server_state = store.write(|t| {
+        let mut state = ServerState::default();
         if let Some(mut known) = t.server(server)? {
+            if !known.origin.is_empty()
+                && !rules.origin.is_empty()
+                && !super::origin::same(&known.origin, &rules.origin)
+            {
+                state.moved_from = Some(std::mem::take(&mut known.origin));
+            }
             if known.origin.is_empty() && !rules.origin.is_empty() {
                 known.origin = rules.origin.clone();
                 t.put_server(&known)?;
             }
-            return Ok((false, false, None, Vec::new()));
+            return Ok(state);
         }
         if let Some(from) = &rules.renamed_from
-            && t.server(from)?.is_some()
+            && let Some(old) = t.server(from)?
         {
             let moved = t.move_server(from, server)?;
-            return Ok((false, false, Some((from.clone(), moved)), Vec::new()));
+            state.renamed = Some((from.clone(), moved));
+            if !old.origin.is_empty() && !super::origin::same(&old.origin, &rules.origin) {
+                state.moved_from = Some(old.origin);
+            }
+            t.put_server(&ServerRecord {
+                server: server.to_owned(),
+                origin: rules.origin.clone(),
+                first_listed_ms: old.first_listed_ms,
+            })?;
+            return Ok(state);
         }
-        let looks: Vec<String> = t
-            .servers_from(&rules.origin, server)?
-            .into_iter()
-            .filter(|s| !rules.configured.contains(s))
-            .collect();
-        Ok((looks.is_empty(), !looks.is_empty(), None, looks))
+        // Two local servers may run one program (their own walls, env and state): only a
+        // gone one's command line marks a rename. Two URLs alike are one server.
+        let local = rules.origin.starts_with(super::origin::LOCAL_PREFIX);
+        for other in t.servers_from(&rules.origin, server)? {
+            if rules.configured.contains(&other) {
+                if !local {
+                    state.same_address.push(other);
+                }
+            } else {
+                state.looks_renamed.push(other);
+            }
+        }
+        state.first_sight = state.looks_renamed.is_empty() && state.same_address.is_empty();
+        Ok(state)
     });
     let (first_sight, force_hold) = match server_state {
-        Ok((first, force, renamed, looks)) => {
-            summary.renamed_from = renamed;
-            summary.looks_renamed_from = looks;
-            (first, force)
+        Ok(state) => {
+            let hold = !state.first_sight
+                && (state.moved_from.is_some()
+                    || !state.looks_renamed.is_empty()
+                    || !state.same_address.is_empty());
+            summary.renamed_from = state.renamed;
+            summary.looks_renamed_from = state.looks_renamed;
+            summary.same_address_as = state.same_address;
+            summary.moved = state.moved_from.map(|was| (was, rules.origin.clone()));
+            (state.first_sight, hold)
         }
         Err(e) => {
             summary.store_error = Some(e);
             (false, true)
         }
     };
+    // A server now reached elsewhere keeps serving what was approved; what is new there
+    // waits, and the new address is the one remembered.
+    if summary.moved.is_some()
+        && summary.renamed_from.is_none()
+        && let Err(e) = store.write(|t| {
+            if let Some(mut known) = t.server(server)? {
+                known.origin = rules.origin.clone();
+                t.put_server(&known)?;
+            }
+            Ok(())
+        })
+    {
+        summary.store_error = Some(e);
+    }
     let ctx = ReviewCtx {
         server: server.to_owned(),
         mode: rules.mode,
@@ -582,23 +676,42 @@ fn review_tools(
 
     // Tools no longer listed, and the server's record once everything above is written.
     let write_record = first_sight && summary.store_error.is_none();
-    let tail = store.write(|t| {
-        let absent: Vec<_> = t
-            .summaries(server)?
-            .into_iter()
-            .filter(|p| !listed.contains(&p.tool))
-            .collect();
-        let decided = review::absent(absent, now, rules.retention_ms, rules.absent_cap);
-        for tool in decided.drop_held.iter().chain(&decided.prune) {
-            t.delete(tool)?;
-        }
-        if write_record {
-            t.put_server(&ServerRecord {
-                server: server.to_owned(),
-                origin: rules.origin.clone(),
-                first_listed_ms: now,
-            })?;
-        }
+    // Deleted in transactions of [`CHUNK`] like the reviews: a listing that rotated
+    // 10,000 held tools away must not hold the file's write lock past the ledger's wait.
+    let tail = store
+        .write(|t| {
+            let absent: Vec<_> = t
+                .summaries(server)?
+                .into_iter()
+                .filter(|p| !listed.contains(&p.tool))
+                .collect();
+            Ok(review::absent(
+                absent,
+                now,
+                rules.retention_ms,
+                rules.absent_cap,
+            ))
+        })
+        .and_then(|decided| {
+            for chunk in decided.drop_held.chunks(CHUNK) {
+                store.write(|t| chunk.iter().try_for_each(|tool| t.delete_held(tool)))?;
+            }
+            for chunk in decided.prune.chunks(CHUNK) {
+                store.write(|t| chunk.iter().try_for_each(|tool| t.delete(tool)))?;
+            }
+            Ok(decided)
+        });
+    let tail = tail.and_then(|decided| {
+        store.write(|t| {
+            if write_record {
+                t.put_server(&ServerRecord {
+                    server: server.to_owned(),
+                    origin: rules.origin.clone(),
+                    first_listed_ms: now,
+                })?;
+            }
+            Ok(())
+        })?;
         Ok(decided)
     });
     match tail {
@@ -609,6 +722,12 @@ fn review_tools(
             }
         }
         Err(e) => summary.store_error = Some(e),
+    }
+    // Said when it holds something new: a server held that way lists the same tools
+    // again and again, and must not log or record it every time.
+    if summary.new_held.count == 0 {
+        summary.looks_renamed_from.clear();
+        summary.same_address_as.clear();
     }
     summary.hidden = out.hidden.len();
     out.summary = Some(summary);
@@ -796,6 +915,178 @@ mod tests {
         .unwrap();
         assert_eq!(served(&moved), vec!["new__a"]);
         assert_eq!(moved.summary.unwrap().renamed_from, Some(("old".into(), 1)));
+    }
+
+    fn at(server: &str, origin: &str, configured: &[&str]) -> Arc<ServerRules> {
+        let mut r = (*rules(server, NewTools::Serve)).clone();
+        r.origin = origin.into();
+        r.configured = configured.iter().map(|s| s.to_string()).collect();
+        Arc::new(r)
+    }
+
+    #[test]
+    fn a_new_name_at_any_spelling_of_a_pinned_address_is_held() {
+        let (_d, mut store) = setup();
+        let base = "http://127.0.0.1:1/mcp";
+        process(
+            Some(&mut store),
+            &job("a", &[t("x", "v0")], at("a", base, &["a"]), 1),
+        )
+        .unwrap();
+        // The upstream changes its tool: waiting for approval under `a`.
+        let changed = process(
+            Some(&mut store),
+            &job("a", &[t("x", "v1 RUGPULL")], at("a", base, &["a"]), 2),
+        )
+        .unwrap();
+        assert!(changed.entries.is_empty());
+        let spellings = [
+            "http://127.0.0.1:1/mcp",
+            "http://localhost:1/mcp",
+            "http://127.0.0.1:1/mcp/",
+            "HTTP://127.0.0.1:1/MCP",
+            "http://127.0.0.1:1/mcp?v=1",
+            "http://[::1]:1/mcp",
+        ];
+        for (n, url) in spellings.iter().enumerate() {
+            // `a` renamed (gone from the config), or still configured next to it.
+            for (name, with_a) in [(format!("b{n}"), false), (format!("c{n}"), true)] {
+                let configured = if with_a {
+                    vec!["a", name.as_str()]
+                } else {
+                    vec![name.as_str()]
+                };
+                let r = process(
+                    Some(&mut store),
+                    &job(
+                        &name,
+                        &[t("x", "v1 RUGPULL")],
+                        at(&name, url, &configured),
+                        3,
+                    ),
+                )
+                .unwrap();
+                assert!(
+                    r.entries.is_empty(),
+                    "{url} {configured:?}: {:?}",
+                    served(&r)
+                );
+                let s = r.summary.unwrap();
+                assert_eq!(s.first_sight, 0, "{url}");
+                let named = if configured.len() == 2 {
+                    &s.same_address_as
+                } else {
+                    &s.looks_renamed_from
+                };
+                assert_eq!(named, &vec!["a".to_string()], "{url}");
+                assert!(
+                    s.log_lines()
+                        .iter()
+                        .any(|(warn, l)| *warn && l.contains("held"))
+                );
+                // Listed again: still held, nothing more to log or record.
+                let again = process(
+                    Some(&mut store),
+                    &job(
+                        &name,
+                        &[t("x", "v1 RUGPULL")],
+                        at(&name, url, &configured),
+                        4,
+                    ),
+                )
+                .unwrap();
+                assert!(again.entries.is_empty());
+                assert!(!again.summary.unwrap().eventful());
+            }
+        }
+        // Another address is another server: first sight.
+        let other = process(
+            Some(&mut store),
+            &job(
+                "d",
+                &[t("x", "v")],
+                at("d", "http://127.0.0.1:2/mcp", &["d"]),
+                5,
+            ),
+        )
+        .unwrap();
+        assert_eq!(served(&other), vec!["d__x"]);
+    }
+
+    #[test]
+    fn two_local_servers_may_run_one_program_but_a_renamed_one_is_held() {
+        let (_d, mut store) = setup();
+        let cmd = super::super::origin::of_server("", Some(&["python3".into(), "s.py".into()]));
+        process(
+            Some(&mut store),
+            &job("a", &[t("x", "v")], at("a", &cmd, &["a", "b"]), 1),
+        )
+        .unwrap();
+        let b = process(
+            Some(&mut store),
+            &job("b", &[t("x", "v")], at("b", &cmd, &["a", "b"]), 2),
+        )
+        .unwrap();
+        assert_eq!(
+            served(&b),
+            vec!["b__x"],
+            "another instance, its own first sight"
+        );
+        let c = process(
+            Some(&mut store),
+            &job("c", &[t("x", "v")], at("c", &cmd, &["c"]), 3),
+        )
+        .unwrap();
+        assert!(c.entries.is_empty(), "a and b are gone: c looks renamed");
+        assert_eq!(c.summary.unwrap().looks_renamed_from, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn a_server_moved_to_another_address_keeps_approvals_and_holds_what_is_new() {
+        let (_d, mut store) = setup();
+        let base = "http://127.0.0.1:1/mcp";
+        process(
+            Some(&mut store),
+            &job("a", &[t("x", "v0")], at("a", base, &["a"]), 1),
+        )
+        .unwrap();
+        let elsewhere = "http://127.0.0.1:9/mcp";
+        let r = process(
+            Some(&mut store),
+            &job(
+                "a",
+                &[t("x", "v0"), t("y", "new")],
+                at("a", elsewhere, &["a"]),
+                2,
+            ),
+        )
+        .unwrap();
+        assert_eq!(served(&r), vec!["a__x"], "new_tools = serve does not apply");
+        let s = r.summary.unwrap();
+        assert_eq!(s.moved, Some((base.to_string(), elsewhere.to_string())));
+        assert!(s.log_lines().iter().any(|(_, l)| l.contains("pinned at")));
+        // Remembered at its new address: nothing more to say the next time.
+        let again = process(
+            Some(&mut store),
+            &job(
+                "a",
+                &[t("x", "v0"), t("y", "new")],
+                at("a", elsewhere, &["a"]),
+                3,
+            ),
+        )
+        .unwrap();
+        assert!(again.summary.unwrap().moved.is_none());
+        // Declared rename to another address: pins follow, new tools wait.
+        let mut declared = (*at("b", "http://127.0.0.1:7/mcp", &["b"])).clone();
+        declared.renamed_from = Some("a".into());
+        let r = process(
+            Some(&mut store),
+            &job("b", &[t("x", "v0"), t("z", "new")], Arc::new(declared), 4),
+        )
+        .unwrap();
+        assert_eq!(served(&r), vec!["b__x"]);
+        assert!(r.summary.unwrap().moved.is_some());
     }
 
     #[test]

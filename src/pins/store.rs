@@ -18,6 +18,16 @@ use super::digest::SCHEME;
 /// How long a pin write waits for the ledger file's write lock.
 pub const PIN_BUSY_TIMEOUT: Duration = Duration::from_millis(2000);
 
+/// Times one pin transaction is tried when the ledger file stays locked.
+pub const PIN_WRITE_ATTEMPTS: u32 = 5;
+/// Pause before trying again (times the attempt number).
+pub const PIN_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether a pin store error is the file's write lock being taken (worth trying again).
+fn is_busy(e: &str) -> bool {
+    e.contains("database is locked") || e.contains("database is busy")
+}
+
 /// The pin schema this build writes (`pin_store_schema.version`).
 pub const PIN_SCHEMA_VERSION: i64 = 2;
 
@@ -291,7 +301,30 @@ impl PinStore {
 
     /// Run `f` in one write transaction (taken at once, so what it reads is what it
     /// writes over).
-    pub fn write<R>(&mut self, f: impl FnOnce(&PinTx) -> Result<R, String>) -> Result<R, String> {
+    ///
+    /// The ledger's writer shares the file: when the write lock stays taken beyond
+    /// [`PIN_BUSY_TIMEOUT`] the whole transaction is tried again, up to
+    /// [`PIN_WRITE_ATTEMPTS`] times, rather than failing a listing's review.
+    pub fn write<R>(
+        &mut self,
+        mut f: impl FnMut(&PinTx) -> Result<R, String>,
+    ) -> Result<R, String> {
+        let mut attempt = 1;
+        loop {
+            match self.write_once(&mut f) {
+                Err(e) if attempt < PIN_WRITE_ATTEMPTS && is_busy(&e) => {
+                    std::thread::sleep(PIN_RETRY_PAUSE * attempt);
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn write_once<R>(
+        &mut self,
+        f: &mut impl FnMut(&PinTx) -> Result<R, String>,
+    ) -> Result<R, String> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -407,6 +440,16 @@ impl PinTx<'_> {
             .map_err(|e| err("deleting a pin", e))
     }
 
+    /// Delete `tool` if nothing of it is approved (a held new tool; an approval made since
+    /// it was found absent keeps it).
+    pub fn delete_held(&self, tool: &str) -> Result<(), String> {
+        self.tx
+            .prepare_cached("DELETE FROM tool_pins WHERE tool = ?1 AND digest IS NULL")
+            .and_then(|mut s| s.execute([tool]))
+            .map(drop)
+            .map_err(|e| err("deleting a pin", e))
+    }
+
     /// Every pin of `server`: (tool, last seen, approved, pending) without definitions.
     pub fn summaries(&self, server: &str) -> Result<Vec<PinSummary>, String> {
         let mut stmt = self
@@ -448,19 +491,28 @@ impl PinTx<'_> {
             .map_err(|e| err("reading pin_servers", e))
     }
 
-    /// Servers other than `server` listed before from `origin`.
+    /// Servers other than `server` listed before from `origin`, however either was spelled
+    /// (see [`super::origin`]).
     pub fn servers_from(&self, origin: &str, server: &str) -> Result<Vec<String>, String> {
         let mut stmt = self
             .tx
             .prepare_cached(
-                "SELECT server FROM pin_servers WHERE origin = ?1 AND server != ?2 ORDER BY server",
+                "SELECT server, origin FROM pin_servers WHERE origin != '' AND server != ?1 ORDER BY server",
             )
             .map_err(|e| err("reading pin_servers", e))?;
         let rows = stmt
-            .query_map(params![origin, server], |r| r.get(0))
+            .query_map(params![server], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
             .map_err(|e| err("reading pin_servers", e))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(|e| err("reading pin_servers", e))
+        let mut out = Vec::new();
+        for row in rows {
+            let (name, at) = row.map_err(|e| err("reading pin_servers", e))?;
+            if super::origin::same(&at, origin) {
+                out.push(name);
+            }
+        }
+        Ok(out)
     }
 
     pub fn put_server(&self, r: &ServerRecord) -> Result<(), String> {
@@ -535,6 +587,23 @@ impl PinTx<'_> {
             .and_then(|mut s| s.execute(params![uri, server, now_ms]))
             .map(drop)
             .map_err(|e| err("storing a resource owner", e))
+    }
+
+    /// Forget the owners of `server` beyond the `keep` seen last; returns their URIs.
+    pub fn trim_owners(&self, server: &str, keep: usize) -> Result<Vec<String>, String> {
+        let keep = i64::try_from(keep).unwrap_or(i64::MAX);
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "DELETE FROM resource_owners WHERE uri IN (SELECT uri FROM resource_owners \
+                 WHERE server = ?1 ORDER BY last_seen_ms DESC, uri LIMIT -1 OFFSET ?2) RETURNING uri",
+            )
+            .map_err(|e| err("trimming resource owners", e))?;
+        let rows = stmt
+            .query_map(params![server, keep], |r| r.get(0))
+            .map_err(|e| err("trimming resource owners", e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| err("trimming resource owners", e))
     }
 
     /// Forget the owners of `server` not seen since `before_ms`; returns their URIs.
@@ -709,6 +778,51 @@ mod tests {
         assert_eq!(store.owners().unwrap()[0].1, "new");
         let pruned = store.write(|t| t.prune_owners("new", 5)).unwrap();
         assert_eq!(pruned, vec!["r://1".to_string()]);
+    }
+
+    #[test]
+    fn owners_beyond_the_cap_are_trimmed_oldest_first() {
+        let (_dir, path, _ledger) = ledger();
+        let mut store = PinStore::open(&path).unwrap();
+        let trimmed = store
+            .write(|t| {
+                for i in 0..10 {
+                    t.own(&format!("r://{i}"), "up", i)?;
+                }
+                t.own("o://x", "other", 0)?;
+                t.trim_owners("up", 3)
+            })
+            .unwrap();
+        assert_eq!(trimmed.len(), 7);
+        let mut kept: Vec<String> = store
+            .owners()
+            .unwrap()
+            .into_iter()
+            .map(|(u, _, _)| u)
+            .collect();
+        kept.sort();
+        assert_eq!(kept, vec!["o://x", "r://7", "r://8", "r://9"]);
+    }
+
+    #[test]
+    fn a_write_waits_out_a_lock_held_longer_than_the_busy_timeout() {
+        let (_dir, path, _ledger) = ledger();
+        let mut store = PinStore::open(&path).unwrap();
+        // Another writer of the file (the ledger, a checkpoint) holds the write lock for
+        // longer than one busy timeout.
+        let other = Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let (locked_tx, locked) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(PIN_BUSY_TIMEOUT + PIN_BUSY_TIMEOUT / 2);
+            other.execute_batch("COMMIT").unwrap();
+        });
+        locked.recv().unwrap();
+        let written = store.write(|t| t.own("r://1", "up", 1));
+        holder.join().unwrap();
+        assert_eq!(written, Ok(()));
+        assert_eq!(store.owners().unwrap().len(), 1);
     }
 
     #[test]

@@ -348,21 +348,89 @@ impl Catalog {
     /// Where a `resources/read` of `uri` goes: the server that serves it as a listed
     /// resource, else the one server whose template matches it; `Err` says why nobody
     /// may serve it (a conflict, or templates of several servers).
+    ///
+    /// A URI listed by one server that falls inside a resource template of another is
+    /// listed by both in effect: it goes to the listing server only when it owns the URI
+    /// (`owns_resources`, or remembered as its own), to the template's server when that one
+    /// owns it by `owns_resources`, and otherwise to nobody.
     pub fn resource_route(&self, uri: &str, rules: &OwnerRules) -> Result<Option<&Entry>, String> {
         if let Some(e) = self.resources.served.get(uri) {
-            return Ok(Some(e));
+            let rivals = self.template_rivals(uri, &e.server);
+            if rivals.is_empty() {
+                return Ok(Some(e));
+            }
+            return match rules.owner_of(uri) {
+                Some(Ok(owner)) if owner == e.server => Ok(Some(e)),
+                Some(Ok(owner)) => templates::route(uri, &self.templates, Some(&owner)),
+                Some(Err(why)) => Err(why),
+                None => Err(template_conflict(uri, &e.server, &rivals)),
+            };
         }
-        if let Some(why) = self.resources.why_not_served(uri) {
-            return Err(why);
+        // Owned URIs go to their owner only, even through a template (also when another
+        // server lists them).
+        match rules.owner_of(uri) {
+            Some(Err(why)) => Err(why),
+            Some(Ok(owner)) => templates::route(uri, &self.templates, Some(&owner)),
+            None => match self.resources.why_not_served(uri) {
+                Some(why) => Err(why),
+                None => templates::route(uri, &self.templates, None),
+            },
         }
-        // Owned URIs go to their owner only, even through a template.
-        let owner = match rules.owner_of(uri) {
-            Some(Err(why)) => return Err(why),
-            Some(Ok(owner)) => Some(owner),
-            None => None,
-        };
-        templates::route(uri, &self.templates, owner.as_deref())
     }
+}
+
+impl Catalog {
+    /// Servers other than `server` that list a resource template matching `uri`.
+    pub fn template_rivals(&self, uri: &str, server: &str) -> Vec<String> {
+        let mut unlimited = usize::MAX;
+        self.template_rivals_within(uri, server, &mut unlimited)
+            .unwrap_or_default()
+    }
+
+    /// [`Catalog::template_rivals`] looking at most at `budget` templates (each costs
+    /// one); `None` once it ran out.
+    pub fn template_rivals_within(
+        &self,
+        uri: &str,
+        server: &str,
+        budget: &mut usize,
+    ) -> Option<Vec<String>> {
+        let mut out: Vec<String> = Vec::new();
+        for e in self.templates.listed() {
+            if e.server == server || out.contains(&e.server) {
+                continue;
+            }
+            *budget = budget.checked_sub(1)?;
+            if literal_start_fits(&e.upstream, uri) && templates::matches(&e.upstream, uri) {
+                out.push(e.server.clone());
+            }
+        }
+        out.sort_unstable();
+        Some(out)
+    }
+}
+
+/// Whether `uri` starts with the literal part of `template` before its first expression
+/// (a cheap test that rules most templates out; it reads no further than they agree).
+fn literal_start_fits(template: &str, uri: &str) -> bool {
+    let u = uri.as_bytes();
+    for (i, b) in template.bytes().enumerate() {
+        if b == b'{' {
+            return true;
+        }
+        if u.get(i) != Some(&b) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Why a URI one server lists and another's template matches is served by neither.
+pub fn template_conflict(uri: &str, server: &str, rivals: &[String]) -> String {
+    format!(
+        "{uri} is listed by server {server} and matches a resource template of server {}; toolwall serves it from none of them until an operator names its owner ([servers.NAME] owns_resources)",
+        rivals.join(" and ")
+    )
 }
 
 /// Split `server__tool`; `None` when there is no namespace.

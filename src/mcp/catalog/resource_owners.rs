@@ -48,6 +48,8 @@ pub struct OwnerRules {
     configured: Vec<(String, Vec<GlobMatcher>)>,
     /// Remembered owners: URI (or template) -> server.
     remembered: HashMap<String, String>,
+    /// How many are remembered per server.
+    per_server: HashMap<String, usize>,
     /// Every enabled server has listed its resources at least once in this run: a URI
     /// served alone may now be remembered.
     pub settled: bool,
@@ -82,6 +84,7 @@ impl OwnerRules {
         OwnerRules {
             configured,
             remembered: HashMap::new(),
+            per_server: HashMap::new(),
             settled: false,
         }
     }
@@ -90,17 +93,38 @@ impl OwnerRules {
     pub fn set_configured(&mut self, owns: &[(String, Vec<String>)]) {
         let settled = self.settled;
         let remembered = std::mem::take(&mut self.remembered);
+        let per_server = std::mem::take(&mut self.per_server);
         *self = OwnerRules::new(owns);
         self.remembered = remembered;
+        self.per_server = per_server;
         self.settled = settled;
     }
 
     pub fn remember(&mut self, key: &str, server: &str) {
-        self.remembered.insert(key.to_owned(), server.to_owned());
+        if let Some(old) = self.remembered.insert(key.to_owned(), server.to_owned()) {
+            self.uncount(&old);
+        }
+        *self.per_server.entry(server.to_owned()).or_default() += 1;
     }
 
     pub fn forget(&mut self, key: &str) {
-        self.remembered.remove(key);
+        if let Some(old) = self.remembered.remove(key) {
+            self.uncount(&old);
+        }
+    }
+
+    fn uncount(&mut self, server: &str) {
+        if let Some(n) = self.per_server.get_mut(server) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_server.remove(server);
+            }
+        }
+    }
+
+    /// How many URIs are remembered as `server`'s.
+    pub fn remembered_by(&self, server: &str) -> usize {
+        self.per_server.get(server).copied().unwrap_or(0)
     }
 
     pub fn remembered(&self, key: &str) -> Option<&str> {

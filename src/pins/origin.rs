@@ -1,0 +1,186 @@
+//! Where a server is reached, as pins compare it: one key for every spelling of the same
+//! address, so a server renamed in the config, or spelled differently (`HTTP://`,
+//! `localhost` for `127.0.0.1`, a trailing slash, a query string), is recognised as one
+//! pinned before and does not get first-sight trust.
+//!
+//! The key errs towards "the same": two addresses that share a key make the newer name's
+//! tools wait for approval, which is safe; two spellings of one server that did not share a
+//! key would let a changed definition in unreviewed. So scheme and host are lowercased,
+//! every loopback spelling (`localhost`, `*.localhost`, `127.0.0.0/8`, `::1`, `0.0.0.0`,
+//! `::`) is one host, the default port is filled in, the path is percent-decoded,
+//! lowercased, its `.`/`..` segments resolved and its empty segments and trailing slashes
+//! dropped, and user info, query and fragment are ignored. A local server's origin is its
+//! command line, compared as written.
+//!
+//! Not recognised (different keys, so a new name there is pinned on first sight): a host
+//! name and an address it resolves to, two names of one host. Nothing here resolves names.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::transport::http::authority::Authority;
+
+/// Prefix of a local server's origin (its command line as JSON follows).
+pub const LOCAL_PREFIX: &str = "stdio:";
+
+/// The origin recorded for a server: its URL, or `stdio:` and its command line.
+pub fn of_server(url: &str, command: Option<&[String]>) -> String {
+    match command {
+        Some(cmd) => format!(
+            "{LOCAL_PREFIX}{}",
+            serde_json::to_string(cmd).unwrap_or_default()
+        ),
+        None => url.to_owned(),
+    }
+}
+
+/// The comparison key of an origin (see the module comment). Empty stays empty (a server
+/// pinned before origins were kept matches nothing).
+pub fn key(origin: &str) -> String {
+    if origin.is_empty() || origin.starts_with(LOCAL_PREFIX) {
+        return origin.to_owned();
+    }
+    url_key(origin).unwrap_or_else(|| origin.trim().to_ascii_lowercase())
+}
+
+/// Whether two origins are the same address.
+pub fn same(a: &str, b: &str) -> bool {
+    !a.is_empty() && !b.is_empty() && key(a) == key(b)
+}
+
+fn url_key(url: &str) -> Option<String> {
+    let url = url.trim();
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let a = Authority::parse(authority.as_bytes()).ok()?;
+    let host = host_key(&a.host);
+    let port = a.port.unwrap_or(default_port);
+    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
+    Some(format!(
+        "{scheme}://{host}:{port}{}",
+        path_key(&tail[..path_end])
+    ))
+}
+
+fn host_key(host: &str) -> String {
+    let host = host.trim_end_matches('.');
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = match bare.parse::<IpAddr>() {
+        Ok(IpAddr::V4(v4)) => v4.is_loopback() || v4.is_unspecified(),
+        Ok(IpAddr::V6(v6)) => {
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6
+                    .to_ipv4_mapped()
+                    .is_some_and(|v4: Ipv4Addr| v4.is_loopback() || v4.is_unspecified())
+        }
+        Err(_) => host == "localhost" || host.ends_with(".localhost"),
+    };
+    if loopback {
+        return "loopback".into();
+    }
+    match bare.parse::<Ipv6Addr>() {
+        // One spelling of an IPv6 address.
+        Ok(v6) => format!("[{v6}]"),
+        Err(_) => host.to_owned(),
+    }
+}
+
+fn path_key(path: &str) -> String {
+    let decoded = percent_decode(path).to_lowercase();
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in decoded.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    format!("/{}", segments.join("/"))
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            out.push(h * 16 + l);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).and_then(|d| u8::try_from(d).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spelling_of_one_address_is_one_key() {
+        let base = "http://127.0.0.1:8080/mcp";
+        for other in [
+            "http://localhost:8080/mcp",
+            "HTTP://LocalHost:8080/mcp/",
+            "http://127.0.0.2:8080/mcp?v=1",
+            "http://[::1]:8080//mcp/#x",
+            "http://user@0.0.0.0:8080/a/../MCP",
+            "http://127.0.0.1:8080/%6dcp",
+            "http://foo.localhost:8080/mcp/.",
+        ] {
+            assert!(
+                same(base, other),
+                "{other}: {} vs {}",
+                key(other),
+                key(base)
+            );
+        }
+        assert!(same("https://Example.COM./x", "https://example.com:443/x/"));
+        assert!(same(
+            "https://[2001:DB8::0:1]/m",
+            "https://[2001:db8::1]:443/m"
+        ));
+    }
+
+    #[test]
+    fn different_addresses_are_different_keys() {
+        let base = "http://127.0.0.1:8080/mcp";
+        for other in [
+            "http://127.0.0.1:8081/mcp",
+            "https://127.0.0.1:8080/mcp",
+            "http://127.0.0.1:8080/mcp2",
+            "http://example.com:8080/mcp",
+            "",
+        ] {
+            assert!(!same(base, other), "{other}");
+        }
+        assert!(!same("", ""), "unknown origins match nothing");
+        let cmd = vec!["python3".to_string(), "s.py".to_string()];
+        let local = of_server("", Some(&cmd));
+        assert!(same(&local, &of_server("", Some(&cmd))));
+        assert!(!same(&local, &of_server("", Some(&cmd[..1]))));
+        assert_eq!(key("not a url"), "not a url");
+        assert_eq!(key("http://%zz:1/"), "http://%zz:1/");
+        assert_eq!(percent_decode("%"), "%");
+        assert_eq!(percent_decode("a%2"), "a%2");
+    }
+}
