@@ -997,7 +997,7 @@ fn gateway_bad_server_names_are_load_errors() {
 #[test]
 fn gateway_credential_reaches_upstream_and_nowhere_else() {
     let token = "gw-token-0a1b2c3d4e5f60718293a4b5c6d7e8f9";
-    let up = Upstream::fixture(0, &["--token", token]);
+    let up = Upstream::fixture(0, &["--token", token, "--leaky"]);
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("fx.token");
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
