@@ -48,6 +48,13 @@ if [[ -z "$bin" || -z "$relay" ]]; then
 fi
 
 work="$(realpath target)/systemd-ns.$$"
+# The service runs with PrivateTmp= (and /tmp is a fresh tmpfs inside the namespaces): a
+# checkout under /tmp or /var/tmp (a fresh clone there) would hide its own binaries from the
+# service, which then never starts. Its work directory goes to /opt instead (read-only to
+# the service under ProtectSystem=strict, which is all it needs).
+if [[ "$work" == /tmp/* || "$work" == /var/tmp/* ]]; then
+    work="/opt/toolwall-systemd-ns.$$"
+fi
 rm -rf "$work"
 mkdir -p "$work/units" "$work/etc-upper" "$work/etc-work"
 # Copies, so a rebuild during the test changes nothing.
