@@ -15,7 +15,6 @@
 use mio::net::UnixStream;
 use mio::{Events, Poll, Token, Waker};
 use std::collections::HashSet;
-use std::io::Read;
 use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -252,23 +251,7 @@ fn serve(
         poll.poll(&mut events, None)?;
         for event in events.iter() {
             if event.token() == RPC && event.is_readable() {
-                loop {
-                    let spare = reader.spare();
-                    match stream.read(spare) {
-                        Ok(0) => {
-                            reader.filled(0);
-                            buf_eof = true;
-                            break;
-                        }
-                        Ok(n) => reader.filled(n),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            reader.filled(0);
-                            break;
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => reader.filled(0),
-                        Err(e) => return Err(e),
-                    }
-                }
+                buf_eof |= reader.read_from(&mut stream)?;
             }
         }
         loop {

@@ -178,6 +178,19 @@ impl RpcReader {
         self.end = (self.end + n).min(self.buf.len());
     }
 
+    /// Read what a non-blocking `stream` has for us; true at end of file.
+    pub fn read_from(&mut self, stream: &mut impl std::io::Read) -> std::io::Result<bool> {
+        loop {
+            match stream.read(self.spare()) {
+                Ok(0) => return Ok(true),
+                Ok(n) => self.filled(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// The next whole message, if any.
     pub fn next_message(&mut self) -> Result<Option<Message>, RpcFault> {
         match decode(&self.buf[self.start..self.end])? {
@@ -197,6 +210,30 @@ impl RpcReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_from_takes_what_is_there_and_says_eof() {
+        use std::io::Write;
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let mut reader = RpcReader::default();
+        // Nothing yet: not the end.
+        assert!(!reader.read_from(&mut b).unwrap());
+        let mut bytes = Vec::new();
+        let msg = Message::Event {
+            kind: "k".into(),
+            detail: "d".into(),
+        };
+        encode(&mut bytes, &msg).unwrap();
+        a.write_all(&bytes).unwrap();
+        assert!(!reader.read_from(&mut b).unwrap());
+        assert!(matches!(
+            reader.next_message(),
+            Ok(Some(Message::Event { .. }))
+        ));
+        drop(a);
+        assert!(reader.read_from(&mut b).unwrap(), "the peer closed");
+    }
 
     #[test]
     fn round_trip_out_of_order_and_split() {

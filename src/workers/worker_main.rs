@@ -150,23 +150,7 @@ fn serve(
         let mut eof = false;
         for event in events.iter() {
             if event.token() == RPC && event.is_readable() {
-                loop {
-                    let spare = reader.spare();
-                    match stream.read(spare) {
-                        Ok(0) => {
-                            reader.filled(0);
-                            eof = true;
-                            break;
-                        }
-                        Ok(n) => reader.filled(n),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            reader.filled(0);
-                            break;
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => reader.filled(0),
-                        Err(e) => return Err(e),
-                    }
-                }
+                eof |= reader.read_from(&mut stream)?;
             }
         }
         loop {

@@ -13,7 +13,6 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::{Value, json};
 use std::collections::HashSet;
-use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -391,7 +390,7 @@ impl Worker {
             let mut eof = false;
             for event in events.iter() {
                 match event.token() {
-                    RPC if event.is_readable() => eof |= read_rpc(&mut stream, &mut reader)?,
+                    RPC if event.is_readable() => eof |= reader.read_from(&mut stream)?,
                     RPC | WAKE => {}
                     Token(t) if t >= FIRST_TASK_TOKEN => {
                         let slot = (t - FIRST_TASK_TOKEN) / 3;
@@ -929,26 +928,6 @@ impl Worker {
             }
             r == 0
         });
-    }
-}
-
-/// Reads what the gateway sent; true at end of file.
-fn read_rpc(stream: &mut UnixStream, reader: &mut RpcReader) -> std::io::Result<bool> {
-    loop {
-        let spare = reader.spare();
-        match stream.read(spare) {
-            Ok(0) => {
-                reader.filled(0);
-                return Ok(true);
-            }
-            Ok(n) => reader.filled(n),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                reader.filled(0);
-                return Ok(false);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => reader.filled(0),
-            Err(e) => return Err(e),
-        }
     }
 }
 
