@@ -129,7 +129,7 @@ fn approve_and_deny(label: &str, fixture: &Fixture, run: &dyn Fn(&str, &str) -> 
         let question = out["elicited"][0].as_str().unwrap_or_default();
         assert!(
             question.contains(&format!("{server}__note"))
-                && question.contains("text: from the client")
+                && question.contains(r#""text": "from the client""#)
                 && question.contains("notes need a human"),
             "{label} {server}: {out}"
         );

@@ -61,6 +61,25 @@ impl Scrubber {
         self.secrets.is_empty()
     }
 
+    /// JSON text from the server without the credentials, judged on its decoded strings:
+    /// a `\u0073`-escaped token is the token (cutting the raw bytes missed it). Text that
+    /// is not JSON is cut as text.
+    pub fn json_text(&self, text: String) -> String {
+        if self.is_empty() {
+            return text;
+        }
+        match serde_json::from_str::<Value>(&text) {
+            Ok(mut v) => {
+                if self.value(&mut v) {
+                    v.to_string()
+                } else {
+                    text
+                }
+            }
+            Err(_) => self.text(text),
+        }
+    }
+
     /// `text` without the credentials (JSON text stays JSON: the replacement has no quote
     /// or backslash).
     pub fn text(&self, text: String) -> String {
@@ -73,17 +92,19 @@ impl Scrubber {
         out
     }
 
-    /// Every string in `value` (keys too) without the credentials.
-    pub fn value(&self, value: &mut Value) {
+    /// Every string in `value` (keys too) without the credentials; true when one was cut.
+    pub fn value(&self, value: &mut Value) -> bool {
         if self.is_empty() {
-            return;
+            return false;
         }
         match value {
             Value::String(s) if self.secrets.iter().any(|k| s.contains(k.as_str())) => {
                 *s = self.text(std::mem::take(s));
+                true
             }
-            Value::Array(items) => items.iter_mut().for_each(|v| self.value(v)),
+            Value::Array(items) => items.iter_mut().fold(false, |cut, v| self.value(v) | cut),
             Value::Object(map) => {
+                let mut cut = false;
                 if map
                     .keys()
                     .any(|k| self.secrets.iter().any(|s| k.contains(s.as_str())))
@@ -92,10 +113,11 @@ impl Scrubber {
                     for (k, v) in old {
                         map.insert(self.text(k), v);
                     }
+                    cut = true;
                 }
-                map.values_mut().for_each(|v| self.value(v));
+                map.values_mut().fold(cut, |cut, v| self.value(v) | cut)
             }
-            _ => {}
+            _ => false,
         }
     }
 }
@@ -138,6 +160,16 @@ mod tests {
             v,
             json!({"a": ["[redacted credential]"], "[redacted credential]": 1, "n": 3})
         );
+    }
+
+    #[test]
+    fn an_escaped_credential_is_found_in_json() {
+        let sc = Scrubber::new(&setup());
+        let escaped = r#"{"t":"\u0074ok-0123456789abcdef","n":1}"#.to_string();
+        let out: Value = serde_json::from_str(&sc.json_text(escaped)).unwrap();
+        assert_eq!(out, json!({"t": "[redacted credential]", "n": 1}));
+        let clean = r#"{"a": 1}"#.to_string();
+        assert_eq!(sc.json_text(clean.clone()), clean, "untouched when clean");
     }
 
     #[test]

@@ -236,7 +236,7 @@ impl Upstream {
 
     /// What came back from the server, without its own credentials.
     pub fn scrubbed(&self, r: Result<String, UpstreamError>) -> Result<String, UpstreamError> {
-        r.map(|text| self.scrub.text(text))
+        r.map(|text| self.scrub.json_text(text))
             .map_err(|e| self.scrubbed_error(e))
     }
 

@@ -57,7 +57,7 @@ fn a_legacy_client_that_can_elicit_is_asked_and_its_answer_decides() {
     assert_eq!(msg["method"], "elicitation/create");
     let text = msg["params"]["message"].as_str().unwrap();
     assert!(
-        text.contains("local__echo") && text.contains("text: hi"),
+        text.contains("local__echo") && text.contains(r#""text": "hi""#),
         "{text}"
     );
     assert!(text.contains("echo needs a human"), "{text}");
