@@ -9,6 +9,7 @@
 //! exchange), and the sans-IO cores [`sse`], [`era`], [`message`], [`listing_pages`].
 
 pub mod budget;
+pub mod call_connections;
 pub mod call_link;
 pub mod call_relay;
 pub mod channel;

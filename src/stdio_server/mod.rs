@@ -18,6 +18,7 @@ pub mod host;
 pub mod hosting;
 pub mod lines;
 pub mod link;
+mod rpc_output;
 pub mod settings;
 pub mod stderr_board;
 pub mod stderr_log;
