@@ -189,6 +189,19 @@ class Toolwall:
                 sys.exit(f"toolwall never listed the SDK's tools: {sorted(names)}")
             time.sleep(0.1)
 
+    @staticmethod
+    def start(binary, sdk_ports):
+        """Started, or stopped again before the error goes up."""
+        tw = Toolwall.__new__(Toolwall)
+        try:
+            tw.__init__(binary, sdk_ports)
+        except BaseException:
+            if getattr(tw, "proc", None):
+                tw.proc.kill()
+                tw.proc.wait()
+            raise
+        return tw
+
     def stop(self):
         self.proc.terminate()
         try:
@@ -218,6 +231,7 @@ def main():
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="SDK server answers JSON, not SSE")
+    ap.add_argument("--only", choices=["direct", "toolwall"], help="run one path only")
     a = ap.parse_args()
     flags = ["--json"] if a.json else []
     sdk_ports = (free_port(), free_port())
@@ -235,13 +249,14 @@ def main():
     try:
         for p in sdk_ports:
             wait_port(p, "the SDK server")
-        tw = Toolwall(a.toolwall, sdk_ports)
+        tw = Toolwall.start(a.toolwall, sdk_ports)
         paths = [
             ("direct", LEGACY, lambda e: Client(sdk_ports[0], e), "shout"),
             ("toolwall", LEGACY, lambda e: Client(tw.port, e, tw.token), "sdkl__shout"),
             ("direct", MODERN, lambda e: Client(sdk_ports[1], e), "shout"),
             ("toolwall", MODERN, lambda e: Client(tw.port, e, tw.token), "sdkm__shout"),
         ]
+        paths = [p for p in paths if a.only in (None, p[0])]
         print(f"load average {os.getloadavg()[0]:.2f}; SDK answers {'JSON' if a.json else 'SSE'}")
         print("| round | path | era | p50 µs | p90 µs | p99 µs | calls |")
         print("|---|---|---|---:|---:|---:|---:|")
@@ -255,7 +270,7 @@ def main():
                     f"| {r + 1} | {path} | {era} | {q[49]:.0f} | {q[89]:.0f} | {q[98]:.0f} | {len(lat)} |",
                     flush=True,
                 )
-        for era in (LEGACY, MODERN):
+        for era in (LEGACY, MODERN) if a.only is None else ():
             d = statistics.median(p50s[("direct", era)])
             t = statistics.median(p50s[("toolwall", era)])
             print(f"era {era}: median p50 direct {d:.0f} µs, through toolwall {t:.0f} µs "
