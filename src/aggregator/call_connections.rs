@@ -208,11 +208,19 @@ mod tests {
         let second = CallLink::new(2);
         let _serving = Serving::start(&second);
         assert_eq!(get(&agent, port, "/b").unwrap(), "ok");
-        assert_eq!(accepted.load(Ordering::SeqCst), 1, "the second call reused it");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "the second call reused it"
+        );
         // The first call's cancellation comes late: the connection serves the second now.
         first.cancel();
         assert_eq!(get(&agent, port, "/c").unwrap(), "ok");
-        assert_eq!(accepted.load(Ordering::SeqCst), 1, "still the one connection");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "still the one connection"
+        );
         drop(_serving);
 
         // A call blocked on the reused connection is freed by its cancellation.
