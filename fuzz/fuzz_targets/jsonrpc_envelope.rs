@@ -4,6 +4,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+
+#[path = "alloc_cap.rs"]
+mod alloc_cap;
+#[global_allocator]
+static ALLOC: alloc_cap::Capped = alloc_cap::Capped;
 use toolwall::mcp::jsonrpc::{self, Message};
 
 fuzz_target!(|data: &[u8]| {

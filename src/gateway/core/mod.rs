@@ -404,6 +404,12 @@ impl<R: Recorder> Core<R> {
     /// Swap the policy: the next message on every connection is judged by the new one, and
     /// every call held for approval is judged again (one the new policy blocks cannot be
     /// approved any more).
+    /// New `[gateway]` limits (reload). Calls in the table keep their deadlines; the new
+    /// bounds judge every call from now on.
+    pub fn set_limits(&mut self, limits: GatewayConfig) {
+        self.limits = limits;
+    }
+
     pub fn set_policy(&mut self, policy: Rc<Policy>, now: Instant) {
         self.now = now;
         self.policy = policy;

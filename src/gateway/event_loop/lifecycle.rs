@@ -98,6 +98,10 @@ impl Gateway {
                         }
                     }
                 }
+                // [gateway]'s bounds follow too: in flight per connection, per principal and
+                // in all, per-turn budgets, timeouts of calls started from now on.
+                self.core.set_limits(config.gateway.clone());
+                self.config.gateway = config.gateway.clone();
                 // Budgets and deadlines of every door follow; seats already given stay.
                 self.doors
                     .budgets
