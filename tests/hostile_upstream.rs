@@ -401,6 +401,39 @@ fn rotating_names_and_a_list_changed_flood_stay_bounded() {
 }
 
 #[test]
+fn a_churning_catalog_never_locks_the_ledger_out() {
+    let up = Hostile::start();
+    up.set(json!({"tool_count": 7000, "page_size": 1000}));
+    // The ledger's writer waits `ledger.busy_timeout_ms` (500) for the file's lock: the pin
+    // intake shares the file and must hand the lock over within that.
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::base_config(dir.path(), "")
+        + &format!(
+            "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 200\n\n[servers.fx]\nurl = \"{}\"\n",
+            up.url()
+        );
+    let gw = TestGateway::start_with(dir, &config);
+    wait_tool_count(&gw, "fx", 7002);
+    // The attack: 7,000 new names on every listing, one listing after another.
+    let probe = Probe::start(&gw);
+    up.set(json!({"rotate": true, "list_flood_count": 10}));
+    up.notify("notifications/tools/list_changed", 1);
+    let lists_before = up.count("tools/list");
+    std::thread::sleep(Duration::from_secs(10));
+    up.set(json!({"rotate": false, "list_flood_count": 0}));
+    let pages = up.count("tools/list") - lists_before;
+    // Every probe call was answered "probe": a refused commit would have failed it.
+    probe.finish("7,000 new tool names on every listing");
+    println!("{pages} pages listed");
+    assert!(pages >= 14, "the churn relisted ({pages} pages)");
+    assert!(
+        !gw.log().contains("ledger cannot be written"),
+        "{}",
+        gw.log()
+    );
+}
+
+#[test]
 fn a_listing_over_budget_degrades_the_server_and_keeps_its_last_good_catalog() {
     let up = Hostile::start();
     let gw = gateway(&format!(
