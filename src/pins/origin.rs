@@ -7,8 +7,8 @@
 //! tools wait for approval, which is safe; two spellings of one server that did not share a
 //! key would let a changed definition in unreviewed. So scheme and host are lowercased,
 //! every numeric IPv4 spelling the resolver accepts (`127.1`, `0x7f000001`, `2130706433`,
-//! `0177.0.0.1`) is the dotted quad, every loopback spelling (`localhost`, `*.localhost`, `127.0.0.0/8`, `::1`, `0.0.0.0`,
-//! `::`) is one host, the default port is filled in, the path is percent-decoded,
+//! `0177.0.0.1`) is the dotted quad, every loopback spelling (`localhost`, `*.localhost`,
+//! `127.0.0.0/8`, `::1`, `0.0.0.0`, `::`) is one host, the default port is filled in, the path is percent-decoded,
 //! lowercased, its `.`/`..` segments resolved and its empty segments and trailing slashes
 //! dropped, and user info, query and fragment are ignored. A local server's origin is its
 //! command line, compared as written.
@@ -16,7 +16,7 @@
 //! Not recognised (different keys, so a new name there is pinned on first sight): a host
 //! name and an address it resolves to, two names of one host. Nothing here resolves names.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::transport::http::authority::Authority;
 
