@@ -167,7 +167,9 @@ impl<R: Recorder> Core<R> {
         });
         // Malformed params: still a row, then a JSON-RPC error.
         let fault = match (&parsed, &target_name) {
-            (Err(_), _) | (Ok(Value::Object(_)), None) => Some(format!(
+            // Well-formed JSON a value cannot hold (a number beyond f64, say): say so.
+            (Err(e), _) => Some(format!("invalid params: {e}")),
+            (Ok(Value::Object(_)), None) => Some(format!(
                 "invalid params: {} needs a string {}",
                 routed.method(),
                 routed.target_field()
