@@ -231,15 +231,6 @@ impl UpstreamsState {
             .collect()
     }
 
-    /// The `name` field of a request to the aggregator: `server` for listings and
-    /// `read_resource`, `server__name` for `call_tool` and `get_prompt`.
-    pub fn request_name(op: Op, server: &str, upstream: &str) -> String {
-        match op {
-            Op::CallTool | Op::GetPrompt => format!("{server}{NAMESPACE_SEP}{upstream}"),
-            _ => server.to_owned(),
-        }
-    }
-
     // ---- relisting ------------------------------------------------------------------
 
     /// A listing of `kind` from `server` is wanted: true when it may start now.
@@ -254,20 +245,13 @@ impl UpstreamsState {
 
     /// The request for a listing: its budget travels with it, so a reload applies at once.
     pub fn listing_request(&self, id: u64, server: &str, kind: Kind) -> Message {
-        let op = match kind {
-            Kind::Tools => Op::ListTools,
-            Kind::Resources => Op::ListResources,
-            Kind::Prompts => Op::ListPrompts,
-            Kind::Templates => Op::ListResourceTemplates,
-        };
-        let budget = self.config.budget(server).listing(server, kind);
         Message::Request {
             id,
-            op,
-            name: Some(server.to_owned()),
-            args: serde_json::to_string(&budget).ok(),
-            target: None,
-            meta: None,
+            op: Op::ListUpstream {
+                kind: kind.into(),
+                server: server.to_owned(),
+                budget: self.config.budget(server).listing(server, kind),
+            },
         }
     }
 
@@ -975,15 +959,6 @@ mod tests {
 
     #[test]
     fn names_refresh_budgets_and_status() {
-        assert_eq!(
-            UpstreamsState::request_name(Op::CallTool, "gh", "search"),
-            "gh__search"
-        );
-        assert_eq!(
-            UpstreamsState::request_name(Op::GetPrompt, "gh", "p"),
-            "gh__p"
-        );
-        assert_eq!(UpstreamsState::request_name(Op::ListTools, "gh", ""), "gh");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db");
         drop(
@@ -1064,11 +1039,23 @@ mod tests {
         assert_eq!(s.servers(), vec!["gh".to_string()]);
         assert!(!s.refresh_due(t0));
         assert!(s.refresh_due(t0 + Duration::from_secs(10)));
-        let Message::Request { args, op, .. } = s.listing_request(7, "gh", Kind::Tools) else {
+        let Message::Request {
+            op:
+                Op::ListUpstream {
+                    kind,
+                    server,
+                    budget,
+                },
+            ..
+        } = s.listing_request(7, "gh", Kind::Tools)
+        else {
             panic!()
         };
-        assert_eq!(op, Op::ListTools);
-        assert!(args.unwrap().contains("servers.gh.max_tools"));
+        assert_eq!(
+            (kind, server.as_str()),
+            (crate::workers::rpc::ListKind::Tools, "gh")
+        );
+        assert_eq!(budget, config.budget("gh").listing("gh", Kind::Tools));
         // A listing goes through the intake and comes back applied.
         assert!(s.want("gh", Kind::Tools, t0));
         s.listing_answered(
