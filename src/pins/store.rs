@@ -379,33 +379,7 @@ impl PinStore {
             let Some(before) = t.get(tool)? else {
                 return Err(format!("no pinned or held tool is named {tool}"));
             };
-            let Some(pending) = before.pending.clone() else {
-                return Err(match &before.approved {
-                    Some(a) if a.digest == digest => {
-                        format!("{tool} sha256:{digest} is already approved")
-                    }
-                    Some(a) => format!(
-                        "{tool} has no definition waiting for approval (its approved one is sha256:{})",
-                        a.digest
-                    ),
-                    None => format!("{tool} has no definition waiting for approval"),
-                });
-            };
-            if pending.digest != digest {
-                return Err(format!(
-                    "{tool}: the definition waiting now is sha256:{}, not sha256:{digest}; nothing was approved (run `toolwall pins list` again)",
-                    pending.digest
-                ));
-            }
-            let mut after = before.clone();
-            after.approved = Some(Approved {
-                digest: pending.digest,
-                definition: pending.definition,
-                scheme: SCHEME,
-                approved_ms: now_ms,
-                approved_by: Some(by.to_owned()),
-            });
-            after.pending = None;
+            let after = super::review::approve(&before, digest, by, now_ms)?;
             t.put(&after)?;
             Ok((before, after))
         })

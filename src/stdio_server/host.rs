@@ -256,18 +256,16 @@ fn serve(
         }
         loop {
             match reader.next_message() {
-                Ok(Some(Message::Request { id, op, target, .. }))
-                    if op == Op::Cancel || op == Op::Attest =>
-                {
-                    if op == Op::Cancel {
-                        if let Some(t) = target {
-                            // The call's link is cancelled (a legacy server is told); its
-                            // late answer is dropped below.
-                            upstream.cancel(t);
-                            cancelled.insert(t);
-                        }
-                        continue;
-                    }
+                Ok(Some(Message::Request {
+                    op: Op::Cancel { target },
+                    ..
+                })) => {
+                    // The call's link is cancelled (a legacy server is told); its late
+                    // answer is dropped below.
+                    upstream.cancel(target);
+                    cancelled.insert(target);
+                }
+                Ok(Some(Message::Request { id, op: Op::Attest })) => {
                     report.probes = sandbox::attest_workspace(&grant, &probe_context);
                     let reply = Message::Response {
                         id,
@@ -278,20 +276,11 @@ fn serve(
                     push(&mut out, &reply);
                 }
                 Ok(Some(Message::Request {
-                    op: Op::Answer,
-                    target,
-                    args,
+                    op: Op::Answer { call, answer },
                     ..
-                })) => upstream.answer(target, args.as_deref()),
-                Ok(Some(Message::Request {
-                    id,
-                    op,
-                    name,
-                    args,
-                    meta,
-                    ..
-                })) => {
-                    if let Some(reply) = upstream.handle(id, op, name, args, meta) {
+                })) => upstream.answer(call, answer),
+                Ok(Some(Message::Request { id, op })) => {
+                    if let Some(reply) = upstream.handle(id, op) {
                         push(&mut out, &reply);
                     }
                 }

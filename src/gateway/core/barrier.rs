@@ -65,7 +65,13 @@ impl<R: Recorder> Core<R> {
                     let Some(call) = self.calls.take(key) else {
                         continue;
                     };
-                    if matches!(msg, rpc::Message::Request { op: Op::Answer, .. }) {
+                    if matches!(
+                        msg,
+                        rpc::Message::Request {
+                            op: Op::Answer { .. },
+                            ..
+                        }
+                    ) {
                         self.cancel_at_worker(call.worker, key);
                     }
                     let Purpose::Exchange(x) = call.purpose else {

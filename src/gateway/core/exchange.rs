@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::ConnRef;
 use crate::mcp::catalog::{Kind, WorkerId};
 use crate::policy::{Decision, Transport};
-use crate::workers::rpc::Op;
+use crate::workers::rpc::{Op, UpstreamCall};
 
 /// The methods that reach a server. Everything else is answered by the gateway itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,14 +32,6 @@ impl Routed {
             Routed::CallTool => "tools/call",
             Routed::ReadResource => "resources/read",
             Routed::GetPrompt => "prompts/get",
-        }
-    }
-
-    pub fn op(self) -> Op {
-        match self {
-            Routed::CallTool => Op::CallTool,
-            Routed::ReadResource => Op::ReadResource,
-            Routed::GetPrompt => Op::GetPrompt,
         }
     }
 
@@ -171,6 +163,28 @@ impl Exchange {
                 params.to_string()
             }
             Routed::ReadResource => self.params.to_string(),
+        }
+    }
+
+    /// The worker's request: toolwall's own serialization of what was judged, for the
+    /// target's own name; `upstream` for a call at an upstream worker.
+    pub fn worker_op(&self, upstream: Option<UpstreamCall>) -> Op {
+        let args = self.forward_text();
+        match self.routed {
+            Routed::CallTool => Op::CallTool {
+                tool: self.target.upstream.clone(),
+                args,
+                upstream,
+            },
+            Routed::ReadResource => Op::ReadResource {
+                params: args,
+                upstream,
+            },
+            Routed::GetPrompt => Op::GetPrompt {
+                prompt: self.target.upstream.clone(),
+                params: args,
+                upstream,
+            },
         }
     }
 

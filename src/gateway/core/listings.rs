@@ -106,22 +106,12 @@ impl<R: Recorder> Core<R> {
 
     fn list_server(&mut self, worker: WorkerId, server: &str, kinds: &[Kind]) {
         for kind in kinds {
-            let op = match kind {
-                Kind::Tools => Op::ListTools,
-                Kind::Resources => Op::ListResources,
-                Kind::Prompts => Op::ListPrompts,
-                Kind::Templates => Op::ListResourceTemplates,
-            };
             let key = self.calls.new_key();
-            // The aggregator serves many servers: the request names the one to list.
-            let name = self.is_aggregator(worker).then(|| server.to_owned());
             let msg = rpc::Message::Request {
                 id: key,
-                op,
-                name,
-                args: None,
-                target: None,
-                meta: None,
+                op: Op::List {
+                    kind: (*kind).into(),
+                },
             };
             let purpose = Purpose::Listing {
                 kind: *kind,
@@ -170,10 +160,6 @@ impl<R: Recorder> Core<R> {
         let msg = rpc::Message::Request {
             id: key,
             op: Op::Attest,
-            name: None,
-            args: None,
-            target: None,
-            meta: None,
         };
         self.internal_request(key, worker, Purpose::Attest, msg);
         true

@@ -31,6 +31,8 @@ mod exchange;
 mod input_retry;
 mod listings;
 mod observed;
+#[cfg(test)]
+mod pins_tests;
 mod pipeline;
 mod principal_share;
 mod recorder;

@@ -13,7 +13,6 @@ use super::calls::{Call, Purpose, Stage};
 use super::dispatch::RequestCtx;
 use super::exchange::{Exchange, Requester, Routed, Target};
 use super::{AskRoute, Core, Recorder};
-use crate::aggregator::gateway_state::UpstreamsState;
 use crate::aggregator::missing_capability;
 use crate::ledger::{CallEnd, CallStart, decision};
 use crate::mcp::catalog::split_namespaced;
@@ -502,30 +501,20 @@ impl<R: Recorder> Core<R> {
         if x.arrived_differs || x.rewritten {
             x.forwarded = Some(x.judged_text());
         }
-        let op = x.routed.op();
-        let name = if self.is_aggregator(x.target.worker) {
-            UpstreamsState::request_name(op, &x.target.server, &x.target.upstream)
-        } else {
-            x.target.upstream.clone()
-        };
         let key = self.calls.new_key();
         let worker = x.target.worker;
         let timeout_key = x.routed.timeout_key();
         let deadline = self.now + self.timeout(timeout_key);
-        let args = x.forward_text();
-        let meta = self
-            .is_aggregator(worker)
-            .then(|| self.call_meta(key, &x, deadline));
+        let upstream = self.is_aggregator(worker).then(|| rpc::UpstreamCall {
+            server: x.target.server.clone(),
+            meta: self.call_meta(key, &x, deadline),
+        });
         self.actions.push(super::Action::ToWorker {
             worker,
             call: Some(key),
             msg: rpc::Message::Request {
                 id: key,
-                op,
-                name: Some(name),
-                args: Some(args),
-                target: None,
-                meta,
+                op: x.worker_op(upstream),
             },
         });
         self.calls.insert(

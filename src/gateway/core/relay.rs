@@ -244,9 +244,9 @@ impl<R: Recorder> Core<R> {
     }
 
     /// The `meta` of a call's request to the aggregator.
-    pub(super) fn call_meta(&self, key: u64, x: &Exchange, deadline: Instant) -> String {
+    pub(super) fn call_meta(&self, key: u64, x: &Exchange, deadline: Instant) -> CallMeta {
         let c = &self.relay.config;
-        let meta = CallMeta {
+        CallMeta {
             progress_token: x.relay.agent_token.as_ref().map(|_| upstream_token(key)),
             client_capabilities: Some(x.relay.caps.to_value()),
             wait_ms: u64::try_from(deadline.saturating_duration_since(self.now).as_millis())
@@ -255,8 +255,7 @@ impl<R: Recorder> Core<R> {
             notification_burst: c.notification_burst,
             log_level: x.relay.log_level.map(|l| l.as_str().to_owned()),
             max_message_bytes: c.max_message_bytes,
-        };
-        serde_json::to_string(&meta).unwrap_or_default()
+        }
     }
 
     /// `logging/setLevel` (legacy era): the lowest level of the log messages relayed to
@@ -640,11 +639,10 @@ impl<R: Recorder> Core<R> {
             call: Some(call),
             msg: rpc::Message::Request {
                 id,
-                op: Op::Answer,
-                name: None,
-                args: serde_json::to_string(answer).ok(),
-                target: Some(call),
-                meta: None,
+                op: Op::Answer {
+                    call,
+                    answer: answer.clone(),
+                },
             },
         });
     }

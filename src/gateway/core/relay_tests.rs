@@ -51,13 +51,11 @@ fn answers(actions: &[Action]) -> Vec<(u64, RequestAnswer)> {
             Action::ToWorker {
                 msg:
                     rpc::Message::Request {
-                        op: Op::Answer,
-                        target: Some(t),
-                        args: Some(args),
+                        op: Op::Answer { call, answer },
                         ..
                     },
                 ..
-            } => Some((*t, serde_json::from_str(args).expect("answer JSON"))),
+            } => Some((*call, answer.clone())),
             _ => None,
         })
         .collect()
@@ -532,7 +530,7 @@ fn a_failed_commit_relays_nothing() {
     );
     assert!(
         actions.iter().any(|a| matches!(a, Action::ToWorker {
-        msg: rpc::Message::Request { op: Op::Cancel, target: Some(t), .. }, .. } if *t == call)),
+        msg: rpc::Message::Request { op: Op::Cancel { target: t }, .. }, .. } if *t == call)),
         "the call the server asked in ends at the worker too"
     );
 }
