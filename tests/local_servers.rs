@@ -832,3 +832,102 @@ start_timeout_secs = 30
         .call("resources/read", json!({"uri": "sdk://greeting"}));
     assert!(read.to_string().contains("hello from the SDK"), "{read}");
 }
+
+/// The names `tools/list` shows.
+fn tool_names(gw: &TestGateway) -> Vec<String> {
+    let list = gw.connect().call("tools/list", json!({}));
+    list["result"]["tools"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Wait until `pid` is gone (reaped or a zombie).
+fn wait_dead(gw: &TestGateway, pid: i64, what: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    while pid_alive(pid) {
+        if Instant::now() > deadline {
+            panic!("{what} (pid {pid}) still runs\nlog:\n{}", gw.log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An operator who takes a (compromised) server out of the config and reloads has
+/// revoked it: its program and everything it started are stopped, its secret with them,
+/// and its tools, resources and prompts are gone; a server added by a reload starts.
+/// (Before this, the removed program kept running and answering, and the reload only
+/// warned that a restart was needed.)
+#[test]
+fn a_reload_stops_a_removed_server_and_starts_an_added_one() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let keep = fixture_server("keep", &[], "");
+    let gone = fixture_server("gone", &[], "");
+    let gw = start(dir, &format!("{keep}\n{gone}"));
+    wait_tool(&gw, "gone__echo");
+    wait_tool(&gw, "keep__echo");
+    let kept = wait_server(&gw, "keep", "a pid", |s| s["pid"].is_i64());
+    let before = wait_server(&gw, "gone", "a pid", |s| s["pid"].is_i64());
+    let program = before["pid"].as_i64().unwrap();
+    // A process that leaves the group and ignores SIGTERM goes with it.
+    let who = tool_json(&gw.connect().tool("gone__whoami", json!({})));
+    let pidfile = PathBuf::from(who["home"].as_str().unwrap()).join("left.pid");
+    let left = tool_json(
+        &gw.connect()
+            .tool("gone__leave_behind", json!({"pidfile": pidfile})),
+    );
+    let left = left["pid"].as_i64().unwrap();
+    assert!(left > 0 && pid_alive(left), "{left}");
+
+    let config = std::fs::read_to_string(&gw.config_path).unwrap();
+    // Another command line than `gone`'s: the same one would be held as `gone` renamed.
+    let added = fixture_server("added", &["--era", "both"], "");
+    std::fs::write(&gw.config_path, config.replace(&gone, &added)).unwrap();
+    let r = gw.admin(json!({"op": "reload"}));
+    assert_eq!(r["ok"], true, "{r}");
+    let message = r["message"].as_str().unwrap_or_default();
+    assert!(message.contains("servers removed: gone"), "{r}");
+    assert!(message.contains("servers started: added"), "{r}");
+
+    wait_dead(&gw, program, "the removed server's program");
+    wait_dead(&gw, left, "the process it left behind");
+    let names = tool_names(&gw);
+    assert!(!names.iter().any(|n| n.starts_with("gone__")), "{names:?}");
+    let call = gw
+        .connect()
+        .tool("gone__echo", json!({"text": "still there?"}));
+    assert!(
+        call.get("error").is_some() || is_tool_error(&call),
+        "a removed server's tool still answers: {call}"
+    );
+    assert_ne!(text(&call), "still there?", "{call}");
+    let status = gw.admin(json!({"op": "status"}));
+    assert!(
+        !status["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["server"] == "gone"),
+        "{status:#}"
+    );
+    assert!(
+        !status.to_string().contains("server:gone"),
+        "its worker is forgotten: {status:#}"
+    );
+
+    wait_tool(&gw, "added__echo");
+    let echoed = gw
+        .connect()
+        .tool("added__echo", json!({"text": "hello from a new server"}));
+    assert_eq!(text(&echoed), "hello from a new server", "{echoed}");
+    let still = wait_server(&gw, "keep", "its pid", |s| s["pid"].is_i64());
+    assert_eq!(
+        still["pid"], kept["pid"],
+        "an untouched server keeps running"
+    );
+}

@@ -249,6 +249,55 @@ impl UpstreamsState {
         }
     }
 
+    // ---- servers added or removed by a reload ---------------------------------------
+
+    /// A local server added by a reload, reached through its own host `worker`: shown as
+    /// starting, listed once the host is ready. Its rules come with the next
+    /// [`UpstreamsState::reconfigure`].
+    pub fn add_local_server(
+        &mut self,
+        server: &str,
+        config: &super::config::ServerConfig,
+        worker: WorkerId,
+        setup: AggregatorSetup,
+    ) {
+        self.board.insert(server, config);
+        self.route(worker, setup);
+    }
+
+    /// A server taken out of the config by a reload: no route, no setup, no status entry,
+    /// nothing pending, and nothing of it left in `catalog` (tools, prompts, resources,
+    /// templates). A listing of it the intake is still reviewing is dropped when it comes
+    /// back (see [`UpstreamsState::take_reviewed`]). Returns its worker when no other
+    /// server shares it (a local server's host, to stop).
+    pub fn remove_server(
+        &mut self,
+        server: &str,
+        catalog: &mut Catalog,
+        applied: &mut Applied,
+    ) -> Option<WorkerId> {
+        let worker = self.routes.remove(server);
+        self.board.remove(server);
+        self.schedule.forget(server);
+        self.hidden.remove(server);
+        self.rules.remove(server);
+        self.owners_refreshed.remove(server);
+        self.resources_listed.retain(|(s, _)| s != server);
+        for kind in [Kind::Tools, Kind::Prompts] {
+            if catalog.replace(kind, server, Vec::new()).changed && !applied.changed.contains(&kind)
+            {
+                applied.changed.push(kind);
+            }
+        }
+        for kind in [Kind::Resources, Kind::Templates] {
+            let change = catalog.claim(kind, server, Vec::new(), &self.owners);
+            self.claims_changed(catalog, kind, change, applied);
+        }
+        let worker = worker.filter(|w| !self.routes.values().any(|o| o == w))?;
+        self.setups.remove(&worker);
+        Some(worker)
+    }
+
     // ---- relisting ------------------------------------------------------------------
 
     /// A listing of `kind` from `server` is wanted: true when it may start now.
@@ -373,7 +422,12 @@ impl UpstreamsState {
                     server,
                     kind,
                     outcome,
-                } => self.apply(catalog, &server, kind, *outcome, now, &mut applied),
+                } => {
+                    // A server a reload removed while the intake reviewed its listing.
+                    if self.board.get(&server).is_some() {
+                        self.apply(catalog, &server, kind, *outcome, now, &mut applied)
+                    }
+                }
                 Done::Owners {
                     server,
                     pruned,

@@ -103,6 +103,12 @@ impl RelistSchedule {
         }
     }
 
+    /// `server` left the config (a reload): nothing of it is pending or in flight.
+    pub fn forget(&mut self, server: &str) {
+        self.slots.retain(|(s, _), _| s != server);
+        self.coalesced.remove(server);
+    }
+
     /// Listings in flight.
     pub fn in_flight(&self) -> usize {
         self.slots.values().filter(|s| s.in_flight).count()

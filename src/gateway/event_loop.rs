@@ -46,6 +46,7 @@ mod http_service;
 mod lifecycle;
 mod observability;
 mod relay;
+mod server_set;
 mod startup;
 
 use conns::{Conn, ConnIo, Outgoing, Wire};

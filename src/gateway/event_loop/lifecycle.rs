@@ -53,13 +53,19 @@ impl Gateway {
         match result {
             Ok((policy, config)) => {
                 let now = Instant::now();
+                let mut set_change = server_set::ServerSetChange::default();
                 if config.servers != self.config.servers {
                     self.restart_changed_local_servers(&config);
-                    let same_set = config.servers.same_connections(&self.config.servers);
+                    set_change = self.apply_server_set(&config, now);
+                    let same_remote = server_set::remote_only(&config.servers)
+                        .same_connections(&server_set::remote_only(&self.config.servers));
                     self.core.reconfigure_upstreams(&config.servers, now);
-                    if !same_set {
+                    if !same_remote {
                         crate::warn!(
-                            "reload: the set of [servers] changed; restart toolwall to reach the new ones (pin modes and refresh_secs apply now)"
+                            "reload: the url servers' connections changed; restart toolwall to reach them as configured (pin modes and refresh_secs apply now)"
+                        );
+                        set_change.need_restart.push(
+                            "the url servers as configured (their connections changed)".into(),
                         );
                     }
                     self.config.servers = config.servers.clone();
@@ -69,6 +75,9 @@ impl Gateway {
                 self.core.set_relay_config(config.relay.clone());
                 self.core.set_policy(Rc::new(policy), now);
                 let mut summary = format!("policy reloaded: {rules} rules");
+                if let Some(servers) = set_change.summary() {
+                    summary.push_str(&format!("; {servers}"));
+                }
                 // The HTTP door's settings and certificate follow; on error they stay.
                 // A secret the running workers were not started to hide (a TLS key at a new
                 // path) must not be put to use: the walls are set when a worker starts.
@@ -347,8 +356,13 @@ impl Gateway {
             stopping: self.stop_deadline.is_some(),
             calls_served: self.core.counters.calls_total,
             in_flight: self.core.in_flight_total(),
-            workers_ready: self.core.workers().iter().filter(|w| w.ready).count(),
-            workers_total: self.core.workers().len(),
+            workers_ready: self
+                .supervisor
+                .workers
+                .iter()
+                .filter(|w| w.state == crate::workers::supervisor::WorkerState::Ready)
+                .count(),
+            workers_total: self.supervisor.workers.len(),
             last_reload: self.last_reload.clone(),
         };
         systemd::status_line(&facts)
