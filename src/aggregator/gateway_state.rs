@@ -770,6 +770,13 @@ impl UpstreamsState {
         self.schedule.in_flight()
     }
 
+    /// As [`UpstreamsState::listings_pending`], of the servers whose worker `counted`
+    /// accepts (readiness leaves out local servers: each starts on its own time).
+    pub fn listings_pending_where(&self, counted: impl Fn(WorkerId) -> bool) -> usize {
+        self.schedule
+            .in_flight_where(|server| self.worker_of(server).is_some_and(&counted))
+    }
+
     // ---- pins -------------------------------------------------------------------------
 
     /// `tools/call` of `tool` (`server__tool`) before "unknown tool": the refusal message

@@ -114,6 +114,14 @@ impl RelistSchedule {
         self.slots.values().filter(|s| s.in_flight).count()
     }
 
+    /// Listings in flight of the servers `counted` accepts.
+    pub fn in_flight_where(&self, counted: impl Fn(&str) -> bool) -> usize {
+        self.slots
+            .iter()
+            .filter(|((server, _), s)| s.in_flight && counted(server))
+            .count()
+    }
+
     /// Requests folded into another, for `server`.
     pub fn coalesced(&self, server: &str) -> u64 {
         self.coalesced.get(server).copied().unwrap_or(0)

@@ -201,6 +201,13 @@ pub struct WorkerProc {
     pub allowed_probes: Vec<String>,
 }
 
+impl WorkerProc {
+    /// Attested, or refused or failed at least once.
+    pub fn settled(&self) -> bool {
+        self.state == WorkerState::Ready || (self.attempts > 0 && self.state == WorkerState::Down)
+    }
+}
+
 /// A pipe already holding the worker's settings, its write end closed: the worker reads
 /// stdin to EOF before it confines itself. Bounded by [`MAX_SETTINGS_BYTES`]; the pipe is
 /// grown to hold them whole, so nothing here can block.
@@ -843,9 +850,7 @@ impl Supervisor {
     /// Every worker either attested or has been refused or failed at least once: agents
     /// can be served (calls to a worker that is down get `worker_unavailable`).
     pub fn all_settled(&self) -> bool {
-        self.workers.iter().all(|w| {
-            w.state == WorkerState::Ready || (w.attempts > 0 && w.state == WorkerState::Down)
-        })
+        self.workers.iter().all(WorkerProc::settled)
     }
 
     /// Stop every worker: close channels, SIGTERM, then SIGKILL after `grace`; reap all.

@@ -57,6 +57,7 @@ impl Gateway {
                 if config.servers != self.config.servers {
                     self.restart_changed_local_servers(&config);
                     set_change = self.apply_server_set(&config, now);
+                    crate::stdio_server::load_warnings::warn(&config);
                     let same_remote = server_set::remote_only(&config.servers)
                         .same_connections(&server_set::remote_only(&self.config.servers));
                     self.core.reconfigure_upstreams(&config.servers, now);
@@ -308,7 +309,26 @@ impl Gateway {
         }
     }
 
+    /// Serve agents and tell systemd READY=1 once the gateway's own workers (builtin,
+    /// aggregator, workspaces) are ready and listed. Local servers do not hold it: each
+    /// starts on its own time (a hung one until its `start_timeout_secs`), shown as
+    /// starting in `status`, and its tools appear when it has listed them.
     pub(super) fn maybe_announce_ready(&mut self) {
+        let local: Vec<crate::mcp::catalog::WorkerId> = self
+            .supervisor
+            .workers
+            .iter()
+            .filter(|w| w.spec.role == Role::StdioServer)
+            .map(|w| w.id)
+            .collect();
+        let own = || {
+            self.supervisor
+                .workers
+                .iter()
+                .filter(|w| w.spec.role != Role::StdioServer)
+        };
+        let all_ready = own().all(|w| w.state == crate::workers::supervisor::WorkerState::Ready);
+        let all_settled = own().all(|w| w.settled());
         if !self.serving && self.started.elapsed() >= START_GRACE {
             crate::warn!(
                 "serving agents before every worker is ready ({} s passed)",
@@ -316,13 +336,15 @@ impl Gateway {
             );
             self.serving = true;
         }
-        if !self.serving && self.supervisor.all_settled() && !self.supervisor.all_ready() {
+        if !self.serving && all_settled && !all_ready {
             crate::warn!(
                 "serving agents while a worker is down; its tools answer worker_unavailable"
             );
             self.serving = true;
         }
-        if self.announced_ready || !self.supervisor.all_ready() || self.core.listings_pending() > 0
+        if self.announced_ready
+            || !all_ready
+            || self.core.listings_pending_where(|w| !local.contains(&w)) > 0
         {
             return;
         }
@@ -331,9 +353,20 @@ impl Gateway {
         let line = self.status_line();
         self.notify(|n| n.ready_with_status(&line));
         self.status_sent = (line, Instant::now());
+        let starting = self
+            .supervisor
+            .workers
+            .iter()
+            .filter(|w| w.spec.role == Role::StdioServer)
+            .count();
         crate::info!(
-            "ready: {} tools",
-            self.core.catalog().len(crate::mcp::catalog::Kind::Tools)
+            "ready: {} tools{}",
+            self.core.catalog().len(crate::mcp::catalog::Kind::Tools),
+            if starting > 0 {
+                format!(" ({starting} local servers add theirs as they start)")
+            } else {
+                String::new()
+            }
         );
     }
 
