@@ -3,7 +3,7 @@
 //! (Landlock does not cover chmod), and any local user can then plant files there
 //! (`.local/lib/python3*/site-packages/usercustomize.py` runs at the next start with the
 //! server's secret in its environment). So each start resets the directory to 0700,
-//! takes group and other write off the parents this user owns, and refuses to start the
+//! takes group and other write off the servers' state directory when this user owns it, and refuses to start the
 //! program while the directory holds, at its top level, an entry another uid owns.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -28,13 +28,12 @@ pub fn secure(dir: &Path, uid: u32) -> Result<(), String> {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| format!("state directory {}: chmod 0700: {e}", dir.display()))?;
     }
-    for parent in dir.ancestors().skip(1) {
-        let Ok(m) = std::fs::symlink_metadata(parent) else {
-            break;
-        };
-        if m.uid() != uid || !m.is_dir() {
-            continue;
-        }
+    // The servers' state directory only: what lies above it is the operator's.
+    if let Some(parent) = dir.parent()
+        && let Ok(m) = std::fs::symlink_metadata(parent)
+        && m.uid() == uid
+        && m.is_dir()
+    {
         let mode = m.mode() & 0o7777;
         if mode & 0o022 != 0 {
             std::fs::set_permissions(parent, std::fs::Permissions::from_mode(mode & !0o022))
