@@ -650,6 +650,7 @@ fn reload_restarts_only_the_servers_whose_configuration_changed() {
         fixture_server("b", &[], "")
     );
     let gw = start(dir, &servers);
+    wait_tool(&gw, "a__whoami");
     let a = wait_server(&gw, "a", "a pid", |s| s["pid"].is_i64());
     let b = wait_server(&gw, "b", "a pid", |s| s["pid"].is_i64());
     let config = std::fs::read_to_string(&gw.config_path).unwrap();
@@ -664,10 +665,14 @@ fn reload_restarts_only_the_servers_whose_configuration_changed() {
         s["pid"].is_i64() && s["pid"] != a["pid"]
     });
     assert!(!pid_alive(a["pid"].as_i64().unwrap()) || a2["pid"] != a["pid"]);
-    let who = tool_json(&gw.connect().tool("a__whoami", json!({})));
+    let answer = gw.connect().tool("a__whoami", json!({}));
+    let who = tool_json(&answer);
     assert!(
-        who["env"].as_array().unwrap().contains(&json!("MODE")),
-        "{who}"
+        who["env"]
+            .as_array()
+            .is_some_and(|e| e.contains(&json!("MODE"))),
+        "{answer}\nlog:\n{}",
+        gw.log()
     );
     let b2 = wait_server(&gw, "b", "its pid", |s| s["pid"].is_i64());
     assert_eq!(b2["pid"], b["pid"], "an unchanged server keeps running");
@@ -831,4 +836,180 @@ start_timeout_secs = 30
         .connect()
         .call("resources/read", json!({"uri": "sdk://greeting"}));
     assert!(read.to_string().contains("hello from the SDK"), "{read}");
+}
+
+/// The names `tools/list` shows.
+fn tool_names(gw: &TestGateway) -> Vec<String> {
+    let list = gw.connect().call("tools/list", json!({}));
+    list["result"]["tools"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Wait until `pid` is gone (reaped or a zombie).
+fn wait_dead(gw: &TestGateway, pid: i64, what: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    while pid_alive(pid) {
+        if Instant::now() > deadline {
+            panic!("{what} (pid {pid}) still runs\nlog:\n{}", gw.log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An operator who takes a (compromised) server out of the config and reloads has
+/// revoked it: its program and everything it started are stopped, its secret with them,
+/// and its tools, resources and prompts are gone; a server added by a reload starts.
+/// (Before this, the removed program kept running and answering, and the reload only
+/// warned that a restart was needed.)
+#[test]
+fn a_reload_stops_a_removed_server_and_starts_an_added_one() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let keep = fixture_server("keep", &[], "");
+    let gone = fixture_server("gone", &[], "");
+    let gw = start(dir, &format!("{keep}\n{gone}"));
+    wait_tool(&gw, "gone__echo");
+    wait_tool(&gw, "keep__echo");
+    let kept = wait_server(&gw, "keep", "a pid", |s| s["pid"].is_i64());
+    let before = wait_server(&gw, "gone", "a pid", |s| s["pid"].is_i64());
+    let program = before["pid"].as_i64().unwrap();
+    // A process that leaves the group and ignores SIGTERM goes with it.
+    let who = tool_json(&gw.connect().tool("gone__whoami", json!({})));
+    let pidfile = PathBuf::from(who["home"].as_str().unwrap()).join("left.pid");
+    let left = tool_json(
+        &gw.connect()
+            .tool("gone__leave_behind", json!({"pidfile": pidfile})),
+    );
+    let left = left["pid"].as_i64().unwrap();
+    assert!(left > 0 && pid_alive(left), "{left}");
+
+    let config = std::fs::read_to_string(&gw.config_path).unwrap();
+    // Another command line than `gone`'s: the same one would be held as `gone` renamed.
+    let added = fixture_server("added", &["--era", "both"], "");
+    std::fs::write(&gw.config_path, config.replace(&gone, &added)).unwrap();
+    let r = gw.admin(json!({"op": "reload"}));
+    assert_eq!(r["ok"], true, "{r}");
+    let message = r["message"].as_str().unwrap_or_default();
+    assert!(message.contains("servers removed: gone"), "{r}");
+    assert!(message.contains("servers started: added"), "{r}");
+
+    wait_dead(&gw, program, "the removed server's program");
+    wait_dead(&gw, left, "the process it left behind");
+    let names = tool_names(&gw);
+    assert!(!names.iter().any(|n| n.starts_with("gone__")), "{names:?}");
+    let call = gw
+        .connect()
+        .tool("gone__echo", json!({"text": "still there?"}));
+    assert!(
+        call.get("error").is_some() || is_tool_error(&call),
+        "a removed server's tool still answers: {call}"
+    );
+    assert_ne!(text(&call), "still there?", "{call}");
+    let status = gw.admin(json!({"op": "status"}));
+    assert!(
+        !status["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["server"] == "gone"),
+        "{status:#}"
+    );
+    assert!(
+        !status.to_string().contains("server:gone"),
+        "its worker is forgotten: {status:#}"
+    );
+
+    wait_tool(&gw, "added__echo");
+    let echoed = gw
+        .connect()
+        .tool("added__echo", json!({"text": "hello from a new server"}));
+    assert_eq!(text(&echoed), "hello from a new server", "{echoed}");
+    let still = wait_server(&gw, "keep", "its pid", |s| s["pid"].is_i64());
+    assert_eq!(
+        still["pid"], kept["pid"],
+        "an untouched server keeps running"
+    );
+}
+
+/// A server that never answers its handshake holds no one: the gateway is ready and
+/// serves the other tools while it starts (before this, READY waited for its
+/// `start_timeout_secs` and the first builtin call for the 20 s start grace); it shows
+/// as starting in `status`, with no tools, and the other local server's tools appear as
+/// soon as it has listed them.
+#[test]
+fn a_server_that_hangs_at_start_blocks_no_one() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let servers = format!(
+        "{}\n{}",
+        fixture_server("hung", &["--hang"], "start_timeout_secs = 3600"),
+        fixture_server("fine", &[], "")
+    );
+    // Waits for `info: ready` (PATIENCE), far less than the hung server's start timeout.
+    let gw = start(dir, &servers);
+    let echoed = gw
+        .connect()
+        .tool("local__echo", json!({"text": "served meanwhile"}));
+    assert!(text(&echoed).contains("served meanwhile"), "{echoed}");
+    wait_tool(&gw, "fine__echo");
+    let hung = wait_server(&gw, "hung", "its start", |s| !s.is_null());
+    assert!(
+        matches!(
+            hung["state"].as_str(),
+            Some("starting" | "connecting" | "down")
+        ),
+        "{hung:#}"
+    );
+    assert_eq!(hung["tools"], 0, "{hung:#}");
+    let status = gw.admin(json!({"op": "status"}));
+    assert_eq!(status["ready"], true, "{status:#}");
+    assert!(
+        !tool_names(&gw).iter().any(|n| n.starts_with("hung__")),
+        "{status:#}"
+    );
+}
+
+/// Another server of the same uid can chmod a server's state directory open (Landlock
+/// does not cover chmod): the next start of the program closes it again, and a file
+/// another uid planted there stops the start, named in status. (Before this, the
+/// directory stayed 0777 across program restarts and the planted file ran.)
+#[test]
+fn a_state_dir_opened_by_another_server_is_closed_at_the_next_start() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start(dir, &fixture_server("victim", &[], ""));
+    wait_tool(&gw, "victim__crash");
+    let first = wait_server(&gw, "victim", "a pid", |s| s["pid"].is_i64());
+    let who = tool_json(&gw.connect().tool("victim__whoami", json!({})));
+    let home = PathBuf::from(who["home"].as_str().unwrap());
+    // What a server of the same uid can do.
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let _ = gw.connect().tool("victim__crash", json!({"code": 3}));
+    let again = wait_server(&gw, "victim", "up with a new pid", |s| {
+        s["pid"].is_i64() && s["pid"] != first["pid"] && s["state"] == "up"
+    });
+    assert!(again["pid"].is_i64());
+    let mode = std::fs::metadata(&home).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "the state directory stays open");
+    // A local user wrote into it while it was open.
+    let planted = home.join("planted.py");
+    std::fs::write(&planted, "print('pwned')").unwrap();
+    std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
+    let _ = gw.connect().tool("victim__crash", json!({"code": 3}));
+    let refused = wait_server(&gw, "victim", "its refusal", |s| {
+        s["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("planted.py"))
+    });
+    assert!(
+        refused["last_error"].as_str().unwrap().contains("65534"),
+        "{refused:#}"
+    );
 }

@@ -429,6 +429,22 @@ discover_timeout_ms = 60000
         table("locold", "legacy")
     );
     let gw = HttpGateway::start("", &servers);
+    // Ready does not wait for local servers: wait until both have listed their tools.
+    let deadline = Instant::now() + PATIENCE * 3;
+    loop {
+        let status = gw.gw.admin(serde_json::json!({"op": "status"}));
+        let listed = |name: &str| {
+            status["servers"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|s| s["server"] == name && s["tools"].as_u64().unwrap_or(0) > 0)
+            })
+        };
+        if listed("loc") && listed("locold") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never listed: {status:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let token = gw.client_token("alice");
     let url = format!("http://127.0.0.1:{}/mcp", gw.port);
     let records_of = || -> Vec<Value> {

@@ -231,6 +231,56 @@ impl UpstreamsState {
             .collect()
     }
 
+    // ---- servers added or removed by a reload ---------------------------------------
+
+    /// A local server added by a reload, reached through its own host `worker`: shown as
+    /// starting, listed once the host is ready. Its rules come with the next
+    /// [`UpstreamsState::reconfigure`].
+    pub fn add_local_server(
+        &mut self,
+        server: &str,
+        config: &super::config::ServerConfig,
+        worker: WorkerId,
+        setup: AggregatorSetup,
+    ) {
+        self.board.insert(server, config);
+        self.route(worker, setup);
+    }
+
+    /// A server taken out of the config by a reload: no route, no setup, no status entry,
+    /// nothing pending, and nothing of it left in `catalog` (tools, prompts, resources,
+    /// templates). A listing of it the intake is still reviewing is dropped when it comes
+    /// back (see [`UpstreamsState::take_reviewed`]). Returns its worker when no other
+    /// server shares it (a local server's host, to stop).
+    pub fn remove_server(
+        &mut self,
+        server: &str,
+        catalog: &mut Catalog,
+        wall_ms: i64,
+        applied: &mut Applied,
+    ) -> Option<WorkerId> {
+        let worker = self.routes.remove(server);
+        self.board.remove(server);
+        self.schedule.forget(server);
+        self.hidden.remove(server);
+        self.rules.remove(server);
+        self.owners_refreshed.remove(server);
+        self.resources_listed.retain(|(s, _)| s != server);
+        for kind in [Kind::Tools, Kind::Prompts] {
+            if catalog.replace(kind, server, Vec::new()).changed && !applied.changed.contains(&kind)
+            {
+                applied.changed.push(kind);
+            }
+        }
+        for kind in [Kind::Resources, Kind::Templates] {
+            let change = catalog.claim(kind, server, Vec::new(), &self.owners);
+            self.claims_changed(catalog, kind, change, wall_ms, applied);
+        }
+        let worker = worker.filter(|w| !self.routes.values().any(|o| o == w))?;
+        self.setups.remove(&worker);
+        Some(worker)
+    }
+
     // ---- relisting ------------------------------------------------------------------
 
     /// A listing of `kind` from `server` is wanted: true when it may start now.
@@ -388,8 +438,11 @@ impl UpstreamsState {
                     kind,
                     outcome,
                 } => {
-                    let at = (now, wall_ms);
-                    self.apply(catalog, &server, kind, *outcome, at, &mut applied)
+                    // A server a reload removed while the intake reviewed its listing.
+                    if self.board.get(&server).is_some() {
+                        let at = (now, wall_ms);
+                        self.apply(catalog, &server, kind, *outcome, at, &mut applied)
+                    }
                 }
                 Done::Owners {
                     server,
@@ -746,6 +799,13 @@ impl UpstreamsState {
     /// Listings asked of the worker or the intake and not applied yet (readiness).
     pub fn listings_pending(&self) -> usize {
         self.schedule.in_flight()
+    }
+
+    /// As [`UpstreamsState::listings_pending`], of the servers whose worker `counted`
+    /// accepts (readiness leaves out local servers: each starts on its own time).
+    pub fn listings_pending_where(&self, counted: impl Fn(WorkerId) -> bool) -> usize {
+        self.schedule
+            .in_flight_where(|server| self.worker_of(server).is_some_and(&counted))
     }
 
     // ---- pins -------------------------------------------------------------------------

@@ -47,6 +47,7 @@ mod lifecycle;
 mod observability;
 mod pin_io;
 mod relay;
+mod server_set;
 mod startup;
 
 use conns::{Conn, ConnIo, Outgoing, Wire};

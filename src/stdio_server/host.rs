@@ -60,6 +60,11 @@ pub fn run() -> i32 {
         crate::error!("server {name}: {e}");
         return 2;
     }
+    // SAFETY: getuid cannot fail.
+    if let Err(e) = super::state_dir::secure(&settings.state_dir, unsafe { libc::getuid() }) {
+        crate::error!("server {name}: {e}");
+        return 2;
+    }
     let walls = match sandbox::ProgramWalls::new(role, settings.rlimits()) {
         Ok(w) => w,
         Err(e) => {

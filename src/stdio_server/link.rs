@@ -209,6 +209,8 @@ impl StdioLink {
 
     fn start(&self) -> Result<Arc<Instance>, UpstreamError> {
         let fail = |what: String| self.error(UpstreamErrorCode::ServerDown, what);
+        // Its state directory is its own again (another server of its uid may have opened it).
+        super::state_dir::secure_home(&self.cfg.env).map_err(fail)?;
         // Found again at each start: a runtime or package installed meanwhile is used.
         let program = super::host::resolve_program(
             self.cfg.argv.first().map_or("", String::as_str),

@@ -18,6 +18,8 @@ pub mod host;
 pub mod hosting;
 pub mod lines;
 pub mod link;
+pub mod load_warnings;
 pub mod settings;
+pub mod state_dir;
 pub mod stderr_board;
 pub mod stderr_log;

@@ -78,6 +78,19 @@ impl<R: Recorder> Core<R> {
             .max(upstream)
     }
 
+    /// As [`Core::listings_pending`], of the workers `counted` accepts.
+    pub fn listings_pending_where(&self, counted: impl Fn(WorkerId) -> bool) -> usize {
+        let upstream = self
+            .upstreams
+            .as_ref()
+            .map_or(0, |u| u.listings_pending_where(&counted));
+        self.calls
+            .iter()
+            .filter(|(_, c)| matches!(c.purpose, Purpose::Listing { .. }) && counted(c.worker))
+            .count()
+            .max(upstream)
+    }
+
     /// A worker attested and may get work: ask it what it serves.
     pub fn on_worker_ready(&mut self, worker: WorkerId, now: Instant) {
         self.now = now;

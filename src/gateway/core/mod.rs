@@ -39,6 +39,7 @@ mod recorder;
 mod relay;
 #[cfg(test)]
 mod relay_tests;
+mod reloaded_servers;
 mod request_state;
 #[cfg(test)]
 mod tests;

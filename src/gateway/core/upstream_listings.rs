@@ -263,7 +263,7 @@ impl<R: Recorder> Core<R> {
         }
     }
 
-    fn carry_out(&mut self, applied: Applied) {
+    pub(super) fn carry_out(&mut self, applied: Applied) {
         for (warn, line) in applied.logs {
             self.log(if warn { Level::Warn } else { Level::Info }, line);
         }

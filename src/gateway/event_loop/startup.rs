@@ -264,6 +264,7 @@ impl Gateway {
             crate::sandbox::secrets::secret_files(supervisor.secrets()).map(|p| p.to_path_buf()),
         );
         warn_shared_filesystems(&config);
+        crate::stdio_server::load_warnings::warn(&config);
         let workspaces = crate::workspace::worker_settings(
             &config.workspaces,
             &protected,
