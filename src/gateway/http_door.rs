@@ -19,6 +19,7 @@ use rustls::ServerConfig;
 use crate::config::Config;
 use crate::gateway::core::{ConnFacts, ConnRef, Core, Expect, Peer};
 use crate::gateway::door_limits::Stage;
+use crate::mcp::catalog::Kind;
 use crate::policy::Transport;
 use crate::tokens::TokenStore;
 use crate::transport::http::endpoint::{self, HealthReport};
@@ -437,6 +438,20 @@ impl HttpDoor {
                     process: "http".into(),
                 };
                 let payload = plain[message].to_vec();
+                // SEP-2243: a parameter the tool binds to an `Mcp-Param-*` header must
+                // travel in both, alike; the catalog knows the tool's bindings.
+                let bindings = (call.era.is_modern() && call.method == "tools/call")
+                    .then(|| called_tool(&payload))
+                    .flatten()
+                    .and_then(|name| core.catalog().get(Kind::Tools, &name))
+                    .map_or(&[][..], |e| &e.header_bindings[..]);
+                if let Some(response) =
+                    endpoint::param_header_refusal(&call, request, &payload, bindings)
+                {
+                    consume(h, request.consumed);
+                    self.respond(h, out, response);
+                    return None;
+                }
                 consume(h, request.consumed);
                 if let Era::Legacy {
                     session: Some(session),
@@ -875,4 +890,19 @@ fn settings(config: &Config, listen: std::net::SocketAddr, tls: bool) -> DoorSet
         metrics_public: config.listen.metrics_public,
         http: config.http.clone(),
     }
+}
+
+/// The tool a `tools/call` names (`params.name`), read from its JSON.
+fn called_tool(message: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        params: Params,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params {
+        name: String,
+    }
+    serde_json::from_slice::<Body>(message)
+        .ok()
+        .map(|b| b.params.name)
 }
