@@ -6,8 +6,10 @@
 //!   flood never crosses the RPC channel). The gateway judges, records and relays them.
 //! - Requests the upstream makes during the call (`elicitation/create`,
 //!   `sampling/createMessage`, `roots/list`), in either era, become one `call_requests`
-//!   event; the call's thread then waits for the gateway's `answer` to each (or the call's
-//!   cancellation). A legacy upstream gets each answer as a JSON-RPC response; a modern
+//!   event; the worker then waits for the gateway's `answer` to each (or the call's
+//!   cancellation). A legacy upstream gets each answer as a JSON-RPC response, from a
+//!   thread that waits while the call's answer stream is read on (and ends without an
+//!   answer when the server answers the call first); a modern
 //!   upstream's `input_required` result is answered by retrying the request with
 //!   `inputResponses` and its `requestState`.
 //!
