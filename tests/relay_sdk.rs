@@ -392,6 +392,26 @@ fn a_server_that_stops_waiting_answers_at_once() {
     );
 }
 
+/// SEP-2243: a tool parameter annotated `x-mcp-header` travels as `Mcp-Param-Region` from
+/// the SDK client to toolwall's door (which checks it) and from toolwall to a modern
+/// server (which refuses a call without it). Failed before: toolwall sent the modern
+/// server no such header, and the server refused the call (-32020).
+#[test]
+fn parameters_bound_to_headers_reach_the_server() {
+    let fixture = Fixture::start();
+    let gw = HttpGateway::start("", &fixture.servers());
+    let token = gw.client_token("alice");
+    let url = format!("http://127.0.0.1:{}/mcp", gw.port);
+    for mode in ["legacy", "2026-07-28"] {
+        for server in ["sdk", "old"] {
+            let out = client(&["http", &url, &token, mode, server, "where"]);
+            assert_eq!(out["error"], Value::Null, "{mode} {server}: {out}");
+            assert_eq!(out["is_error"], false, "{mode} {server}: {out}");
+            assert_eq!(texts(&out), "region Zürich west", "{mode} {server}: {out}");
+        }
+    }
+}
+
 /// The relay binary next to ours; built on demand when only this package was built.
 fn relay_bin() -> PathBuf {
     let bin = PathBuf::from(BIN).with_file_name("toolwall-relay");

@@ -615,7 +615,21 @@ impl Upstream {
             let (era, generation) = self.session()?;
             let (text, for_headers) = Self::params_text(&era, &params, ctx.as_deref())?;
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let headers = protocol_headers(Some(&era), method, for_headers.as_ref());
+            let mut headers = protocol_headers(Some(&era), method, for_headers.as_ref());
+            // SEP-2243: the parameters the tool binds travel as headers too (modern era).
+            let param_headers: Vec<(String, String)> = match (&era, ctx.as_deref()) {
+                (Era::Modern { .. }, Some(c)) if method == "tools/call" => c
+                    .meta
+                    .param_headers
+                    .iter()
+                    .map(|(name, text)| (format!("Mcp-Param-{name}"), era::header_value(text)))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let headers: Vec<(&str, String)> = headers
+                .drain(..)
+                .chain(param_headers.iter().map(|(n, v)| (n.as_str(), v.clone())))
+                .collect();
             let body = request_body(id, method, text.as_deref());
             if let Some(c) = ctx.as_deref() {
                 c.link.set_upstream_id(Some(id.to_string()));

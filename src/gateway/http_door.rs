@@ -19,7 +19,6 @@ use rustls::ServerConfig;
 use crate::config::Config;
 use crate::gateway::core::{ConnFacts, ConnRef, Core, Expect, Peer};
 use crate::gateway::door_limits::Stage;
-use crate::mcp::catalog::Kind;
 use crate::policy::Transport;
 use crate::tokens::TokenStore;
 use crate::transport::http::endpoint::{self, HealthReport};
@@ -440,11 +439,10 @@ impl HttpDoor {
                 let payload = plain[message].to_vec();
                 // SEP-2243: a parameter the tool binds to an `Mcp-Param-*` header must
                 // travel in both, alike; the catalog knows the tool's bindings.
-                let bindings = (call.era.is_modern() && call.method == "tools/call")
+                let tool = (call.era.is_modern() && call.method == "tools/call")
                     .then(|| called_tool(&payload))
-                    .flatten()
-                    .and_then(|name| core.catalog().get(Kind::Tools, &name))
-                    .map_or(&[][..], |e| &e.header_bindings[..]);
+                    .flatten();
+                let bindings = tool.map_or(&[][..], |name| core.header_bindings(&name, &peer));
                 if let Some(response) =
                     endpoint::param_header_refusal(&call, request, &payload, bindings)
                 {

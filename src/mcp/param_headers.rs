@@ -212,6 +212,20 @@ pub fn check<'h>(
     Ok(())
 }
 
+/// What a client sends for `bindings` given the `arguments` it calls with: (header name
+/// suffix, value as text, before the header encoding). Values absent, null or not of the
+/// bound type are left out (a server that checks refuses the call, as it would any
+/// client's).
+pub fn mirrored(bindings: &[Binding], arguments: Option<&Value>) -> Vec<(String, String)> {
+    bindings
+        .iter()
+        .filter_map(|b| {
+            let value = lookup(arguments, &b.path).filter(|v| !v.is_null())?;
+            Some((b.header.clone(), header_text(b.kind, value)?))
+        })
+        .collect()
+}
+
 fn lookup<'v>(arguments: Option<&'v Value>, path: &[String]) -> Option<&'v Value> {
     path.iter()
         .try_fold(arguments?, |v, key| v.as_object()?.get(key))

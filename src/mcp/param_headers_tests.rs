@@ -206,3 +206,24 @@ fn refusals_never_quote_the_header_value() {
     .unwrap_err();
     assert!(!err.contains("sk-secret"), "{err}");
 }
+
+#[test]
+fn mirrored_values_follow_the_bindings() {
+    let b = bindings(Some(&region_schema())).unwrap();
+    let mut m = mirrored(
+        &b,
+        Some(&json!({"region": "eu", "opts": {"limit": 3, "dry": true}, "query": "q"})),
+    );
+    m.sort();
+    assert_eq!(
+        m,
+        vec![
+            ("dry-run".to_owned(), "true".to_owned()),
+            ("limit".to_owned(), "3".to_owned()),
+            ("region".to_owned(), "eu".to_owned())
+        ]
+    );
+    // Absent, null or of another type: no header.
+    assert!(mirrored(&b, Some(&json!({"region": null, "opts": {"limit": "3"}}))).is_empty());
+    assert!(mirrored(&b, None).is_empty());
+}

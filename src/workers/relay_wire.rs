@@ -43,6 +43,10 @@ pub struct CallMeta {
     /// no more wait for the client at once in the worker (0, an older gateway: 16).
     #[serde(default)]
     pub max_requests: u32,
+    /// `tools/call` of a tool whose parameters travel as headers too (`x-mcp-header`):
+    /// (name suffix, value as text) of each `Mcp-Param-*` header a modern upstream gets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub param_headers: Vec<(String, String)>,
     /// The lowest log level the agent wants (a modern upstream sends log messages only
     /// when a request asks for them).
     #[serde(default, skip_serializing_if = "Option::is_none")]

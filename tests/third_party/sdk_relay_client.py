@@ -14,7 +14,7 @@ sample (sampling), roots (roots/list), cancel (a call abandoned after 1.5 s), ap
 deny (the `note` tool, which an ask rule holds for the human at the client: the question
 is answered yes or no), operator (the same without the elicitation capability), late (the
 `impatient` tool, whose question the user answers only after 8 s, long after the server
-answered the call without it).
+answered the call without it), where (a parameter that travels as a header too).
 """
 
 import json
@@ -35,7 +35,7 @@ TOOLS = {"count": ("count", {"n": 3}), "greet": ("greet", {}), "decline": ("gree
          "cancel": ("wait", {"secs": 30}), "approve": ("note", {"text": "from the client"}),
          "deny": ("note", {"text": "from the client"}),
          "operator": ("note", {"text": "from the client"}),
-         "late": ("impatient", {})}
+         "late": ("impatient", {}), "where": ("where", {"region": "Zürich west"})}
 
 
 class Seen:

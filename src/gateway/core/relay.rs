@@ -268,8 +268,31 @@ impl<R: Recorder> Core<R> {
             log_level: x.relay.log_level.map(|l| l.as_str().to_owned()),
             max_message_bytes: c.max_message_bytes,
             max_requests: c.max_requests_per_call,
+            param_headers: self.param_headers(x),
         };
         serde_json::to_string(&meta).unwrap_or_default()
+    }
+
+    /// The `Mcp-Param-*` headers of a call's request upstream (SEP-2243): the tool's
+    /// bindings over the arguments as forwarded (after policy).
+    fn param_headers(&self, x: &Exchange) -> Vec<(String, String)> {
+        if x.routed != super::exchange::Routed::CallTool {
+            return Vec::new();
+        }
+        let server = &x.target.server;
+        let entry = [x.display_name(), x.target.upstream.clone()]
+            .iter()
+            .find_map(|k| {
+                self.catalog
+                    .get(crate::mcp::catalog::Kind::Tools, k)
+                    .filter(|e| &e.server == server && e.upstream == x.target.upstream)
+            });
+        match entry {
+            Some(e) if !e.header_bindings.is_empty() => {
+                crate::mcp::param_headers::mirrored(&e.header_bindings, x.arguments())
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// `logging/setLevel` (legacy era): the lowest level of the log messages relayed to
