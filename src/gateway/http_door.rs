@@ -439,12 +439,20 @@ impl HttpDoor {
                 let payload = plain[message].to_vec();
                 // SEP-2243: a parameter the tool binds to an `Mcp-Param-*` header must
                 // travel in both, alike; the catalog knows the tool's bindings.
-                let tool = (call.era.is_modern() && call.method == "tools/call")
-                    .then(|| called_tool(&payload))
+                // Read as the core reads it (a repeated key: the last one counts), so the
+                // check sees the name and arguments the call is made with.
+                let body: Option<serde_json::Value> = (call.era.is_modern()
+                    && call.method == "tools/call")
+                    .then(|| serde_json::from_slice(&payload).ok())
                     .flatten();
-                let bindings = tool.map_or(&[][..], |name| core.header_bindings(&name, &peer));
+                let params = body.as_ref().and_then(|b| b.get("params"));
+                let bindings = params
+                    .and_then(|p| p.get("name"))
+                    .and_then(serde_json::Value::as_str)
+                    .map_or(&[][..], |name| core.header_bindings(name, &peer));
+                let arguments = params.and_then(|p| p.get("arguments"));
                 if let Some(response) =
-                    endpoint::param_header_refusal(&call, request, &payload, bindings)
+                    endpoint::param_header_refusal(&call, request, arguments, bindings)
                 {
                     consume(h, request.consumed);
                     self.respond(h, out, response);
@@ -888,19 +896,4 @@ fn settings(config: &Config, listen: std::net::SocketAddr, tls: bool) -> DoorSet
         metrics_public: config.listen.metrics_public,
         http: config.http.clone(),
     }
-}
-
-/// The tool a `tools/call` names (`params.name`), read from its JSON.
-fn called_tool(message: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Body {
-        params: Params,
-    }
-    #[derive(serde::Deserialize)]
-    struct Params {
-        name: String,
-    }
-    serde_json::from_slice::<Body>(message)
-        .ok()
-        .map(|b| b.params.name)
 }
