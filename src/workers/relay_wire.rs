@@ -39,6 +39,14 @@ pub struct CallMeta {
     /// larger ones are dropped (notifications) or refused (requests) here already.
     #[serde(default)]
     pub max_message_bytes: usize,
+    /// The gateway's bound on this call's server requests (`relay.max_requests_per_call`):
+    /// no more wait for the client at once in the worker (0, an older gateway: 16).
+    #[serde(default)]
+    pub max_requests: u32,
+    /// `tools/call` of a tool whose parameters travel as headers too (`x-mcp-header`):
+    /// (name suffix, value as text) of each `Mcp-Param-*` header a modern upstream gets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub param_headers: Vec<(String, String)>,
     /// The lowest log level the agent wants (a modern upstream sends log messages only
     /// when a request asks for them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,6 +73,10 @@ pub struct ServerRequest {
     pub method: String,
     #[serde(default)]
     pub params: Option<Value>,
+    /// The key a modern server gave it in its `input_required` result: a modern agent
+    /// sees it under the same key where that clashes with no other of the round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// Requests from the upstream during `call`; the worker waits for an answer to each.

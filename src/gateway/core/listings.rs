@@ -29,6 +29,31 @@ impl<R: Recorder> Core<R> {
         self.upstreams.as_mut()
     }
 
+    /// The parameters tool `name` (as `peer` calls it) binds to `Mcp-Param-*` headers,
+    /// for the HTTP door to check a call's headers against. None for a tool the catalog
+    /// does not serve or policy hides from `peer`: the call is refused as such later, and
+    /// the door's answer must not tell more about it than a listing would.
+    pub fn header_bindings(
+        &self,
+        name: &str,
+        peer: &super::Peer,
+    ) -> &[crate::mcp::param_headers::Binding] {
+        match self.catalog.get(Kind::Tools, name) {
+            Some(e)
+                if !self.policy.hides_tool(
+                    &e.name,
+                    &e.server,
+                    &peer.principal,
+                    peer.transport,
+                    &peer.process,
+                ) =>
+            {
+                &e.header_bindings
+            }
+            _ => &[],
+        }
+    }
+
     pub(super) fn is_aggregator(&self, worker: WorkerId) -> bool {
         self.upstreams.as_ref().is_some_and(|u| u.is_worker(worker))
     }

@@ -123,7 +123,16 @@ struct Relayed {
     worker_request: u64,
     method: String,
     params: Option<Value>,
+    /// The key the server gave it in its `input_required` result, if any.
+    server_key: Option<String>,
+    /// The key a modern agent was given it under (set when an `input_required` carries
+    /// it): its answer is the retry's `inputResponses` entry under this key.
+    agent_key: Option<String>,
 }
+
+/// Longest server key of an input request kept as the agent's key (a longer one: the
+/// gateway's own).
+const MAX_INPUT_KEY_BYTES: usize = 256;
 
 /// The core's relay state across calls.
 #[derive(Debug)]
@@ -132,6 +141,8 @@ pub struct RelayHub {
     relayed: HashMap<u64, Relayed>,
     unrouted: TokenBucket,
     pub unrouted_dropped: u64,
+    /// Agents' answers to relayed requests that were over (or never were): dropped.
+    pub answers_dropped: u64,
     /// Seals the `requestState` of `input_required` results (and client asks).
     pub key: Option<StateKey>,
     /// Names this gateway instance in the nonces it issues.
@@ -155,6 +166,7 @@ impl RelayHub {
             config,
             relayed: HashMap::new(),
             unrouted_dropped: 0,
+            answers_dropped: 0,
             key: None,
             instance: "0".into(),
             issued: 0,
@@ -168,7 +180,7 @@ pub fn upstream_token(key: u64) -> String {
 }
 
 /// The call or relay key in an id or token the gateway made up.
-fn key_of(text: &str) -> Option<u64> {
+pub(super) fn key_of(text: &str) -> Option<u64> {
     text.strip_prefix(ID_PREFIX)?.parse().ok()
 }
 
@@ -255,6 +267,30 @@ impl<R: Recorder> Core<R> {
             notification_burst: c.notification_burst,
             log_level: x.relay.log_level.map(|l| l.as_str().to_owned()),
             max_message_bytes: c.max_message_bytes,
+            max_requests: c.max_requests_per_call,
+            param_headers: self.param_headers(x),
+        }
+    }
+
+    /// The `Mcp-Param-*` headers of a call's request upstream (SEP-2243): the tool's
+    /// bindings over the arguments as forwarded (after policy).
+    fn param_headers(&self, x: &Exchange) -> Vec<(String, String)> {
+        if x.routed != super::exchange::Routed::CallTool {
+            return Vec::new();
+        }
+        let server = &x.target.server;
+        let entry = [x.display_name(), x.target.upstream.clone()]
+            .iter()
+            .find_map(|k| {
+                self.catalog
+                    .get(crate::mcp::catalog::Kind::Tools, k)
+                    .filter(|e| &e.server == server && e.upstream == x.target.upstream)
+            });
+        match entry {
+            Some(e) if !e.header_bindings.is_empty() => {
+                crate::mcp::param_headers::mirrored(&e.header_bindings, x.arguments())
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -607,6 +643,8 @@ impl<R: Recorder> Core<R> {
                     worker_request: request.id,
                     method: request.method.clone(),
                     params: params.clone(),
+                    server_key: request.key.clone(),
+                    agent_key: None,
                 },
             );
             if x.relay.modern {
@@ -670,13 +708,33 @@ impl<R: Recorder> Core<R> {
         let queued = std::mem::take(&mut x.relay.queued);
         x.relay.pending.extend(queued.iter().copied());
         let mut requests = Map::new();
-        for rk in &queued {
-            if let Some(r) = self.relay.relayed.get(rk) {
+        // The server's own keys where they are unique in this round (one server's
+        // input_required), else the gateway's: the state names the call and the round,
+        // so a key binds an answer to one request of this call only.
+        let own_key = |r: &Relayed| {
+            r.server_key
+                .as_ref()
+                .filter(|k| !k.is_empty() && k.len() <= MAX_INPUT_KEY_BYTES)
+                .filter(|k| !k.starts_with(ID_PREFIX))
+                .cloned()
+        };
+        let proposed: Vec<Option<String>> = queued
+            .iter()
+            .map(|rk| self.relay.relayed.get(rk).and_then(own_key))
+            .collect();
+        let clashing = |k: &String| proposed.iter().flatten().filter(|p| *p == k).count() > 1;
+        for (rk, own) in queued.iter().zip(proposed.iter()) {
+            if let Some(r) = self.relay.relayed.get_mut(rk) {
+                let agent_key = match own {
+                    Some(k) if !clashing(k) => k.clone(),
+                    _ => format!("{ID_PREFIX}{rk}"),
+                };
                 let mut req = json!({"method": r.method});
                 if let Some(p) = &r.params {
                     req["params"] = p.clone();
                 }
-                requests.insert(format!("{ID_PREFIX}{rk}"), req);
+                requests.insert(agent_key.clone(), req);
+                r.agent_key = Some(agent_key);
             }
         }
         let claims = Claims {
@@ -725,6 +783,11 @@ impl<R: Recorder> Core<R> {
         if self.on_client_approval(conn, rk, result) {
             return;
         }
+        if !self.relay.relayed.contains_key(&rk) {
+            // An answer to a request that is over (its call ended) or never was.
+            self.relay.answers_dropped += 1;
+            return;
+        }
         let owned = self.relay.relayed.get(&rk).is_some_and(|r| {
             self.calls
                 .get(r.call)
@@ -737,6 +800,26 @@ impl<R: Recorder> Core<R> {
         let result = result.and_then(|r| serde_json::from_str::<Value>(r).ok());
         let error = error.and_then(|e| serde_json::from_str::<Value>(e).ok());
         self.deliver_answer(rk, result, error);
+    }
+
+    /// The key a modern agent answers relayed request `rk` under.
+    pub(super) fn input_key(&self, rk: u64) -> String {
+        self.relay
+            .relayed
+            .get(&rk)
+            .and_then(|r| r.agent_key.clone())
+            .unwrap_or_else(|| format!("{ID_PREFIX}{rk}"))
+    }
+
+    /// Forget relayed request `rk` (it never left).
+    pub(super) fn forget_relayed(&mut self, rk: u64) {
+        self.relay.relayed.remove(&rk);
+    }
+
+    /// Agents' answers to relayed requests that were over (their call had ended) or never
+    /// were: dropped, never forwarded.
+    pub fn relay_answers_dropped(&self) -> u64 {
+        self.relay.answers_dropped
     }
 
     /// A modern client's input response to relayed request `rk`.
@@ -874,11 +957,36 @@ impl<R: Recorder> Core<R> {
         }
     }
 
-    /// A call ended: forget its relayed requests, and note what was relayed.
+    /// A call ended: forget its relayed requests, and note what was relayed. A request
+    /// still waiting for the agent is void now (the server has answered its call without
+    /// it): the ledger says so, a legacy agent is told with `notifications/cancelled`, and
+    /// its answer, should it come, reaches nobody (see [`Core::relay_answers_dropped`]).
     pub(super) fn end_relay(&mut self, x: &Exchange) {
         let r = &x.relay;
         for rk in r.pending.iter().chain(&r.queued) {
-            self.relay.relayed.remove(rk);
+            let Some(relayed) = self.relay.relayed.remove(rk) else {
+                continue;
+            };
+            let agent_id = format!("{ID_PREFIX}{rk}");
+            self.relay_event(
+                x.ledger_id,
+                json!({"direction": "to_client", "method": relayed.method,
+                       "relay_id": agent_id, "decision": "forgotten",
+                       "reason": "the call ended before the client answered"}),
+            );
+            let sent = !x.relay.modern && r.pending.contains(rk);
+            if let (true, Some(conn)) = (sent, x.from.conn) {
+                let msg = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                 "params": {"requestId": agent_id,
+                                            "reason": "the server answered its call without it"}});
+                self.actions.push(Action::Relay {
+                    conn,
+                    stream: x.from.stream,
+                    call: relayed.call,
+                    bytes: msg.to_string().into_bytes(),
+                    request_id: None,
+                });
+            }
         }
         if let Some(rk) = r.client_ask {
             self.client_asks.asked.remove(&rk);

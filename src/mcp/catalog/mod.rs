@@ -51,6 +51,9 @@ pub struct Entry {
     /// The tool's input schema has an `input` property: `{"input": {...}}` arguments are
     /// meant as they are, never unwrapped.
     pub declares_input: bool,
+    /// Tools: the parameters that also travel as `Mcp-Param-*` headers (`x-mcp-header`),
+    /// which the HTTP door checks against a call's arguments.
+    pub header_bindings: Vec<crate::mcp::param_headers::Binding>,
 }
 
 impl Entry {
@@ -62,7 +65,8 @@ impl Entry {
     /// The entry for one definition as a server sent it: its qualified name (tools and
     /// prompts) or the URI, the key agents see (`server__name` with `prefix`, else the
     /// server's own name; a URI is never prefixed) and the JSON agents see. `None` when
-    /// it has no usable key. The one place names agents see are made.
+    /// it has no usable key, or (tools) an `x-mcp-header` annotation the spec forbids (a
+    /// client must not offer such a tool). The one place names agents see are made.
     pub fn listed(
         kind: Kind,
         server: &str,
@@ -84,6 +88,10 @@ impl Entry {
             (upstream.clone(), upstream.clone())
         };
         let declares_input = item.pointer("/inputSchema/properties/input").is_some();
+        let header_bindings = match kind {
+            Kind::Tools => crate::mcp::param_headers::bindings(item.get("inputSchema")).ok()?,
+            _ => Vec::new(),
+        };
         Some(Entry {
             name,
             key,
@@ -92,6 +100,7 @@ impl Entry {
             worker,
             json: item.to_string(),
             declares_input,
+            header_bindings,
         })
     }
 }
