@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 
+use super::answer_bound;
 use super::budget::ListingBudget;
 use super::call_link::{CallLink, CallLinks, Serving};
 use super::call_relay::CallContext;
@@ -416,8 +417,11 @@ fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message
             }
             let args = job.args.as_deref().unwrap_or("{}");
             let (result, notices) = upstream.call_tool(&job.item, args, ctx.as_mut());
-            let result = upstream.scrubbed(result);
-            let facts = json!({"server": upstream.name(), "notifications": notices.counts});
+            let meta = ctx.as_ref().map(|c| &c.meta);
+            let result = upstream.scrubbed(answer_bound::check(upstream.name(), result, meta));
+            let dropped = ctx.as_ref().map_or(0, |c| c.dropped);
+            let facts = json!({"server": upstream.name(), "notifications": notices.counts,
+                               "relay_dropped": dropped});
             match result {
                 Ok(r) => response_ok(id, r, Some(facts.to_string())),
                 Err(e) => {
@@ -451,7 +455,9 @@ fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message
                 }
                 "prompts/get"
             };
-            match upstream.scrubbed(upstream.forward(method, params, ctx.as_mut())) {
+            let result = upstream.forward(method, params, ctx.as_mut());
+            let meta = ctx.as_ref().map(|c| &c.meta);
+            match upstream.scrubbed(answer_bound::check(upstream.name(), result, meta)) {
                 Ok(r) => response_ok(id, r, None),
                 Err(e) => response_err(id, &e),
             }

@@ -542,13 +542,27 @@ impl<R: Recorder> Core<R> {
     /// The worker answered an exchange: build what the agent would get, then judge it.
     pub(super) fn complete_exchange(
         &mut self,
-        x: Box<Exchange>,
+        mut x: Box<Exchange>,
         started: Instant,
         ok: Option<String>,
         error: Option<rpc::RpcError>,
         facts: Option<String>,
     ) {
         if let Some(facts) = facts {
+            // What the worker dropped of the call's notifications counts in its row.
+            #[derive(serde::Deserialize)]
+            struct Dropped {
+                #[serde(default)]
+                relay_dropped: u64,
+            }
+            if let Ok(d) = serde_json::from_str::<Dropped>(&facts)
+                && d.relay_dropped > 0
+            {
+                let n = u32::try_from(d.relay_dropped).unwrap_or(u32::MAX);
+                x.relay.dropped = x.relay.dropped.saturating_add(n);
+                self.counters.relay_dropped =
+                    self.counters.relay_dropped.saturating_add(d.relay_dropped);
+            }
             self.event(
                 "tool_facts",
                 json!({"call_id": x.ledger_id, "facts": facts}),
@@ -567,6 +581,18 @@ impl<R: Recorder> Core<R> {
             }
             other => other,
         };
+        // The length and the node count decide before any tree is built: a worker's
+        // answer beyond either bound is refused, never parsed (see `answer_bound.rs`).
+        if let Some(why) = ok.as_deref().and_then(|t| self.answer_beyond_bounds(t)) {
+            let refusal = Refusal {
+                code: ToolErrorCode::TooLarge,
+                message: &why,
+                rule: None,
+                decision: decision::ERROR,
+            };
+            self.refuse(x, started, &refusal);
+            return;
+        }
         let answer =
             match (ok, error) {
                 (Some(text), _) => match serde_json::from_str::<Value>(&text) {
@@ -602,6 +628,23 @@ impl<R: Recorder> Core<R> {
                 }
             };
         self.respond(x, started, answer);
+    }
+
+    /// Why the JSON text of a worker's answer may not be parsed, if it may not.
+    fn answer_beyond_bounds(&self, text: &str) -> Option<String> {
+        let max = self.limits.max_answer_bytes;
+        if text.len() > max {
+            return Some(format!(
+                "the answer is {} bytes, more than gateway.max_answer_bytes ({max})",
+                text.len()
+            ));
+        }
+        let nodes = self.limits.max_json_nodes;
+        crate::aggregator::json_nodes::within(text.as_bytes(), nodes)
+            .err()
+            .map(|_| {
+                crate::aggregator::json_nodes::too_many("the answer", nodes, "gateway.max_json_nodes")
+            })
     }
 
     /// The response phase over the whole answer (result or error, every content block),
