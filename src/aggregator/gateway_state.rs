@@ -103,6 +103,11 @@ fn owns(config: &ServersConfig) -> Vec<(String, Vec<String>)> {
 }
 
 impl UpstreamsState {
+    /// `[servers] max_queued_bytes`.
+    pub fn max_queued_bytes(&self) -> usize {
+        self.config.max_queued_bytes
+    }
+
     /// `setup` from [`super::prepare::build_setup`], for the aggregator `worker`; see
     /// [`UpstreamsState::empty`].
     pub fn new(

@@ -164,6 +164,7 @@ impl<R: Recorder> Core<R> {
             forwarded: None,
             approved: None,
             relay: Default::default(),
+            queued_bytes: 0,
         });
         // Malformed params: still a row, then a JSON-RPC error.
         let fault = match (&parsed, &target_name) {
@@ -506,11 +507,23 @@ impl<R: Recorder> Core<R> {
         } else {
             x.target.upstream.clone()
         };
+        let args = x.forward_text();
+        if self.is_aggregator(x.target.worker)
+            && let Err(message) = self.take_queued_bytes(&mut x, args.len())
+        {
+            let refusal = Refusal {
+                code: ToolErrorCode::Busy,
+                message: &message,
+                rule: None,
+                decision: decision::ERROR,
+            };
+            self.refuse(x, started, &refusal);
+            return;
+        }
         let key = self.calls.new_key();
         let worker = x.target.worker;
         let timeout_key = x.routed.timeout_key();
         let deadline = self.now + self.timeout(timeout_key);
-        let args = x.forward_text();
         let meta = self
             .is_aggregator(worker)
             .then(|| self.call_meta(key, &x, deadline));
@@ -775,6 +788,7 @@ impl<R: Recorder> Core<R> {
         original: Option<&str>,
     ) {
         self.end_relay(&x);
+        self.give_back_queued_bytes(&x);
         let (mut text, mut bytes) = answer.encode(&x.from.id);
         // An answer no door could carry whole is refused, and the row says so, rather than
         // cut or dropped by the door (which would leave the agent waiting and the row
