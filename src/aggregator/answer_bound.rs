@@ -60,9 +60,17 @@ mod tests {
         assert_eq!(ok.unwrap(), r#"{"content":[]}"#);
         let long = check("s", Ok(format!("\"{}\"", "x".repeat(200))), Some(&meta)).unwrap_err();
         assert_eq!(long.code, UpstreamErrorCode::TooLarge);
-        assert!(long.message.contains("gateway.max_answer_bytes (100)"), "{}", long.message);
+        assert!(
+            long.message.contains("gateway.max_answer_bytes (100)"),
+            "{}",
+            long.message
+        );
         let many = check("s", Ok("[1,2,3,4,5,6,7,8,9,10,11]".into()), Some(&meta)).unwrap_err();
-        assert!(many.message.contains("gateway.max_json_nodes"), "{}", many.message);
+        assert!(
+            many.message.contains("gateway.max_json_nodes"),
+            "{}",
+            many.message
+        );
         // An error passes as it is.
         let e = UpstreamError::new(UpstreamErrorCode::Timeout, "late");
         assert_eq!(check("s", Err(e.clone()), Some(&meta)).unwrap_err(), e);

@@ -22,7 +22,9 @@ pub struct DropTally {
 
 impl DropTally {
     pub fn add(&mut self, token: Option<String>, count: u64) {
-        let token = token.filter(|t| self.counts.contains_key(&Some(t.clone())) || self.counts.len() < MAX_TOKENS);
+        let token = token.filter(|t| {
+            self.counts.contains_key(&Some(t.clone())) || self.counts.len() < MAX_TOKENS
+        });
         let n = self.counts.entry(token).or_insert(0);
         *n = n.saturating_add(count);
     }
@@ -73,7 +75,10 @@ mod tests {
         let got = sent.lock().unwrap().clone();
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(got.iter().all(|(k, _)| k == RELAY_DROPPED));
-        let three = got.iter().find(|(_, d)| d["progress_token"] == "toolwall-3").unwrap();
+        let three = got
+            .iter()
+            .find(|(_, d)| d["progress_token"] == "toolwall-3")
+            .unwrap();
         assert_eq!(three.1["count"], 7);
         t.flush("s", &events);
         assert_eq!(sent.lock().unwrap().len(), 3);

@@ -119,10 +119,7 @@ fn progress_token_of(params: &RawValue) -> Option<String> {
 pub const MAX_PARAMS_BYTES: usize = crate::gateway::relay_config::MAX_MESSAGE_BYTES;
 
 /// The params of a notification or server request as a tree, when their size allows it.
-fn bounded_params(
-    method: &str,
-    params: Option<&RawValue>,
-) -> Result<Option<Value>, String> {
+fn bounded_params(method: &str, params: Option<&RawValue>) -> Result<Option<Value>, String> {
     let Some(p) = params else {
         return Ok(None);
     };
@@ -300,7 +297,10 @@ mod tests {
     fn oversized_params_are_judged_on_the_envelope() {
         let many = format!("[{}0]", "0,".repeat(json_nodes::MAX_JSON_NODES));
         let big = "x".repeat(MAX_PARAMS_BYTES + 1);
-        for params in [format!("{{\"data\":{many}}}"), format!("{{\"data\":\"{big}\"}}")] {
+        for params in [
+            format!("{{\"data\":{many}}}"),
+            format!("{{\"data\":\"{big}\"}}"),
+        ] {
             let note = format!(
                 r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{params}}}"#
             );
@@ -309,7 +309,9 @@ mod tests {
                 matches!(&got, Incoming::Dropped { method, request: None, .. } if method == "notifications/message"),
                 "{got:?}"
             );
-            let req = format!(r#"{{"jsonrpc":"2.0","id":"s","method":"elicitation/create","params":{params}}}"#);
+            let req = format!(
+                r#"{{"jsonrpc":"2.0","id":"s","method":"elicitation/create","params":{params}}}"#
+            );
             assert!(matches!(
                 classify(&req, 7).unwrap(),
                 Incoming::Dropped {

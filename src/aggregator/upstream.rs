@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 use super::budget::ListingBudget;
 use super::call_link::{CancelHook, NoAnswer};
 use super::call_relay::{self, CallContext};
-use super::drop_tally::DropTally;
 use super::channel::Channel;
 use super::config::EraChoice;
+use super::drop_tally::DropTally;
 use super::era::{
     self, AfterStatus, Discovery, Era, ListChanges, after_status, judge_discover, judge_initialize,
     params_for, protocol_headers, status_error,
@@ -1119,7 +1119,8 @@ impl Upstream {
                     if self.emit_list_changed(&[kind]) {
                         crate::debug!("server {}: its {} changed", self.name, kind.word());
                     }
-                } else if call_relay::relayed_notification(&method) && !bucket.take(Instant::now()) {
+                } else if call_relay::relayed_notification(&method) && !bucket.take(Instant::now())
+                {
                     let token = params
                         .as_ref()
                         .and_then(|p| p.get("progressToken"))

@@ -656,7 +656,11 @@ impl<R: Recorder> Core<R> {
         crate::aggregator::json_nodes::within(text.as_bytes(), nodes)
             .err()
             .map(|_| {
-                crate::aggregator::json_nodes::too_many("the answer", nodes, "gateway.max_json_nodes")
+                crate::aggregator::json_nodes::too_many(
+                    "the answer",
+                    nodes,
+                    "gateway.max_json_nodes",
+                )
             })
     }
 

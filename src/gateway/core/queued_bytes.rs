@@ -45,7 +45,11 @@ impl QueuedBytes {
 
 impl<R: Recorder> Core<R> {
     /// A call to an upstream server holds its arguments' bytes until it ends.
-    pub(super) fn take_queued_bytes(&mut self, x: &mut Exchange, bytes: usize) -> Result<(), String> {
+    pub(super) fn take_queued_bytes(
+        &mut self,
+        x: &mut Exchange,
+        bytes: usize,
+    ) -> Result<(), String> {
         self.give_back_queued_bytes(x);
         x.queued_bytes = 0;
         let Some(max) = self.upstreams.as_ref().map(|u| u.max_queued_bytes()) else {
@@ -72,7 +76,10 @@ mod tests {
         let mut q = QueuedBytes::default();
         q.take("a", 60, 100).unwrap();
         let e = q.take("a", 50, 100).unwrap_err();
-        assert!(e.contains("servers.max_queued_bytes (100)") && e.contains("server a"), "{e}");
+        assert!(
+            e.contains("servers.max_queued_bytes (100)") && e.contains("server a"),
+            "{e}"
+        );
         // Another server has its own bound.
         q.take("b", 100, 100).unwrap();
         q.give_back("a", 60);

@@ -39,8 +39,7 @@ use crate::mcp::token_bucket::TokenBucket;
 use crate::policy::{Phase, Subject, Verdict};
 use crate::workers::relay_wire::{
     CALL_NOTIFICATION, CALL_REQUESTS, CallMeta, CallNotification, CallRequests, RELAY_DROPPED,
-    RelayDropped, RequestAnswer,
-    required_capability,
+    RelayDropped, RequestAnswer, required_capability,
 };
 use crate::workers::rpc::{self, Op};
 
@@ -351,7 +350,11 @@ impl<R: Recorder> Core<R> {
             #[serde(default)]
             call: Option<u64>,
         }
-        Some(serde_json::from_str::<Envelope>(detail).ok().and_then(|e| e.call))
+        Some(
+            serde_json::from_str::<Envelope>(detail)
+                .ok()
+                .and_then(|e| e.call),
+        )
     }
 
     /// `count` notifications dropped before the gateway saw them whole: the call's row
@@ -363,14 +366,15 @@ impl<R: Recorder> Core<R> {
                 .get(*k)
                 .is_some_and(|c| c.worker == worker && c.stage == Stage::AtWorker)
         });
-        match owned.and_then(|k| self.calls.get_mut(k)).and_then(|c| c.exchange_mut()) {
+        match owned
+            .and_then(|k| self.calls.get_mut(k))
+            .and_then(|c| c.exchange_mut())
+        {
             Some(x) => {
                 let n = u32::try_from(count).unwrap_or(u32::MAX);
                 x.relay.dropped = x.relay.dropped.saturating_add(n);
             }
-            None => {
-                self.relay.unrouted_dropped = self.relay.unrouted_dropped.saturating_add(count)
-            }
+            None => self.relay.unrouted_dropped = self.relay.unrouted_dropped.saturating_add(count),
         }
     }
 
@@ -494,7 +498,7 @@ impl<R: Recorder> Core<R> {
             || !x.relay.bucket.take(self.now)
         {
             x.relay.dropped += 1;
-                self.counters.relay_dropped += 1;
+            self.counters.relay_dropped += 1;
             return;
         }
         let (verdict, rule) = self.judge_from_server(x, &n.method, &mut params);
