@@ -1003,11 +1003,11 @@ fn notifications_dropped_anywhere_are_counted_in_the_calls_row() {
     let mut relayed = 0u64;
     loop {
         let reply = c.recv().expect("the call's answer");
-        if reply.stream != sid {
-            continue;
-        }
         if reply.body.get("method").is_some() {
             relayed += 1;
+            continue;
+        }
+        if reply.stream != sid {
             continue;
         }
         assert!(!is_tool_error(&reply.body), "{}", reply.body);
