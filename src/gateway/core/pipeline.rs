@@ -596,14 +596,12 @@ impl<R: Recorder> Core<R> {
         };
         // The length and the node count decide before any tree is built: a worker's
         // answer beyond either bound is refused, never parsed (see `answer_bound.rs`).
-        if let Some(why) = ok.as_deref().and_then(|t| self.answer_beyond_bounds(t)) {
-            let refusal = Refusal {
-                code: ToolErrorCode::TooLarge,
-                message: &why,
-                rule: None,
-                decision: decision::ERROR,
-            };
-            self.refuse(x, started, &refusal);
+        if let Some(text) = ok.as_deref()
+            && let Some(why) = self.answer_beyond_bounds(text)
+        {
+            // The row keeps what came (as bytes, within ledger.body_cap_bytes).
+            let answer = refusal_answer(x.routed, ToolErrorCode::TooLarge, &why, None);
+            self.end(x, started, decision::ERROR, &answer, Some(&why), Some(text));
             return;
         }
         let answer =
