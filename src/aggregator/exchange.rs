@@ -301,6 +301,10 @@ impl Transport {
             Ok(Incoming::ServerRequest { id, method, params }) => {
                 Some(Notice::ServerRequest { id, method, params })
             }
+            Ok(Incoming::Dropped { progress_token, .. }) => Some(Notice::Dropped {
+                progress_token,
+                count: 1,
+            }),
             _ => None,
         }
     }
@@ -440,8 +444,8 @@ impl Transport {
                     Ok(Incoming::ServerRequest { id, method, params }) => {
                         notice(Notice::ServerRequest { id, method, params })
                     }
-                    Ok(Incoming::Dropped { .. }) => notice(Notice::Dropped {
-                        progress_token: None,
+                    Ok(Incoming::Dropped { progress_token, .. }) => notice(Notice::Dropped {
+                        progress_token,
                         count: 1,
                     }),
                     Ok(Incoming::Unrelated) => {}
