@@ -881,6 +881,10 @@ fn messages_of_tiny_values_are_judged_by_their_bytes_before_any_tree_is_built() 
         let m = error_message(&r);
         assert!(m.contains("gateway.max_answer_bytes"), "{m}");
     }
+    let hwm_answers = vm_kib(gw.pid(), "VmHWM");
+    eprintln!(
+        "gateway VmHWM: {hwm_before} KiB before, {hwm_answers} KiB after the floods and big answers"
+    );
     // Under max_answer_bytes but beyond gateway.max_json_nodes (30,000 blocks of 5 nodes).
     let r = c.tool("fx__many_blocks", json!({"count": 30000}));
     assert!(
