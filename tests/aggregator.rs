@@ -31,7 +31,6 @@ use toolwall::aggregator::setup::{AggregatorSetup, Limits, Secret, UpstreamSetup
 use toolwall::mcp::catalog::Kind;
 use toolwall::sandbox::{SandboxConfig, SandboxMode};
 use toolwall::tools::http::HttpToolsConfig;
-use toolwall::workers::relay_wire::CallMeta;
 use toolwall::workers::rpc::{self, ListKind, Message, Op, RpcError, RpcReader, UpstreamCall};
 use toolwall::workers::settings::WorkerSettings;
 
@@ -1401,7 +1400,7 @@ impl T {
         };
         let upstream = Some(UpstreamCall {
             server: server.to_owned(),
-            meta: CallMeta::default(),
+            meta: Box::default(),
         });
         let args = args.unwrap_or_else(|| "{}".into());
         match self {

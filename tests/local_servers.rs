@@ -1013,3 +1013,207 @@ fn a_state_dir_opened_by_another_server_is_closed_at_the_next_start() {
         "{refused:#}"
     );
 }
+
+/// A line of /proc/PID/status, in KiB (VmRSS, VmHWM).
+fn vm_kib(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn start_with_settings(dir: tempfile::TempDir, settings: &str, servers: &str) -> TestGateway {
+    let settings = format!(
+        "[servers]\nstate_dir = \"{}/servers\"\nretry_max_secs = 2\n{settings}\n",
+        dir.path().display()
+    );
+    let config = base_config(dir.path(), &format!("{settings}\n{servers}"));
+    TestGateway::start_with(dir, &config)
+}
+
+#[test]
+fn messages_of_tiny_values_are_judged_by_their_bytes_before_any_tree_is_built() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start(dir, &fixture_server("fx", &[], "timeout_secs = 60"));
+    wait_tool(&gw, "fx__tiny_values");
+    let mut c = gw.connect();
+    let hwm_before = vm_kib(gw.pid(), "VmHWM");
+    // Lines of 7.8 MB made of {"a":1} (below servers.max_body_bytes, far beyond
+    // relay.max_message_bytes): dropped from their envelope, never parsed.
+    let r = c.tool("fx__tiny_values", json!({"lines": 2, "count": 780000}));
+    assert!(
+        !is_tool_error(&r),
+        "{}",
+        &r.to_string()[..300.min(r.to_string().len())]
+    );
+    // An answer of 200,000 blocks (5.6 MB, beyond gateway.max_answer_bytes): too_large,
+    // refused before it is parsed.
+    for _ in 0..3 {
+        let r = c.tool("fx__many_blocks", json!({"count": 200000}));
+        assert!(
+            is_tool_error(&r),
+            "{}",
+            &r.to_string()[..300.min(r.to_string().len())]
+        );
+        let m = error_message(&r);
+        assert!(m.contains("gateway.max_answer_bytes"), "{m}");
+    }
+    let hwm_answers = vm_kib(gw.pid(), "VmHWM");
+    eprintln!(
+        "gateway VmHWM: {hwm_before} KiB before, {hwm_answers} KiB after the floods and big answers"
+    );
+    // Under max_answer_bytes but beyond gateway.max_json_nodes (30,000 blocks of 5 nodes).
+    let r = c.tool("fx__many_blocks", json!({"count": 30000}));
+    assert!(
+        is_tool_error(&r),
+        "{}",
+        &r.to_string()[..300.min(r.to_string().len())]
+    );
+    let m = error_message(&r);
+    assert!(m.contains("gateway.max_json_nodes"), "{m}");
+    let hwm_after = vm_kib(gw.pid(), "VmHWM");
+    eprintln!(
+        "gateway VmHWM: {hwm_before} KiB before, {hwm_after} KiB after (growth {} KiB)",
+        hwm_after.saturating_sub(hwm_before)
+    );
+    // Before the bounds, these messages took the gateway from ~15 MiB to ~590 MiB.
+    assert!(
+        hwm_after.saturating_sub(hwm_before) < 64 * 1024,
+        "gateway peak grew by {} KiB",
+        hwm_after.saturating_sub(hwm_before)
+    );
+    // The rows say why.
+    let rows = gw.wait_rows("the refused answers", |rows| {
+        rows.iter()
+            .filter(|r| {
+                r["error_message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("gateway.max_answer_bytes"))
+            })
+            .count()
+            >= 3
+    });
+    assert!(rows.iter().any(|r| {
+        r["error_message"]
+            .as_str()
+            .is_some_and(|m| m.contains("gateway.max_json_nodes"))
+    }));
+    let r = c.tool("fx__echo", json!({"text": "still here"}));
+    assert_eq!(text(&r), "still here", "{r}");
+}
+
+#[test]
+fn calls_beyond_max_queued_bytes_are_refused_at_once_naming_the_key() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start_with_settings(
+        dir,
+        "max_queued_bytes = 2000000",
+        &fixture_server("fx", &[], "timeout_secs = 5\nstop_grace_ms = 200"),
+    );
+    wait_tool(&gw, "fx__stop_reading");
+    let mut c = gw.connect();
+    let r = c.tool("fx__stop_reading", json!({}));
+    assert!(!is_tool_error(&r), "{r}");
+    let hwm_before = vm_kib(gw.pid(), "VmHWM");
+    let big = "x".repeat(600_000);
+    let mut sids = Vec::new();
+    for i in 0..10 {
+        sids.push(c.request(
+            json!(100 + i),
+            "tools/call",
+            Some(json!({"name": "fx__echo", "arguments": {"text": big}})),
+        ));
+    }
+    // Three fit (1.8 MB); the others are refused at once, while the three still wait for
+    // a server that does not read.
+    let mut refused = 0;
+    let mut others = 0;
+    while refused + others < 10 {
+        let reply = c.recv().expect("an answer");
+        if !sids.contains(&reply.stream) {
+            continue;
+        }
+        let m = error_message(&reply.body);
+        if m.contains("servers.max_queued_bytes") {
+            assert_eq!(others, 0, "refusals come before the waiting calls end: {m}");
+            refused += 1;
+        } else {
+            others += 1;
+        }
+    }
+    let hwm_after = vm_kib(gw.pid(), "VmHWM");
+    eprintln!(
+        "max_queued_bytes: {refused} refused, {others} waited; gateway VmHWM {hwm_before} -> {hwm_after} KiB"
+    );
+    assert_eq!(refused, 7, "7 of 10 calls of 600 kB beyond 2 MB in flight");
+    let rows = gw.wait_rows("the refusals", |rows| {
+        rows.iter()
+            .filter(|r| {
+                r["error_message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("servers.max_queued_bytes"))
+            })
+            .count()
+            == 7
+    });
+    assert!(!rows.is_empty());
+    // The bytes are given back: once the program is back, a call goes through.
+    wait_server(&gw, "fx", "a restart", |s| {
+        s["state"] == "up" && s["starts"].as_u64() >= Some(2)
+    });
+    let r = c.tool("fx__echo", json!({"text": big}));
+    assert_eq!(text(&r).len(), big.len());
+}
+
+#[test]
+fn notifications_dropped_anywhere_are_counted_in_the_calls_row() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start(dir, &fixture_server("fx", &[], "timeout_secs = 60"));
+    wait_tool(&gw, "fx__notice_flood");
+    let mut c = gw.connect();
+    let sid = c.request(
+        json!(7),
+        "tools/call",
+        Some(
+            json!({"name": "fx__notice_flood", "arguments": {"count": 20000},
+                    "_meta": {"progressToken": "p-1"}}),
+        ),
+    );
+    let mut relayed = 0u64;
+    loop {
+        let reply = c.recv().expect("the call's answer");
+        if reply.body.get("method").is_some() {
+            relayed += 1;
+            continue;
+        }
+        if reply.stream != sid {
+            continue;
+        }
+        assert!(!is_tool_error(&reply.body), "{}", reply.body);
+        break;
+    }
+    let deadline = Instant::now() + PATIENCE;
+    let summary = loop {
+        let s = gw.events("relay_summary");
+        if let Some(last) = s.last() {
+            break last.clone();
+        }
+        assert!(Instant::now() < deadline, "no relay_summary");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let detail: Value = summary["detail"]
+        .as_str()
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap_or_else(|| summary["detail"].clone());
+    eprintln!("agent got {relayed} notifications; the row: {detail}");
+    let dropped = detail["dropped"].as_u64().unwrap_or(0);
+    // 40,000 sent (20,000 progress, 20,000 log messages): what did not reach the agent
+    // was dropped, and the row counts it (it said 0 before).
+    assert!(dropped >= 10_000, "dropped: {detail}");
+}

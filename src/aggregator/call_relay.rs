@@ -273,10 +273,25 @@ pub fn input_required(result: &str) -> Option<Result<InputRequired, String>> {
     if !result.contains("input_required") {
         return None;
     }
-    let value: Value = serde_json::from_str(result).ok()?;
-    if value.get("resultType").and_then(Value::as_str) != Some("input_required") {
+    // The kind is read without building a tree: only a real `input_required` result
+    // within the node bound is parsed whole (a larger one is refused as an answer).
+    #[derive(serde::Deserialize)]
+    struct ResultType<'a> {
+        #[serde(rename = "resultType", borrow, default)]
+        result_type: Option<std::borrow::Cow<'a, str>>,
+    }
+    let kind: ResultType = serde_json::from_str(result).ok()?;
+    if kind.result_type.as_deref() != Some("input_required") {
         return None;
     }
+    if super::json_nodes::within(result.as_bytes(), super::json_nodes::MAX_JSON_NODES).is_err() {
+        return Some(Err(super::json_nodes::too_many(
+            "the input_required result",
+            super::json_nodes::MAX_JSON_NODES,
+            "gateway.max_json_nodes at most",
+        )));
+    }
+    let value: Value = serde_json::from_str(result).ok()?;
     Some(parse_input_required(&value))
 }
 

@@ -113,6 +113,11 @@ pub fn intake_capacity(config: &ServersConfig) -> usize {
 }
 
 impl UpstreamsState {
+    /// `[servers] max_queued_bytes`.
+    pub fn max_queued_bytes(&self) -> usize {
+        self.config.max_queued_bytes
+    }
+
     /// `setup` from [`super::prepare::build_setup`], for the aggregator `worker`; see
     /// [`UpstreamsState::empty`].
     pub fn new(

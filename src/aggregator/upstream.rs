@@ -26,6 +26,7 @@ use super::call_link::{CancelHook, NoAnswer};
 use super::call_relay::{self, CallContext};
 use super::channel::Channel;
 use super::config::EraChoice;
+use super::drop_tally::DropTally;
 use super::era::{
     self, AfterStatus, Discovery, Era, ListChanges, after_status, judge_discover, judge_initialize,
     params_for, protocol_headers, status_error,
@@ -863,6 +864,15 @@ impl Upstream {
                     notices.count("dropped (relay.notifications_per_sec)");
                 }
             }
+            Notice::Dropped { count, .. } => {
+                *notices
+                    .counts
+                    .entry("dropped (too large or queue full)".to_owned())
+                    .or_insert(0) += count;
+                if let Some(ctx) = ctx {
+                    ctx.dropped = ctx.dropped.saturating_add(count);
+                }
+            }
             Notice::ServerRequest {
                 id,
                 method,
@@ -1187,13 +1197,32 @@ impl Upstream {
         // Progress and log messages on the listening stream belong to no call here; the
         // gateway finds a call by progress token, or logs them. Bounded per stream.
         let mut bucket = TokenBucket::new(LISTEN_NOTIFICATIONS.0, LISTEN_NOTIFICATIONS.1);
+        // What was dropped here or before (the channel's queue, the size bounds), told to
+        // the gateway in sums, so the call a progress token names counts them.
+        let mut drops = DropTally::default();
         let mut on_notice = |n: Notice| match n {
+            Notice::Dropped {
+                progress_token,
+                count,
+            } => {
+                drops.add(progress_token, count);
+                drops.flush(&self.name, &self.events);
+            }
             Notice::Notification { method, params } => {
                 if let Some(kind) = list_changed_kind(&method).and_then(Kind::parse) {
                     if self.emit_list_changed(&[kind]) {
                         crate::debug!("server {}: its {} changed", self.name, kind.word());
                     }
-                } else if call_relay::relayed_notification(&method) && bucket.take(Instant::now()) {
+                } else if call_relay::relayed_notification(&method) && !bucket.take(Instant::now())
+                {
+                    let token = params
+                        .as_ref()
+                        .and_then(|p| p.get("progressToken"))
+                        .and_then(Value::as_str)
+                        .map(|t| t.chars().take(64).collect());
+                    drops.add(token, 1);
+                    drops.flush_due(&self.name, &self.events);
+                } else if call_relay::relayed_notification(&method) {
                     let mut params = params;
                     if let Some(p) = params.as_mut() {
                         self.scrub.value(p);

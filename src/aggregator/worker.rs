@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 
+use super::answer_bound;
 use super::budget::ListingBudget;
 use super::call_link::{CallLink, CallLinks, Serving};
 use super::call_relay::CallContext;
@@ -222,6 +223,7 @@ impl AggregatorRole {
         if let Some((_, link)) = &call {
             self.links.insert(Arc::clone(link));
         }
+        let call = call.map(|(meta, link)| (*meta, link));
         let job = Job { id, work, call };
         let refused = |links: &CallLinks| links.remove(id);
         match server.jobs.try_send(job) {
@@ -402,8 +404,11 @@ fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message
                 );
             }
             let (result, notices) = upstream.call_tool(&tool, &args, ctx.as_mut());
-            let result = upstream.scrubbed(result);
-            let facts = json!({"server": upstream.name(), "notifications": notices.counts});
+            let meta = ctx.as_ref().map(|c| &c.meta);
+            let result = upstream.scrubbed(answer_bound::check(upstream.name(), result, meta));
+            let dropped = ctx.as_ref().map_or(0, |c| c.dropped);
+            let facts = json!({"server": upstream.name(), "notifications": notices.counts,
+                               "relay_dropped": dropped});
             match result {
                 Ok(r) => response_ok(id, r, Some(facts.to_string())),
                 Err(e) => {
@@ -436,7 +441,7 @@ fn forward(
     method: &str,
     params: &str,
     prompt: Option<String>,
-    ctx: Option<&mut CallContext>,
+    mut ctx: Option<&mut CallContext>,
 ) -> Message {
     let mut params: Value = match serde_json::from_str::<Value>(params) {
         Ok(v @ Value::Object(_)) => v,
@@ -453,7 +458,9 @@ fn forward(
     if let Some(prompt) = prompt.filter(|p| !p.is_empty()) {
         params["name"] = Value::String(prompt);
     }
-    match upstream.scrubbed(upstream.forward(method, params, ctx)) {
+    let result = upstream.forward(method, params, ctx.as_deref_mut());
+    let meta = ctx.as_ref().map(|c| &c.meta);
+    match upstream.scrubbed(answer_bound::check(upstream.name(), result, meta)) {
         Ok(r) => response_ok(id, r, None),
         Err(e) => response_err(id, &e),
     }

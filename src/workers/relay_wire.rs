@@ -12,6 +12,20 @@ pub const CALL_NOTIFICATION: &str = "call_notification";
 /// Event kind: requests from the upstream (elicitation, sampling, roots) during a call.
 pub const CALL_REQUESTS: &str = "call_requests";
 
+/// Event kind: notifications a worker dropped outside a call's thread (its listening
+/// stream's rate bound, a local server's full queue, beyond the size bounds).
+pub const RELAY_DROPPED: &str = "relay_dropped";
+
+/// What a `relay_dropped` event says: how many, and the progress token they named (the
+/// gateway counts them for that call, or as unrouted).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RelayDropped {
+    pub server: String,
+    #[serde(default)]
+    pub progress_token: Option<String>,
+    pub count: u64,
+}
+
 /// The `meta` of a `call_tool` (or `read_resource`, `get_prompt`) request: what the
 /// gateway says about the agent behind the call.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -47,6 +61,13 @@ pub struct CallMeta {
     /// (name suffix, value as text) of each `Mcp-Param-*` header a modern upstream gets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub param_headers: Vec<(String, String)>,
+    /// The gateway's bounds on the answer (`gateway.max_answer_bytes`,
+    /// `gateway.max_json_nodes`): a larger answer is refused here already, never parsed
+    /// (0: no bound named, an older gateway).
+    #[serde(default)]
+    pub max_answer_bytes: usize,
+    #[serde(default)]
+    pub max_json_nodes: usize,
     /// The lowest log level the agent wants (a modern upstream sends log messages only
     /// when a request asks for them).
     #[serde(default, skip_serializing_if = "Option::is_none")]

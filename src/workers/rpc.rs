@@ -155,7 +155,8 @@ impl From<ListKind> for Kind {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct UpstreamCall {
     pub server: String,
-    pub meta: CallMeta,
+    /// Boxed: the largest part of a request, which would size every worker event.
+    pub meta: Box<CallMeta>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -323,12 +324,12 @@ mod tests {
                     args: "{}".into(),
                     upstream: Some(UpstreamCall {
                         server: "gh".into(),
-                        meta: CallMeta {
+                        meta: Box::new(CallMeta {
                             progress_token: Some("toolwall-3".into()),
                             client_capabilities: Some(serde_json::json!({"elicitation": {}})),
                             wait_ms: 5,
                             ..CallMeta::default()
-                        },
+                        }),
                     }),
                 },
             },

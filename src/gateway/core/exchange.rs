@@ -124,6 +124,9 @@ pub struct Exchange {
     pub approved: Option<(String, i64)>,
     /// What the server sends the agent during the call (see `relay.rs`).
     pub relay: super::relay::CallRelay,
+    /// Bytes of arguments this call holds in its server's `max_queued_bytes` (see
+    /// `queued_bytes.rs`); given back when the call ends.
+    pub queued_bytes: usize,
 }
 
 impl Exchange {

@@ -35,6 +35,7 @@ mod observed;
 mod pins_tests;
 mod pipeline;
 mod principal_share;
+mod queued_bytes;
 mod recorder;
 mod relay;
 #[cfg(test)]
@@ -224,6 +225,8 @@ pub struct Core<R: Recorder = Ledger> {
     relay: relay::RelayHub,
     /// Asks answered at the agent's client (`client_ask.rs`).
     client_asks: client_ask::ClientAsks,
+    /// Bytes of calls in flight per server (`queued_bytes.rs`).
+    queued: queued_bytes::QueuedBytes,
 }
 
 impl<R: Recorder> Core<R> {
@@ -261,6 +264,7 @@ impl<R: Recorder> Core<R> {
             upstreams: None,
             relay: relay::RelayHub::default(),
             client_asks: client_ask::ClientAsks::default(),
+            queued: Default::default(),
         }
     }
 

@@ -57,4 +57,6 @@ pub struct Counters {
     pub calls_error: u64,
     pub requests_total: u64,
     pub ledger_failures: u64,
+    /// Notifications and requests from servers dropped (see `toolwall_relay_dropped_total`).
+    pub relay_dropped: u64,
 }

@@ -163,6 +163,7 @@ impl<R: Recorder> Core<R> {
             forwarded: None,
             approved: None,
             relay: Default::default(),
+            queued_bytes: 0,
         });
         // Malformed params: still a row, then a JSON-RPC error.
         let fault = match (&parsed, &target_name) {
@@ -501,13 +502,27 @@ impl<R: Recorder> Core<R> {
         if x.arrived_differs || x.rewritten {
             x.forwarded = Some(x.judged_text());
         }
+        // Bytes queued toward upstream servers are bounded (`servers.max_queued_bytes`).
+        if self.is_aggregator(x.target.worker) {
+            let len = x.forward_text().len();
+            if let Err(message) = self.take_queued_bytes(&mut x, len) {
+                let refusal = Refusal {
+                    code: ToolErrorCode::Busy,
+                    message: &message,
+                    rule: None,
+                    decision: decision::ERROR,
+                };
+                self.refuse(x, started, &refusal);
+                return;
+            }
+        }
         let key = self.calls.new_key();
         let worker = x.target.worker;
         let timeout_key = x.routed.timeout_key();
         let deadline = self.now + self.timeout(timeout_key);
         let upstream = self.is_aggregator(worker).then(|| rpc::UpstreamCall {
             server: x.target.server.clone(),
-            meta: self.call_meta(key, &x, deadline),
+            meta: Box::new(self.call_meta(key, &x, deadline)),
         });
         self.actions.push(super::Action::ToWorker {
             worker,
@@ -533,13 +548,27 @@ impl<R: Recorder> Core<R> {
     /// The worker answered an exchange: build what the agent would get, then judge it.
     pub(super) fn complete_exchange(
         &mut self,
-        x: Box<Exchange>,
+        mut x: Box<Exchange>,
         started: Instant,
         ok: Option<String>,
         error: Option<rpc::RpcError>,
         facts: Option<String>,
     ) {
         if let Some(facts) = facts {
+            // What the worker dropped of the call's notifications counts in its row.
+            #[derive(serde::Deserialize)]
+            struct Dropped {
+                #[serde(default)]
+                relay_dropped: u64,
+            }
+            if let Ok(d) = serde_json::from_str::<Dropped>(&facts)
+                && d.relay_dropped > 0
+            {
+                let n = u32::try_from(d.relay_dropped).unwrap_or(u32::MAX);
+                x.relay.dropped = x.relay.dropped.saturating_add(n);
+                self.counters.relay_dropped =
+                    self.counters.relay_dropped.saturating_add(d.relay_dropped);
+            }
             self.event(
                 "tool_facts",
                 json!({"call_id": x.ledger_id, "facts": facts}),
@@ -558,6 +587,16 @@ impl<R: Recorder> Core<R> {
             }
             other => other,
         };
+        // The length and the node count decide before any tree is built: a worker's
+        // answer beyond either bound is refused, never parsed (see `answer_bound.rs`).
+        if let Some(text) = ok.as_deref()
+            && let Some(why) = self.answer_beyond_bounds(text)
+        {
+            // The row keeps what came (as bytes, within ledger.body_cap_bytes).
+            let answer = refusal_answer(x.routed, ToolErrorCode::TooLarge, &why, None);
+            self.end(x, started, decision::ERROR, &answer, Some(&why), Some(text));
+            return;
+        }
         let answer =
             match (ok, error) {
                 (Some(text), _) => match serde_json::from_str::<Value>(&text) {
@@ -593,6 +632,27 @@ impl<R: Recorder> Core<R> {
                 }
             };
         self.respond(x, started, answer);
+    }
+
+    /// Why the JSON text of a worker's answer may not be parsed, if it may not.
+    fn answer_beyond_bounds(&self, text: &str) -> Option<String> {
+        let max = self.limits.max_answer_bytes;
+        if text.len() > max {
+            return Some(format!(
+                "the answer is {} bytes, more than gateway.max_answer_bytes ({max})",
+                text.len()
+            ));
+        }
+        let nodes = self.limits.max_json_nodes;
+        crate::aggregator::json_nodes::within(text.as_bytes(), nodes)
+            .err()
+            .map(|_| {
+                crate::aggregator::json_nodes::too_many(
+                    "the answer",
+                    nodes,
+                    "gateway.max_json_nodes",
+                )
+            })
     }
 
     /// The response phase over the whole answer (result or error, every content block),
@@ -723,6 +783,7 @@ impl<R: Recorder> Core<R> {
         original: Option<&str>,
     ) {
         self.end_relay(&x);
+        self.give_back_queued_bytes(&x);
         let (mut text, mut bytes) = answer.encode(&x.from.id);
         // An answer no door could carry whole is refused, and the row says so, rather than
         // cut or dropped by the door (which would leave the agent waiting and the row

@@ -38,8 +38,8 @@ use crate::mcp::log_level::LogLevel;
 use crate::mcp::token_bucket::TokenBucket;
 use crate::policy::{Phase, Subject, Verdict};
 use crate::workers::relay_wire::{
-    CALL_NOTIFICATION, CALL_REQUESTS, CallMeta, CallNotification, CallRequests, RequestAnswer,
-    required_capability,
+    CALL_NOTIFICATION, CALL_REQUESTS, CallMeta, CallNotification, CallRequests, RELAY_DROPPED,
+    RelayDropped, RequestAnswer, required_capability,
 };
 use crate::workers::rpc::{self, Op};
 
@@ -269,6 +269,8 @@ impl<R: Recorder> Core<R> {
             max_message_bytes: c.max_message_bytes,
             max_requests: c.max_requests_per_call,
             param_headers: self.param_headers(x),
+            max_answer_bytes: self.limits.max_answer_bytes,
+            max_json_nodes: self.limits.max_json_nodes,
         }
     }
 
@@ -332,8 +334,26 @@ impl<R: Recorder> Core<R> {
     pub(super) fn on_relay_event(&mut self, worker: WorkerId, kind: &str, detail: &str) -> bool {
         match kind {
             CALL_NOTIFICATION => {
-                if let Ok(n) = serde_json::from_str::<CallNotification>(detail) {
-                    self.relay_notification(worker, n);
+                // Judged by its size before it is parsed: beyond the bounds it is dropped
+                // and counted (its call, if its envelope names one).
+                match self.relayed_detail_beyond_bounds(detail) {
+                    None => {
+                        if let Ok(n) = serde_json::from_str::<CallNotification>(detail) {
+                            self.relay_notification(worker, n);
+                        }
+                    }
+                    Some(call) => self.count_dropped(worker, call, 1),
+                }
+                true
+            }
+            RELAY_DROPPED => {
+                if let Ok(d) = serde_json::from_str::<RelayDropped>(detail) {
+                    let key = d
+                        .progress_token
+                        .as_deref()
+                        .and_then(key_of)
+                        .filter(|k| self.relay_target(worker, &d.server, *k));
+                    self.count_dropped(worker, key, d.count);
                 }
                 true
             }
@@ -344,6 +364,52 @@ impl<R: Recorder> Core<R> {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// `None` when a `call_notification` event may be parsed; else the call its envelope
+    /// names (if any), for the count. A worker bounds these already; the gateway does not
+    /// trust it to.
+    fn relayed_detail_beyond_bounds(&self, detail: &str) -> Option<Option<u64>> {
+        // The params, escaped once more inside the event, plus the envelope's few fields.
+        let slack = 4096;
+        let max_bytes = self.relay.config.max_message_bytes.saturating_mul(2) + slack;
+        let over = detail.len() > max_bytes
+            || crate::aggregator::json_nodes::within(detail.as_bytes(), self.limits.max_json_nodes)
+                .is_err();
+        if !over {
+            return None;
+        }
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            #[serde(default)]
+            call: Option<u64>,
+        }
+        Some(
+            serde_json::from_str::<Envelope>(detail)
+                .ok()
+                .and_then(|e| e.call),
+        )
+    }
+
+    /// `count` notifications dropped before the gateway saw them whole: the call's row
+    /// (when `key` is a call of `worker`'s) and the metrics count them.
+    fn count_dropped(&mut self, worker: WorkerId, key: Option<u64>, count: u64) {
+        self.counters.relay_dropped = self.counters.relay_dropped.saturating_add(count);
+        let owned = key.filter(|k| {
+            self.calls
+                .get(*k)
+                .is_some_and(|c| c.worker == worker && c.stage == Stage::AtWorker)
+        });
+        match owned
+            .and_then(|k| self.calls.get_mut(k))
+            .and_then(|c| c.exchange_mut())
+        {
+            Some(x) => {
+                let n = u32::try_from(count).unwrap_or(u32::MAX);
+                x.relay.dropped = x.relay.dropped.saturating_add(n);
+            }
+            None => self.relay.unrouted_dropped = self.relay.unrouted_dropped.saturating_add(count),
         }
     }
 
@@ -440,6 +506,7 @@ impl<R: Recorder> Core<R> {
                 .and_then(|t| serde_json::from_str::<Value>(t).ok());
             let Some(agent) = agent.filter(|_| by_token == Some(key)) else {
                 x.relay.dropped += 1;
+                self.counters.relay_dropped += 1;
                 return;
             };
             if let Some(p) = params.as_mut().and_then(Value::as_object_mut) {
@@ -456,6 +523,7 @@ impl<R: Recorder> Core<R> {
                 .and_then(LogLevel::parse);
             if level.is_none_or(|l| l < wanted) {
                 x.relay.dropped += 1;
+                self.counters.relay_dropped += 1;
                 return;
             }
         }
@@ -465,6 +533,7 @@ impl<R: Recorder> Core<R> {
             || !x.relay.bucket.take(self.now)
         {
             x.relay.dropped += 1;
+            self.counters.relay_dropped += 1;
             return;
         }
         let (verdict, rule) = self.judge_from_server(x, &n.method, &mut params);
@@ -502,6 +571,7 @@ impl<R: Recorder> Core<R> {
         }
         if !self.relay.unrouted.take(self.now) {
             self.relay.unrouted_dropped += 1;
+            self.counters.relay_dropped += 1;
             return;
         }
         let p = n.params.as_ref();

@@ -72,6 +72,9 @@ pub struct Metrics {
     pub worker_restarts: BTreeMap<String, u64>,
     pub ledger_commit_latency: Histogram,
     pub ledger_commit_failures: u64,
+    /// Notifications from servers dropped (rate, size and queue bounds, the gateway's and
+    /// the workers'), whether or not a call was found for them.
+    pub relay_dropped: u64,
     /// Live legacy-era HTTP sessions.
     pub http_sessions: u64,
     /// Connections closed at a stage deadline, by (door, reason).
@@ -92,6 +95,7 @@ impl Default for Metrics {
             worker_restarts: BTreeMap::new(),
             ledger_commit_latency: Histogram::new(LEDGER_COMMIT_BUCKETS),
             ledger_commit_failures: 0,
+            relay_dropped: 0,
             http_sessions: 0,
             connections_closed: BTreeMap::new(),
             connections_refused: BTreeMap::new(),
@@ -305,6 +309,13 @@ pub fn render(m: &Metrics) -> String {
         "toolwall_ledger_commit_failures_total {}",
         m.ledger_commit_failures
     );
+    header(
+        &mut out,
+        "toolwall_relay_dropped_total",
+        "counter",
+        "Notifications and requests from servers dropped by the relay's rate, size and queue bounds (in the gateway and its workers).",
+    );
+    let _ = writeln!(out, "toolwall_relay_dropped_total {}", m.relay_dropped);
     out
 }
 
