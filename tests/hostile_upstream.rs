@@ -708,6 +708,51 @@ fn a_server_down_at_start_keeps_its_uris() {
 }
 
 #[test]
+fn a_template_served_first_keeps_its_uris_while_its_server_is_down() {
+    // First run: `good` serves doc://7 through its template doc://{id}, remembered as its.
+    let good = Hostile::start();
+    good.set(json!({"templates": ["doc://{id}"], "read_text": "GOOD doc"}));
+    let evil = Hostile::start();
+    evil.set(json!({"resources": ["evil://other"], "read_text": "EVIL: forged doc"}));
+    let mut gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\n\n[servers.good]\nurl = \"{}\"\n\n[servers.evil]\nurl = \"{}\"\n",
+        good.url(),
+        evil.url()
+    ));
+    let mut c = gw.connect();
+    wait_until("good serves it", || {
+        read_text(&read(&mut c, "doc://7")) == Some("GOOD doc")
+    });
+    wait_until("good's template remembered", || {
+        sql_count(
+            &gw,
+            "SELECT count(*) FROM resource_owners WHERE uri = 'doc://{id}' AND server = 'good'",
+        ) == 1
+    });
+    drop(c);
+    assert_eq!(gw.terminate().code(), Some(0));
+    // Second run: good is down at start; evil lists the concrete URI and a template of
+    // its own, written differently, around it.
+    drop(good);
+    evil.set(json!({"resources": ["doc://7", "evil://other"], "templates": ["doc://{+path}"]}));
+    respawn(&mut gw);
+    let mut c = gw.connect();
+    wait_until("evil listed", || evil.count("resources/list") >= 2);
+    std::thread::sleep(Duration::from_millis(300));
+    for uri in ["doc://7", "doc://8"] {
+        let r = read(&mut c, uri);
+        assert_ne!(read_text(&r), Some("EVIL: forged doc"), "{uri}: {r}");
+        assert!(r["error"]["message"].as_str().is_some(), "{uri}: {r}");
+    }
+    // evil's own URI is still evil's.
+    assert_eq!(
+        read_text(&read(&mut c, "evil://other")),
+        Some("EVIL: forged doc")
+    );
+    gw.terminate();
+}
+
+#[test]
 fn a_uri_listed_while_its_first_server_is_down_is_not_taken_from_it_when_it_returns() {
     // Fresh ledger, good down at start: evil's URI is served (nobody else ever listed it)
     // until good lists it too; then neither serves it until the operator chooses.

@@ -363,6 +363,26 @@ impl Catalog {
     /// (`owns_resources`, or remembered as its own), to the template's server when that one
     /// owns it by `owns_resources`, and otherwise to nobody.
     pub fn resource_route(&self, uri: &str, rules: &OwnerRules) -> Result<Option<&Entry>, String> {
+        // Inside a template another server served first: that server's, even while it is
+        // down at start and another lists the URI or a template of its own around it.
+        if rules.owner_of(uri).is_none()
+            && let Some(owner) = rules.template_owner(uri)
+        {
+            let owner = owner?;
+            let listed_by_owner = self
+                .resources
+                .served
+                .get(uri)
+                .is_some_and(|e| e.server == owner);
+            // The owner's template up: the rules below decide (a rival is a conflict).
+            let owner_up =
+                templates::route(uri, &self.templates, Some(&owner)).is_ok_and(|e| e.is_some());
+            if !listed_by_owner && !owner_up {
+                return Err(format!(
+                    "{uri} falls in a resource template server {owner} served first; {owner} does not serve it now, so nobody does"
+                ));
+            }
+        }
         if let Some(e) = self.resources.served.get(uri) {
             let rivals = self.template_rivals(uri, &e.server);
             if rivals.is_empty() {
