@@ -290,6 +290,16 @@ fn one_principal_cannot_take_every_call_in_flight() {
         refused += 1;
     }
     wait_pending(&gw, 2);
+    // Counted, not recorded one by one.
+    let admin = gw.token("ops", "admin", "never");
+    let r = gw
+        .http()
+        .call(&Req::new("GET", "/metrics", gw.port).bearer(&admin));
+    assert!(
+        r.text().contains("toolwall_share_refusals_total 6"),
+        "{}",
+        r.text()
+    );
     // Another principal is served at once.
     let mut http = gw.http();
     http.send_raw(&echo_modern(gw.port, 1, "bob is served", &bob));

@@ -75,6 +75,8 @@ pub struct Metrics {
     /// Notifications from servers dropped (rate, size and queue bounds, the gateway's and
     /// the workers'), whether or not a call was found for them.
     pub relay_dropped: u64,
+    /// Calls refused for a principal's full share (`gateway.max_in_flight_per_principal`).
+    pub share_refusals: u64,
     /// Live legacy-era HTTP sessions.
     pub http_sessions: u64,
     /// Connections closed at a stage deadline, by (door, reason).
@@ -96,6 +98,7 @@ impl Default for Metrics {
             ledger_commit_latency: Histogram::new(LEDGER_COMMIT_BUCKETS),
             ledger_commit_failures: 0,
             relay_dropped: 0,
+            share_refusals: 0,
             http_sessions: 0,
             connections_closed: BTreeMap::new(),
             connections_refused: BTreeMap::new(),
@@ -316,6 +319,13 @@ pub fn render(m: &Metrics) -> String {
         "Notifications and requests from servers dropped by the relay's rate, size and queue bounds (in the gateway and its workers).",
     );
     let _ = writeln!(out, "toolwall_relay_dropped_total {}", m.relay_dropped);
+    header(
+        &mut out,
+        "toolwall_share_refusals_total",
+        "counter",
+        "Calls refused at once because their principal held its whole share of the calls in flight (gateway.max_in_flight_per_principal); not recorded in the ledger one by one.",
+    );
+    let _ = writeln!(out, "toolwall_share_refusals_total {}", m.share_refusals);
     out
 }
 
