@@ -169,10 +169,9 @@ impl Exchange {
         }
     }
 
-    /// The worker's request: toolwall's own serialization of what was judged, for the
-    /// target's own name; `upstream` for a call at an upstream worker.
-    pub fn worker_op(&self, upstream: Option<UpstreamCall>) -> Op {
-        let args = self.forward_text();
+    /// The worker's request, carrying `args` ([`Exchange::forward_text`], encoded once by
+    /// the caller), for the target's own name; `upstream` for a call at an upstream worker.
+    pub fn worker_op(&self, args: String, upstream: Option<UpstreamCall>) -> Op {
         match self.routed {
             Routed::CallTool => Op::CallTool {
                 tool: self.target.upstream.clone(),

@@ -499,22 +499,27 @@ impl<R: Recorder> Core<R> {
             self.refuse(x, started, &refusal);
             return;
         }
+        // Encoded once: the worker's request, the bound below and the row's copy of what
+        // went upstream all use this text.
+        let args = x.forward_text();
         if x.arrived_differs || x.rewritten {
-            x.forwarded = Some(x.judged_text());
+            x.forwarded = Some(match x.routed {
+                Routed::CallTool => args.clone(),
+                _ => x.judged_text(),
+            });
         }
         // Bytes queued toward upstream servers are bounded (`servers.max_queued_bytes`).
-        if self.is_aggregator(x.target.worker) {
-            let len = x.forward_text().len();
-            if let Err(message) = self.take_queued_bytes(&mut x, len) {
-                let refusal = Refusal {
-                    code: ToolErrorCode::Busy,
-                    message: &message,
-                    rule: None,
-                    decision: decision::ERROR,
-                };
-                self.refuse(x, started, &refusal);
-                return;
-            }
+        if self.is_aggregator(x.target.worker)
+            && let Err(message) = self.take_queued_bytes(&mut x, args.len())
+        {
+            let refusal = Refusal {
+                code: ToolErrorCode::Busy,
+                message: &message,
+                rule: None,
+                decision: decision::ERROR,
+            };
+            self.refuse(x, started, &refusal);
+            return;
         }
         let key = self.calls.new_key();
         let worker = x.target.worker;
@@ -529,7 +534,7 @@ impl<R: Recorder> Core<R> {
             call: Some(key),
             msg: rpc::Message::Request {
                 id: key,
-                op: x.worker_op(upstream),
+                op: x.worker_op(args, upstream),
             },
         });
         self.calls.insert(
