@@ -254,7 +254,9 @@ fn a_hostile_client_file_adds_no_table_and_leaves_no_secret_behind() {
             injected: {"command": "python3", "args": [fixture()], "env": {"API_TOKEN": secret}},
             "db": {"command": "psql-mcp", "args": ["postgresql://admin:Hunter2Pass@db.internal:5432/prod"],
                    "env": {"DATABASE_URL": "mysql://root:s3cretPW@db/x", "MY_PASS": "correct horse battery staple"}},
-            "web": {"url": "https://mcp.example.com/mcp?api_key=KEYINURL123456789"}
+            "web": {"url": "https://mcp.example.com/mcp?api_key=KEYINURL123456789"},
+            "hdr": {"command": "node", "args": ["--header", "Authorization: Bearer sk-abcdefabcdef12345678"],
+                    "env": {"X_HEADERS": "X-Api-Key: abcdef1234567890abcd"}}
         }})
         .to_string(),
     )
@@ -297,7 +299,14 @@ fn a_hostile_client_file_adds_no_table_and_leaves_no_secret_behind() {
         let t: toml::Table = after.parse().expect("the merged config is TOML");
         let servers = t["servers"].as_table().unwrap();
         assert!(!servers.contains_key("pwn"), "{after}");
-        for leaked in ["Hunter2Pass", "s3cretPW", "correct horse", "KEYINURL"] {
+        for leaked in [
+            "Hunter2Pass",
+            "s3cretPW",
+            "correct horse",
+            "KEYINURL",
+            "sk-abcdefabcdef",
+            "abcdef1234567890abcd",
+        ] {
             assert!(!after.contains(leaked), "{leaked} in the config:\n{after}");
         }
         // The injected grant is at most written out inside a comment.

@@ -84,7 +84,37 @@ pub fn looks_like_secret(value: &str) -> bool {
     {
         return true;
     }
-    url_holds_credential(trimmed) || trimmed.split([' ', ',', ';']).any(opaque_run)
+    url_holds_credential(trimmed)
+        || header_line_holds_credential(trimmed)
+        || trimmed
+            .split([' ', ',', ';'])
+            .any(|w| opaque_run(w) || token_word(w))
+}
+
+/// One word that starts like a known token (`sk-…`, `ghp_…`) anywhere in a value:
+/// `--header "Authorization: Bearer sk-…"` hides it after a prefix of its own.
+fn token_word(word: &str) -> bool {
+    let lower = word.to_ascii_lowercase();
+    TOKEN_PREFIXES
+        .iter()
+        .filter(|p| !p.ends_with(' '))
+        .any(|p| lower.starts_with(p) && lower.len() > p.len() + 4)
+}
+
+/// A header written out (`X-Api-Key: …`, `Authorization: Bearer …`) whose name suggests a
+/// credential and whose value is not empty.
+fn header_line_holds_credential(value: &str) -> bool {
+    let Some((name, rest)) = value.split_once(':') else {
+        return false;
+    };
+    let name = name.trim();
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !rest.trim().is_empty()
+        && !rest.starts_with("//")
+        && header_name_suggests_secret(name)
 }
 
 /// A URL with a password in it (`scheme://user:PASSWORD@host`), or a query parameter
@@ -149,6 +179,9 @@ mod tests {
             "mysql://root:s3cretPW@db/x",
             "https://mcp.example.com/mcp?api_key=KEYINURL",
             "https://mcp.example.com/mcp?x=1&access_token=abc",
+            "Authorization: Bearer sk-abcdefabcdef12345678",
+            "X-Api-Key: abcdef1234567890abcd",
+            "--key sk-abcdefabcd1",
         ] {
             assert!(looks_like_secret(v), "{v}");
         }
@@ -166,6 +199,8 @@ mod tests {
             "123e4567-e89b-12d3-a456-426614174000",
             "https://user@mcp.example.com/mcp?page=2&lang=en",
             "postgresql://db.internal:5432/prod",
+            "Note: nothing secret here",
+            "https://user@example.com:8443/x",
             "",
         ] {
             assert!(!looks_like_secret(v), "{v}");
