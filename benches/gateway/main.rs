@@ -134,9 +134,20 @@ fn run(opts: &Options) -> i32 {
         eprintln!("the client's codec fails its self-check: {e}");
         return 2;
     }
-    if !Path::new(TOOLWALL_BIN).exists() {
-        eprintln!("{TOOLWALL_BIN} is missing: run this through `cargo bench --bench gateway`");
+    // TOOLWALL_BENCH_BIN: another build of toolwall, driven by this same client (A/B
+    // runs of two builds interleaved, with one harness).
+    let toolwall_bin = std::env::var_os("TOOLWALL_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(TOOLWALL_BIN));
+    if !toolwall_bin.exists() {
+        eprintln!(
+            "{} is missing: run this through `cargo bench --bench gateway`",
+            toolwall_bin.display()
+        );
         return 2;
+    }
+    if toolwall_bin != Path::new(TOOLWALL_BIN) {
+        note(&format!("toolwall binary: {}", toolwall_bin.display()));
     }
     let with_rules = match toolwall_proc::config_takes_rules() {
         Ok(w) => w,
@@ -150,7 +161,7 @@ fn run(opts: &Options) -> i32 {
         note("this build's ledger writes no file: ledger rows cannot be counted");
     }
     let ctx = Ctx {
-        toolwall_bin: PathBuf::from(TOOLWALL_BIN),
+        toolwall_bin,
         relay_bin: if opts.wants_door("toolwall relay") {
             relay_binary()
         } else {

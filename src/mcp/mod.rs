@@ -2,6 +2,7 @@
 
 pub mod catalog;
 pub mod client_caps;
+pub mod compact_text;
 pub mod jsonrpc;
 pub mod log_level;
 pub mod param_headers;

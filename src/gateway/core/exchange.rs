@@ -113,11 +113,14 @@ pub struct Exchange {
     pub request_decision: Decision,
     /// The decision of the response phase, once it ran and did not allow the answer.
     pub response_decision: Option<Decision>,
-    /// The judged arguments' text is not byte for byte what arrived (duplicate keys,
-    /// escapes, whitespace, an unwrapped `input`).
+    /// The judged arguments' text is not what arrived (duplicate keys, escapes, key
+    /// order, an unwrapped `input`); whitespace between tokens alone is no difference.
     pub arrived_differs: bool,
     /// A rewrite rule changed the arguments.
     pub rewritten: bool,
+    /// The judged arguments' text, encoded once when the call arrived and reused for the
+    /// worker's request; [`Exchange::arguments_mut`] drops it, so it never outlives them.
+    pub judged: Option<String>,
     /// What the server got, when it differs from what arrived: the ledger keeps both.
     pub forwarded: Option<String>,
     /// Who approved a held call, and when (ms since the epoch).
@@ -141,6 +144,7 @@ impl Exchange {
     }
 
     pub fn arguments_mut(&mut self) -> Option<&mut Value> {
+        self.judged = None;
         if self.routed.has_arguments() {
             self.params.get_mut("arguments")
         } else {
@@ -157,9 +161,9 @@ impl Exchange {
 
     /// The worker's `args`: toolwall's own serialization of what was judged, never the
     /// bytes that arrived.
-    pub fn forward_text(&self) -> String {
+    pub fn forward_text(&mut self) -> String {
         match self.routed {
-            Routed::CallTool => self.judged_text(),
+            Routed::CallTool => self.judged.take().unwrap_or_else(|| self.judged_text()),
             Routed::GetPrompt => {
                 let mut params = self.params.clone();
                 params["name"] = Value::String(self.target.upstream.clone());

@@ -15,7 +15,7 @@ use super::exchange::{Exchange, Requester, Routed, Target};
 use super::{AskRoute, Core, Recorder};
 use crate::aggregator::missing_capability;
 use crate::ledger::{CallEnd, CallStart, decision};
-use crate::mcp::catalog::split_namespaced;
+use crate::mcp::catalog::{Entry, split_namespaced};
 use crate::mcp::jsonrpc;
 use crate::mcp::tool_error::{ToolErrorCode, refusal, tool_error_result};
 use crate::policy::{Decision, Phase, Subject, Verdict};
@@ -160,6 +160,7 @@ impl<R: Recorder> Core<R> {
             response_decision: None,
             arrived_differs: false,
             rewritten: false,
+            judged: None,
             forwarded: None,
             approved: None,
             relay: Default::default(),
@@ -202,7 +203,10 @@ impl<R: Recorder> Core<R> {
                 Ok(e) => (e, None),
                 Err(why) => (None, Some(why)),
             },
-            _ => (self.catalog.get(routed.kind(), &name).cloned(), None),
+            _ => (
+                self.catalog.get(routed.kind(), &name).map(Entry::route),
+                None,
+            ),
         };
         // Policy, pins and the ledger know a tool or prompt by `server__name`, whatever
         // agents call it (`prefix = false`: see mcp::catalog::names).
@@ -249,7 +253,10 @@ impl<R: Recorder> Core<R> {
             Routed::ReadResource => x.target.resource = Some(name.clone()),
             Routed::GetPrompt => {}
         }
-        x.arrived_differs = x.judged_text() != raw;
+        // Spaces an agent put between tokens are no difference (mcp::compact_text).
+        let judged = x.judged_text();
+        x.arrived_differs = !crate::mcp::compact_text::same_but_whitespace(raw, &judged);
+        x.judged = Some(judged);
         if routed == Routed::CallTool
             && let Some(message) = self.upstreams.as_ref().and_then(|u| u.pin_refusal(&name))
         {
@@ -688,10 +695,15 @@ impl<R: Recorder> Core<R> {
                 self.refuse_by_policy_with(x, started, Phase::Response, Some(&text));
                 return;
             }
-            let before = answer.value.to_string();
-            if !policy
-                .rewrite_result(&decision, &mut answer.value)
-                .is_empty()
+            // The original text is kept only when a rewrite may change the answer: the
+            // common path serializes the answer once, in `end`.
+            let before = decision
+                .may_rewrite(Phase::Response)
+                .then(|| answer.value.to_string());
+            if let Some(before) = before
+                && !policy
+                    .rewrite_result(&decision, &mut answer.value)
+                    .is_empty()
             {
                 original = Some(before);
                 // The rewritten answer is what the agent would get: judged again, so a

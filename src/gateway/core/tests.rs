@@ -1150,3 +1150,31 @@ fn an_answer_larger_than_a_door_carries_is_refused_and_recorded() {
         "the row keeps what came"
     );
 }
+
+#[test]
+fn spaces_between_tokens_keep_no_second_copy_but_other_differences_do() {
+    let mut h = Harness::new("");
+    // Python's json.dumps: a space after every ':' and ','. The compact text follows from it.
+    let spaced = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"local__echo","arguments": {"n": [1, 2], "text": "a b"}}}"#;
+    h.send_raw(spaced);
+    let (rpc_id, _, _, args) = to_worker(&h.turn()).expect("sent");
+    assert_eq!(args, r#"{"n":[1,2],"text":"a b"}"#);
+    h.worker_ok(rpc_id, r#"{"content":[]}"#);
+    h.turn();
+    let row = h.last_row();
+    assert!(
+        row.arguments.contains(r#""text": "a b""#),
+        "{}",
+        row.arguments
+    );
+    assert_eq!(row.forwarded, None, "whitespace alone is no difference");
+
+    // An escape the compact form spells otherwise is a difference: both are kept.
+    let escaped = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"local__echo","arguments":{"text":"\u0041"}}}"#;
+    h.send_raw(escaped);
+    let (rpc_id, _, _, args) = to_worker(&h.turn()).expect("sent");
+    assert_eq!(args, r#"{"text":"A"}"#);
+    h.worker_ok(rpc_id, r#"{"content":[]}"#);
+    h.turn();
+    assert_eq!(h.last_row().forwarded.as_deref(), Some(r#"{"text":"A"}"#));
+}

@@ -16,7 +16,7 @@ use super::{Core, Recorder};
 use crate::aggregator::config::ServersConfig;
 use crate::aggregator::gateway_state::Applied;
 use crate::log::Level;
-use crate::mcp::catalog::{Entry, Kind, WorkerId};
+use crate::mcp::catalog::{Entry, Kind, Route, WorkerId};
 use crate::pins::intake::{Done, Job};
 use crate::pins::store::PinRecord;
 use crate::workers::rpc;
@@ -238,10 +238,12 @@ impl<R: Recorder> Core<R> {
     }
 
     /// Where a `resources/read` of `uri` goes; `Err` says why nobody serves it.
-    pub(super) fn resource_entry(&self, uri: &str) -> Result<Option<Entry>, String> {
+    pub(super) fn resource_entry(&self, uri: &str) -> Result<Option<Route>, String> {
         match &self.upstreams {
-            Some(u) => u.resource_route(&self.catalog, uri).map(|e| e.cloned()),
-            None => Ok(self.catalog.get(Kind::Resources, uri).cloned()),
+            Some(u) => u
+                .resource_route(&self.catalog, uri)
+                .map(|e| e.map(Entry::route)),
+            None => Ok(self.catalog.get(Kind::Resources, uri).map(Entry::route)),
         }
     }
 

@@ -56,7 +56,28 @@ pub struct Entry {
     pub header_bindings: Vec<crate::mcp::param_headers::Binding>,
 }
 
+/// What a request needs of an entry to be routed: the entry without its definition's
+/// text (a call copies this, never the whole definition).
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub server: String,
+    pub upstream: String,
+    pub worker: WorkerId,
+    pub declares_input: bool,
+}
+
 impl Entry {
+    pub fn route(&self) -> Route {
+        Route {
+            name: self.name.clone(),
+            server: self.server.clone(),
+            upstream: self.upstream.clone(),
+            worker: self.worker,
+            declares_input: self.declares_input,
+        }
+    }
+
     /// The entry for one definition as a server sent it, namespaced (`server__name`).
     pub fn of(kind: Kind, server: &str, worker: WorkerId, item: Value) -> Option<Entry> {
         Entry::listed(kind, server, worker, item, true)
