@@ -139,6 +139,11 @@ pub struct GatewayConfig {
     /// Largest answer sent to an agent (bytes of the JSON-RPC message); a larger one is
     /// refused as `too_large` (its row says so). At most what one frame carries.
     pub max_answer_bytes: usize,
+    /// JSON values (and object members) an answer or a relayed message may hold; counted
+    /// on its bytes before it is parsed, so a megabyte of tiny values never becomes a tree
+    /// a hundred times its size. Beyond: an answer is refused as `too_large`, a relayed
+    /// message dropped and counted.
+    pub max_json_nodes: usize,
 }
 
 /// The most `gateway.max_answer_bytes` may be: a frame's payload with a full name.
@@ -184,6 +189,7 @@ impl Default for GatewayConfig {
             max_write_buffer_bytes: 8 * 1024 * 1024,
             drain_secs: 30,
             max_answer_bytes: 1024 * 1024,
+            max_json_nodes: crate::aggregator::json_nodes::DEFAULT_MAX_JSON_NODES,
         }
     }
 }
@@ -339,6 +345,12 @@ impl Config {
         if g.max_answer_bytes < 1024 || g.max_answer_bytes > MAX_ANSWER_BYTES {
             return Err(ConfigError(format!(
                 "{origin}: gateway.max_answer_bytes must be between 1024 and {MAX_ANSWER_BYTES}"
+            )));
+        }
+        let most = crate::aggregator::json_nodes::MAX_JSON_NODES;
+        if g.max_json_nodes == 0 || g.max_json_nodes > most {
+            return Err(ConfigError(format!(
+                "{origin}: gateway.max_json_nodes must be between 1 and {most}"
             )));
         }
         // Lingering is a courtesy to a client being refused: seconds, not minutes.

@@ -26,10 +26,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use toolwall::aggregator::config::EraChoice;
+use toolwall::aggregator::config::ServersConfig;
 use toolwall::aggregator::setup::{AggregatorSetup, Limits, Secret, UpstreamSetup};
+use toolwall::mcp::catalog::Kind;
 use toolwall::sandbox::{SandboxConfig, SandboxMode};
 use toolwall::tools::http::HttpToolsConfig;
-use toolwall::workers::rpc::{self, Message, Op, RpcError, RpcReader};
+use toolwall::workers::rpc::{self, ListKind, Message, Op, RpcError, RpcReader, UpstreamCall};
 use toolwall::workers::settings::WorkerSettings;
 
 fn manifest_dir() -> PathBuf {
@@ -292,22 +294,15 @@ impl Worker {
         }
     }
 
-    fn send(&mut self, op: Op, name: Option<&str>, args: Option<String>) -> u64 {
+    fn send(&mut self, op: T, name: Option<&str>, args: Option<String>) -> u64 {
+        self.send_op(op.rpc(name.unwrap_or_default(), args))
+    }
+
+    fn send_op(&mut self, op: Op) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let mut out = Vec::new();
-        rpc::encode(
-            &mut out,
-            &Message::Request {
-                id,
-                op,
-                name: name.map(str::to_owned),
-                args,
-                target: None,
-                meta: None,
-            },
-        )
-        .unwrap();
+        rpc::encode(&mut out, &Message::Request { id, op }).unwrap();
         self.stream.write_all(&out).unwrap();
         id
     }
@@ -344,7 +339,7 @@ impl Worker {
         panic!("no response to request {id}; stderr:\n{}", self.stderr());
     }
 
-    fn ask(&mut self, op: Op, name: &str, args: Option<Value>) -> Result<String, RpcError> {
+    fn ask(&mut self, op: T, name: &str, args: Option<Value>) -> Result<String, RpcError> {
         let id = self.send(op, Some(name), args.map(|a| a.to_string()));
         match self.wait_response(id) {
             (Some(ok), _, _) => Ok(ok),
@@ -362,11 +357,9 @@ impl Worker {
     }
 
     fn configure_with(&mut self, setup: AggregatorSetup) -> Value {
-        let id = self.send(
-            Op::Configure,
-            None,
-            Some(serde_json::to_string(&setup).unwrap()),
-        );
+        let id = self.send_op(Op::Configure {
+            setup: serde_json::to_string(&setup).unwrap(),
+        });
         match self.wait_response(id) {
             (Some(ok), _, _) => serde_json::from_str(&ok).unwrap(),
             other => panic!("configure failed: {other:?}"),
@@ -398,13 +391,13 @@ impl Worker {
 
     fn tools(&mut self, server: &str) -> Vec<Value> {
         let text = self
-            .ask(Op::ListTools, server, None)
+            .ask(T::ListTools, server, None)
             .unwrap_or_else(|e| panic!("list_tools {server}: {e:?}"));
         serde_json::from_str(&text).unwrap()
     }
 
     fn call(&mut self, server: &str, tool: &str, args: Value) -> Result<Value, RpcError> {
-        self.ask(Op::CallTool, &format!("{server}__{tool}"), Some(args))
+        self.ask(T::CallTool, &format!("{server}__{tool}"), Some(args))
             .map(|t| serde_json::from_str(&t).unwrap())
     }
 }
@@ -488,11 +481,11 @@ fn confined_worker_attests_and_speaks_both_eras() {
         assert!(e.message.contains("crashed on purpose"), "{}", e.message);
         // Resources and prompts.
         let res: Value =
-            serde_json::from_str(&w.ask(Op::ListResources, name, None).unwrap()).unwrap();
+            serde_json::from_str(&w.ask(T::ListResources, name, None).unwrap()).unwrap();
         assert_eq!(res[0]["uri"], "fixture://readme");
         let read: Value = serde_json::from_str(
             &w.ask(
-                Op::ReadResource,
+                T::ReadResource,
                 name,
                 Some(json!({"uri": "fixture://readme"})),
             )
@@ -501,11 +494,11 @@ fn confined_worker_attests_and_speaks_both_eras() {
         .unwrap();
         assert_eq!(read["contents"][0]["text"], "fixture readme");
         let prompts: Value =
-            serde_json::from_str(&w.ask(Op::ListPrompts, name, None).unwrap()).unwrap();
+            serde_json::from_str(&w.ask(T::ListPrompts, name, None).unwrap()).unwrap();
         assert_eq!(prompts[0]["name"], "greet");
         let got: Value = serde_json::from_str(
             &w.ask(
-                Op::GetPrompt,
+                T::GetPrompt,
                 &format!("{name}__greet"),
                 Some(json!({"name": "ignored", "arguments": {"who": "Ada"}})),
             )
@@ -542,7 +535,7 @@ fn confined_worker_attests_and_speaks_both_eras() {
         }
     }
     // Unknown servers are refused by name.
-    let e = w.ask(Op::ListTools, "nope", None).unwrap_err();
+    let e = w.ask(T::ListTools, "nope", None).unwrap_err();
     assert_eq!(e.kind, "unknown_server");
 }
 
@@ -555,7 +548,7 @@ fn sse_answers_come_after_notifications_which_are_counted() {
     for name in ["s", "m"] {
         assert_eq!(w.tools(name).len(), 7);
         let id = w.send(
-            Op::CallTool,
+            T::CallTool,
             Some(&format!("{name}__echo")),
             Some(r#"{"text":"via sse"}"#.into()),
         );
@@ -630,7 +623,7 @@ fn credentials_go_upstream_only_and_auth_failures_name_the_server() {
         state["last_error"].as_str().unwrap().contains("anon"),
         "{state}"
     );
-    let e = w.ask(Op::ListTools, "anon", None).unwrap_err();
+    let e = w.ask(T::ListTools, "anon", None).unwrap_err();
     assert_eq!(e.kind, "server_down");
     assert!(
         e.message.contains("401") && e.message.contains("anon"),
@@ -683,11 +676,11 @@ fn statuses_timeouts_refusals_limits_and_garbage_are_clear_errors() {
         e.message
     );
     // Nothing listening: down, with the connection error.
-    let e = w.ask(Op::ListTools, "gone", None).unwrap_err();
+    let e = w.ask(T::ListTools, "gone", None).unwrap_err();
     assert_eq!(e.kind, "server_down", "{e:?}");
     assert!(e.message.contains("gone"), "{}", e.message);
     // Garbage: a clear error, and the worker lives on.
-    let e = w.ask(Op::ListTools, "junk", None).unwrap_err();
+    let e = w.ask(T::ListTools, "junk", None).unwrap_err();
     assert_eq!(e.kind, "server_down", "{e:?}");
     assert!(
         e.message.contains("not a JSON-RPC message") || e.message.contains("junk"),
@@ -695,7 +688,7 @@ fn statuses_timeouts_refusals_limits_and_garbage_are_clear_errors() {
         e.message
     );
     // An answer larger than max_body_bytes.
-    let e = w.ask(Op::ListTools, "small", None).unwrap_err();
+    let e = w.ask(T::ListTools, "small", None).unwrap_err();
     assert_eq!(e.kind, "too_large", "{e:?}");
     // 403 from the server.
     up.control(json!({"action": "fail_status", "status": 403}));
@@ -716,10 +709,10 @@ fn a_slow_server_does_not_hold_up_another() {
     assert_eq!(w.tools("b").len(), 7);
     // Fill every thread of server a with slow calls, then ask server b.
     let slow: Vec<u64> = (0..limits().threads)
-        .map(|_| w.send(Op::CallTool, Some("a__slow"), Some(r#"{"secs":3}"#.into())))
+        .map(|_| w.send(T::CallTool, Some("a__slow"), Some(r#"{"secs":3}"#.into())))
         .collect();
     let quick = w.send(
-        Op::CallTool,
+        T::CallTool,
         Some("b__echo"),
         Some(r#"{"text":"quick"}"#.into()),
     );
@@ -745,7 +738,7 @@ fn a_down_upstream_comes_back_and_list_changes_are_relayed() {
     let mut s = server("late", &format!("http://127.0.0.1:{port}/mcp"));
     s.era = EraChoice::Legacy;
     w.configure(vec![s]);
-    let e = w.ask(Op::ListTools, "late", None).unwrap_err();
+    let e = w.ask(T::ListTools, "late", None).unwrap_err();
     assert_eq!(e.kind, "server_down");
     let up = Upstream::fixture(port, &["--era", "legacy"]);
     // It comes up, and the gateway is told to list it again.
@@ -787,7 +780,7 @@ fn a_list_changed_flood_becomes_one_event_until_the_list_is_listed() {
     assert_eq!(first["kinds"], json!(["tools"]));
     // Let the rest of the flood arrive: no second event while the list is not listed.
     std::thread::sleep(Duration::from_millis(500));
-    let id = w.send(Op::ListTools, Some("f"), None);
+    let id = w.send(T::ListTools, Some("f"), None);
     let (ok, _, facts) = w.wait_response(id);
     assert_eq!(
         serde_json::from_str::<Vec<Value>>(&ok.unwrap())
@@ -856,11 +849,11 @@ fn the_official_python_sdk_server_in_both_eras() {
             let r = w.call(name, "shout", json!({"text": "hi"})).unwrap();
             assert_eq!(text_of(&r), "HI");
             let res: Value =
-                serde_json::from_str(&w.ask(Op::ListResources, name, None).unwrap()).unwrap();
+                serde_json::from_str(&w.ask(T::ListResources, name, None).unwrap()).unwrap();
             assert_eq!(res[0]["uri"], "sdk://greeting");
             let read: Value = serde_json::from_str(
                 &w.ask(
-                    Op::ReadResource,
+                    T::ReadResource,
                     name,
                     Some(json!({"uri": "sdk://greeting"})),
                 )
@@ -870,7 +863,7 @@ fn the_official_python_sdk_server_in_both_eras() {
             assert_eq!(read["contents"][0]["text"], "hello from the SDK");
             let got: Value = serde_json::from_str(
                 &w.ask(
-                    Op::GetPrompt,
+                    T::GetPrompt,
                     &format!("{name}__review"),
                     Some(json!({"arguments": {"code": "x = 1"}})),
                 )
@@ -1380,5 +1373,54 @@ fn measure_call_overhead_against_direct_calls() {
             per(via) - per(direct_time),
             via.as_secs_f64() / direct_time.as_secs_f64()
         );
+    }
+}
+
+/// The requests these tests make, named as the gateway names its targets: a listing of
+/// `server`, or a call of `server__name` (a resource read names the server alone).
+#[derive(Clone, Copy)]
+enum T {
+    ListTools,
+    ListResources,
+    ListPrompts,
+    CallTool,
+    ReadResource,
+    GetPrompt,
+}
+
+impl T {
+    fn rpc(self, name: &str, args: Option<String>) -> Op {
+        let (server, item) = name.split_once("__").unwrap_or((name, ""));
+        let list = |kind: Kind| Op::ListUpstream {
+            kind: ListKind::from(kind),
+            server: server.to_owned(),
+            budget: ServersConfig::default()
+                .budget(server)
+                .listing(server, kind),
+        };
+        let upstream = Some(UpstreamCall {
+            server: server.to_owned(),
+            meta: Box::default(),
+        });
+        let args = args.unwrap_or_else(|| "{}".into());
+        match self {
+            T::ListTools => list(Kind::Tools),
+            T::ListResources => list(Kind::Resources),
+            T::ListPrompts => list(Kind::Prompts),
+            T::CallTool => Op::CallTool {
+                tool: item.to_owned(),
+                args,
+                upstream,
+            },
+            T::ReadResource => Op::ReadResource {
+                params: args,
+                upstream,
+            },
+            T::GetPrompt => Op::GetPrompt {
+                prompt: item.to_owned(),
+                params: args,
+                upstream,
+            },
+        }
     }
 }

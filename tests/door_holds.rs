@@ -290,12 +290,63 @@ fn one_principal_cannot_take_every_call_in_flight() {
         refused += 1;
     }
     wait_pending(&gw, 2);
+    // Counted, not recorded one by one.
+    let admin = gw.token("ops", "admin", "never");
+    let r = gw
+        .http()
+        .call(&Req::new("GET", "/metrics", gw.port).bearer(&admin));
+    assert!(
+        r.text().contains("toolwall_share_refusals_total 6"),
+        "{}",
+        r.text()
+    );
     // Another principal is served at once.
     let mut http = gw.http();
     http.send_raw(&echo_modern(gw.port, 1, "bob is served", &bob));
     let r = http.response().expect("another principal is served");
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.text().contains("bob is served"), "{}", r.text());
+}
+
+#[test]
+fn the_share_of_one_principal_follows_a_reload() {
+    let gw = HttpGateway::start(
+        "",
+        &format!("[gateway]\nmax_in_flight_total = 8\n{ASK_ECHO}"),
+    );
+    let ask = |agent: &mut common::FramedClient, i: u64| {
+        agent.request(
+            json!(i),
+            "tools/call",
+            Some(json!({"name": "local__echo", "arguments": {"text": format!("ASK {i}")}})),
+        )
+    };
+    let refused = |agent: &mut common::FramedClient| {
+        let reply = agent.recv().expect("a call beyond the share is refused");
+        reply.body["error"]["data"]["limit"] == "gateway.max_in_flight_per_principal"
+    };
+    let mut agent = gw.connect();
+    for i in 0..3 {
+        ask(&mut agent, i);
+    }
+    // The default share is a quarter of the total: 2 held, the third refused.
+    assert!(refused(&mut agent));
+    wait_pending(&gw, 2);
+    // The operator raises the share and reloads: it holds for the next calls.
+    let config = std::fs::read_to_string(&gw.config_path).unwrap().replace(
+        "max_in_flight_total = 8\n",
+        "max_in_flight_total = 8\nmax_in_flight_per_principal = 4\n",
+    );
+    std::fs::write(&gw.config_path, config).unwrap();
+    assert!(gw.cli(&["reload"]).status.success());
+    for i in 10..13 {
+        ask(&mut agent, i);
+    }
+    wait_pending(&gw, 4);
+    assert!(
+        refused(&mut agent),
+        "the fifth call is beyond the new share"
+    );
 }
 
 #[test]

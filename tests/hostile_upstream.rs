@@ -401,6 +401,39 @@ fn rotating_names_and_a_list_changed_flood_stay_bounded() {
 }
 
 #[test]
+fn a_churning_catalog_never_locks_the_ledger_out() {
+    let up = Hostile::start();
+    up.set(json!({"tool_count": 7000, "page_size": 1000}));
+    // The ledger's writer waits `ledger.busy_timeout_ms` (500) for the file's lock: the pin
+    // intake shares the file and must hand the lock over within that.
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::base_config(dir.path(), "")
+        + &format!(
+            "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 200\n\n[servers.fx]\nurl = \"{}\"\n",
+            up.url()
+        );
+    let gw = TestGateway::start_with(dir, &config);
+    wait_tool_count(&gw, "fx", 7002);
+    // The attack: 7,000 new names on every listing, one listing after another.
+    let probe = Probe::start(&gw);
+    up.set(json!({"rotate": true, "list_flood_count": 10}));
+    up.notify("notifications/tools/list_changed", 1);
+    let lists_before = up.count("tools/list");
+    std::thread::sleep(Duration::from_secs(10));
+    up.set(json!({"rotate": false, "list_flood_count": 0}));
+    let pages = up.count("tools/list") - lists_before;
+    // Every probe call was answered "probe": a refused commit would have failed it.
+    probe.finish("7,000 new tool names on every listing");
+    println!("{pages} pages listed");
+    assert!(pages >= 14, "the churn relisted ({pages} pages)");
+    assert!(
+        !gw.log().contains("ledger cannot be written"),
+        "{}",
+        gw.log()
+    );
+}
+
+#[test]
 fn a_listing_over_budget_degrades_the_server_and_keeps_its_last_good_catalog() {
     let up = Hostile::start();
     let gw = gateway(&format!(
@@ -671,6 +704,51 @@ fn a_server_down_at_start_keeps_its_uris() {
     wait_until("good back", || {
         read_text(&read(&mut c, "report://q3")) == Some("GOOD report")
     });
+    gw.terminate();
+}
+
+#[test]
+fn a_template_served_first_keeps_its_uris_while_its_server_is_down() {
+    // First run: `good` serves doc://7 through its template doc://{id}, remembered as its.
+    let good = Hostile::start();
+    good.set(json!({"templates": ["doc://{id}"], "read_text": "GOOD doc"}));
+    let evil = Hostile::start();
+    evil.set(json!({"resources": ["evil://other"], "read_text": "EVIL: forged doc"}));
+    let mut gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\n\n[servers.good]\nurl = \"{}\"\n\n[servers.evil]\nurl = \"{}\"\n",
+        good.url(),
+        evil.url()
+    ));
+    let mut c = gw.connect();
+    wait_until("good serves it", || {
+        read_text(&read(&mut c, "doc://7")) == Some("GOOD doc")
+    });
+    wait_until("good's template remembered", || {
+        sql_count(
+            &gw,
+            "SELECT count(*) FROM resource_owners WHERE uri = 'doc://{id}' AND server = 'good'",
+        ) == 1
+    });
+    drop(c);
+    assert_eq!(gw.terminate().code(), Some(0));
+    // Second run: good is down at start; evil lists the concrete URI and a template of
+    // its own, written differently, around it.
+    drop(good);
+    evil.set(json!({"resources": ["doc://7", "evil://other"], "templates": ["doc://{+path}"]}));
+    respawn(&mut gw);
+    let mut c = gw.connect();
+    wait_until("evil listed", || evil.count("resources/list") >= 2);
+    std::thread::sleep(Duration::from_millis(300));
+    for uri in ["doc://7", "doc://8"] {
+        let r = read(&mut c, uri);
+        assert_ne!(read_text(&r), Some("EVIL: forged doc"), "{uri}: {r}");
+        assert!(r["error"]["message"].as_str().is_some(), "{uri}: {r}");
+    }
+    // evil's own URI is still evil's.
+    assert_eq!(
+        read_text(&read(&mut c, "evil://other")),
+        Some("EVIL: forged doc")
+    );
     gw.terminate();
 }
 

@@ -650,6 +650,7 @@ fn reload_restarts_only_the_servers_whose_configuration_changed() {
         fixture_server("b", &[], "")
     );
     let gw = start(dir, &servers);
+    wait_tool(&gw, "a__whoami");
     let a = wait_server(&gw, "a", "a pid", |s| s["pid"].is_i64());
     let b = wait_server(&gw, "b", "a pid", |s| s["pid"].is_i64());
     let config = std::fs::read_to_string(&gw.config_path).unwrap();
@@ -664,10 +665,14 @@ fn reload_restarts_only_the_servers_whose_configuration_changed() {
         s["pid"].is_i64() && s["pid"] != a["pid"]
     });
     assert!(!pid_alive(a["pid"].as_i64().unwrap()) || a2["pid"] != a["pid"]);
-    let who = tool_json(&gw.connect().tool("a__whoami", json!({})));
+    let answer = gw.connect().tool("a__whoami", json!({}));
+    let who = tool_json(&answer);
     assert!(
-        who["env"].as_array().unwrap().contains(&json!("MODE")),
-        "{who}"
+        who["env"]
+            .as_array()
+            .is_some_and(|e| e.contains(&json!("MODE"))),
+        "{answer}\nlog:\n{}",
+        gw.log()
     );
     let b2 = wait_server(&gw, "b", "its pid", |s| s["pid"].is_i64());
     assert_eq!(b2["pid"], b["pid"], "an unchanged server keeps running");
@@ -831,4 +836,384 @@ start_timeout_secs = 30
         .connect()
         .call("resources/read", json!({"uri": "sdk://greeting"}));
     assert!(read.to_string().contains("hello from the SDK"), "{read}");
+}
+
+/// The names `tools/list` shows.
+fn tool_names(gw: &TestGateway) -> Vec<String> {
+    let list = gw.connect().call("tools/list", json!({}));
+    list["result"]["tools"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Wait until `pid` is gone (reaped or a zombie).
+fn wait_dead(gw: &TestGateway, pid: i64, what: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    while pid_alive(pid) {
+        if Instant::now() > deadline {
+            panic!("{what} (pid {pid}) still runs\nlog:\n{}", gw.log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An operator who takes a (compromised) server out of the config and reloads has
+/// revoked it: its program and everything it started are stopped, its secret with them,
+/// and its tools, resources and prompts are gone; a server added by a reload starts.
+/// (Before this, the removed program kept running and answering, and the reload only
+/// warned that a restart was needed.)
+#[test]
+fn a_reload_stops_a_removed_server_and_starts_an_added_one() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let keep = fixture_server("keep", &[], "");
+    let gone = fixture_server("gone", &[], "");
+    let gw = start(dir, &format!("{keep}\n{gone}"));
+    wait_tool(&gw, "gone__echo");
+    wait_tool(&gw, "keep__echo");
+    let kept = wait_server(&gw, "keep", "a pid", |s| s["pid"].is_i64());
+    let before = wait_server(&gw, "gone", "a pid", |s| s["pid"].is_i64());
+    let program = before["pid"].as_i64().unwrap();
+    // A process that leaves the group and ignores SIGTERM goes with it.
+    let who = tool_json(&gw.connect().tool("gone__whoami", json!({})));
+    let pidfile = PathBuf::from(who["home"].as_str().unwrap()).join("left.pid");
+    let left = tool_json(
+        &gw.connect()
+            .tool("gone__leave_behind", json!({"pidfile": pidfile})),
+    );
+    let left = left["pid"].as_i64().unwrap();
+    assert!(left > 0 && pid_alive(left), "{left}");
+
+    let config = std::fs::read_to_string(&gw.config_path).unwrap();
+    // Another command line than `gone`'s: the same one would be held as `gone` renamed.
+    let added = fixture_server("added", &["--era", "both"], "");
+    std::fs::write(&gw.config_path, config.replace(&gone, &added)).unwrap();
+    let r = gw.admin(json!({"op": "reload"}));
+    assert_eq!(r["ok"], true, "{r}");
+    let message = r["message"].as_str().unwrap_or_default();
+    assert!(message.contains("servers removed: gone"), "{r}");
+    assert!(message.contains("servers started: added"), "{r}");
+
+    wait_dead(&gw, program, "the removed server's program");
+    wait_dead(&gw, left, "the process it left behind");
+    let names = tool_names(&gw);
+    assert!(!names.iter().any(|n| n.starts_with("gone__")), "{names:?}");
+    let call = gw
+        .connect()
+        .tool("gone__echo", json!({"text": "still there?"}));
+    assert!(
+        call.get("error").is_some() || is_tool_error(&call),
+        "a removed server's tool still answers: {call}"
+    );
+    assert_ne!(text(&call), "still there?", "{call}");
+    let status = gw.admin(json!({"op": "status"}));
+    assert!(
+        !status["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["server"] == "gone"),
+        "{status:#}"
+    );
+    assert!(
+        !status.to_string().contains("server:gone"),
+        "its worker is forgotten: {status:#}"
+    );
+
+    wait_tool(&gw, "added__echo");
+    let echoed = gw
+        .connect()
+        .tool("added__echo", json!({"text": "hello from a new server"}));
+    assert_eq!(text(&echoed), "hello from a new server", "{echoed}");
+    let still = wait_server(&gw, "keep", "its pid", |s| s["pid"].is_i64());
+    assert_eq!(
+        still["pid"], kept["pid"],
+        "an untouched server keeps running"
+    );
+}
+
+/// A server that never answers its handshake holds no one: the gateway is ready and
+/// serves the other tools while it starts (before this, READY waited for its
+/// `start_timeout_secs` and the first builtin call for the 20 s start grace); it shows
+/// as starting in `status`, with no tools, and the other local server's tools appear as
+/// soon as it has listed them.
+#[test]
+fn a_server_that_hangs_at_start_blocks_no_one() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let servers = format!(
+        "{}\n{}",
+        fixture_server("hung", &["--hang"], "start_timeout_secs = 3600"),
+        fixture_server("fine", &[], "")
+    );
+    // Waits for `info: ready` (PATIENCE), far less than the hung server's start timeout.
+    let gw = start(dir, &servers);
+    let echoed = gw
+        .connect()
+        .tool("local__echo", json!({"text": "served meanwhile"}));
+    assert!(text(&echoed).contains("served meanwhile"), "{echoed}");
+    wait_tool(&gw, "fine__echo");
+    let hung = wait_server(&gw, "hung", "its start", |s| !s.is_null());
+    assert!(
+        matches!(
+            hung["state"].as_str(),
+            Some("starting" | "connecting" | "down")
+        ),
+        "{hung:#}"
+    );
+    assert_eq!(hung["tools"], 0, "{hung:#}");
+    let status = gw.admin(json!({"op": "status"}));
+    assert_eq!(status["ready"], true, "{status:#}");
+    assert!(
+        !tool_names(&gw).iter().any(|n| n.starts_with("hung__")),
+        "{status:#}"
+    );
+}
+
+/// Another server of the same uid can chmod a server's state directory open (Landlock
+/// does not cover chmod): the next start of the program closes it again, and a file
+/// another uid planted there stops the start, named in status. (Before this, the
+/// directory stayed 0777 across program restarts and the planted file ran.)
+#[test]
+fn a_state_dir_opened_by_another_server_is_closed_at_the_next_start() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start(dir, &fixture_server("victim", &[], ""));
+    wait_tool(&gw, "victim__crash");
+    let first = wait_server(&gw, "victim", "a pid", |s| s["pid"].is_i64());
+    let who = tool_json(&gw.connect().tool("victim__whoami", json!({})));
+    let home = PathBuf::from(who["home"].as_str().unwrap());
+    // What a server of the same uid can do.
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let _ = gw.connect().tool("victim__crash", json!({"code": 3}));
+    let again = wait_server(&gw, "victim", "up with a new pid", |s| {
+        s["pid"].is_i64() && s["pid"] != first["pid"] && s["state"] == "up"
+    });
+    assert!(again["pid"].is_i64());
+    let mode = std::fs::metadata(&home).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "the state directory stays open");
+    // A local user wrote into it while it was open.
+    let planted = home.join("planted.py");
+    std::fs::write(&planted, "print('pwned')").unwrap();
+    std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
+    let _ = gw.connect().tool("victim__crash", json!({"code": 3}));
+    let refused = wait_server(&gw, "victim", "its refusal", |s| {
+        s["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("planted.py"))
+    });
+    assert!(
+        refused["last_error"].as_str().unwrap().contains("65534"),
+        "{refused:#}"
+    );
+}
+
+/// A line of /proc/PID/status, in KiB (VmRSS, VmHWM).
+fn vm_kib(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn start_with_settings(dir: tempfile::TempDir, settings: &str, servers: &str) -> TestGateway {
+    let settings = format!(
+        "[servers]\nstate_dir = \"{}/servers\"\nretry_max_secs = 2\n{settings}\n",
+        dir.path().display()
+    );
+    let config = base_config(dir.path(), &format!("{settings}\n{servers}"));
+    TestGateway::start_with(dir, &config)
+}
+
+#[test]
+fn messages_of_tiny_values_are_judged_by_their_bytes_before_any_tree_is_built() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start(dir, &fixture_server("fx", &[], "timeout_secs = 60"));
+    wait_tool(&gw, "fx__tiny_values");
+    let mut c = gw.connect();
+    let hwm_before = vm_kib(gw.pid(), "VmHWM");
+    // Lines of 7.8 MB made of {"a":1} (below servers.max_body_bytes, far beyond
+    // relay.max_message_bytes): dropped from their envelope, never parsed.
+    let r = c.tool("fx__tiny_values", json!({"lines": 2, "count": 780000}));
+    assert!(
+        !is_tool_error(&r),
+        "{}",
+        &r.to_string()[..300.min(r.to_string().len())]
+    );
+    // An answer of 200,000 blocks (5.6 MB, beyond gateway.max_answer_bytes): too_large,
+    // refused before it is parsed.
+    for _ in 0..3 {
+        let r = c.tool("fx__many_blocks", json!({"count": 200000}));
+        assert!(
+            is_tool_error(&r),
+            "{}",
+            &r.to_string()[..300.min(r.to_string().len())]
+        );
+        let m = error_message(&r);
+        assert!(m.contains("gateway.max_answer_bytes"), "{m}");
+    }
+    let hwm_answers = vm_kib(gw.pid(), "VmHWM");
+    eprintln!(
+        "gateway VmHWM: {hwm_before} KiB before, {hwm_answers} KiB after the floods and big answers"
+    );
+    // Under max_answer_bytes but beyond gateway.max_json_nodes (30,000 blocks of 5 nodes).
+    let r = c.tool("fx__many_blocks", json!({"count": 30000}));
+    assert!(
+        is_tool_error(&r),
+        "{}",
+        &r.to_string()[..300.min(r.to_string().len())]
+    );
+    let m = error_message(&r);
+    assert!(m.contains("gateway.max_json_nodes"), "{m}");
+    let hwm_after = vm_kib(gw.pid(), "VmHWM");
+    eprintln!(
+        "gateway VmHWM: {hwm_before} KiB before, {hwm_after} KiB after (growth {} KiB)",
+        hwm_after.saturating_sub(hwm_before)
+    );
+    // Before the bounds, these messages took the gateway from ~15 MiB to ~590 MiB.
+    assert!(
+        hwm_after.saturating_sub(hwm_before) < 64 * 1024,
+        "gateway peak grew by {} KiB",
+        hwm_after.saturating_sub(hwm_before)
+    );
+    // The rows say why.
+    let rows = gw.wait_rows("the refused answers", |rows| {
+        rows.iter()
+            .filter(|r| {
+                r["error_message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("gateway.max_answer_bytes"))
+            })
+            .count()
+            >= 3
+    });
+    assert!(rows.iter().any(|r| {
+        r["error_message"]
+            .as_str()
+            .is_some_and(|m| m.contains("gateway.max_json_nodes"))
+    }));
+    let r = c.tool("fx__echo", json!({"text": "still here"}));
+    assert_eq!(text(&r), "still here", "{r}");
+}
+
+#[test]
+fn calls_beyond_max_queued_bytes_are_refused_at_once_naming_the_key() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start_with_settings(
+        dir,
+        "max_queued_bytes = 2000000",
+        &fixture_server("fx", &[], "timeout_secs = 5\nstop_grace_ms = 200"),
+    );
+    wait_tool(&gw, "fx__stop_reading");
+    let mut c = gw.connect();
+    let r = c.tool("fx__stop_reading", json!({}));
+    assert!(!is_tool_error(&r), "{r}");
+    let hwm_before = vm_kib(gw.pid(), "VmHWM");
+    let big = "x".repeat(600_000);
+    let mut sids = Vec::new();
+    for i in 0..10 {
+        sids.push(c.request(
+            json!(100 + i),
+            "tools/call",
+            Some(json!({"name": "fx__echo", "arguments": {"text": big}})),
+        ));
+    }
+    // Three fit (1.8 MB); the others are refused at once, while the three still wait for
+    // a server that does not read.
+    let mut refused = 0;
+    let mut others = 0;
+    while refused + others < 10 {
+        let reply = c.recv().expect("an answer");
+        if !sids.contains(&reply.stream) {
+            continue;
+        }
+        let m = error_message(&reply.body);
+        if m.contains("servers.max_queued_bytes") {
+            assert_eq!(others, 0, "refusals come before the waiting calls end: {m}");
+            refused += 1;
+        } else {
+            others += 1;
+        }
+    }
+    let hwm_after = vm_kib(gw.pid(), "VmHWM");
+    eprintln!(
+        "max_queued_bytes: {refused} refused, {others} waited; gateway VmHWM {hwm_before} -> {hwm_after} KiB"
+    );
+    assert_eq!(refused, 7, "7 of 10 calls of 600 kB beyond 2 MB in flight");
+    let rows = gw.wait_rows("the refusals", |rows| {
+        rows.iter()
+            .filter(|r| {
+                r["error_message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("servers.max_queued_bytes"))
+            })
+            .count()
+            == 7
+    });
+    assert!(!rows.is_empty());
+    // The bytes are given back: once the program is back, a call goes through.
+    wait_server(&gw, "fx", "a restart", |s| {
+        s["state"] == "up" && s["starts"].as_u64() >= Some(2)
+    });
+    let r = c.tool("fx__echo", json!({"text": big}));
+    assert_eq!(text(&r).len(), big.len());
+}
+
+#[test]
+fn notifications_dropped_anywhere_are_counted_in_the_calls_row() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start(dir, &fixture_server("fx", &[], "timeout_secs = 60"));
+    wait_tool(&gw, "fx__notice_flood");
+    let mut c = gw.connect();
+    let sid = c.request(
+        json!(7),
+        "tools/call",
+        Some(
+            json!({"name": "fx__notice_flood", "arguments": {"count": 20000},
+                    "_meta": {"progressToken": "p-1"}}),
+        ),
+    );
+    let mut relayed = 0u64;
+    loop {
+        let reply = c.recv().expect("the call's answer");
+        if reply.body.get("method").is_some() {
+            relayed += 1;
+            continue;
+        }
+        if reply.stream != sid {
+            continue;
+        }
+        assert!(!is_tool_error(&reply.body), "{}", reply.body);
+        break;
+    }
+    let deadline = Instant::now() + PATIENCE;
+    let summary = loop {
+        let s = gw.events("relay_summary");
+        if let Some(last) = s.last() {
+            break last.clone();
+        }
+        assert!(Instant::now() < deadline, "no relay_summary");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let detail: Value = summary["detail"]
+        .as_str()
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap_or_else(|| summary["detail"].clone());
+    eprintln!("agent got {relayed} notifications; the row: {detail}");
+    let dropped = detail["dropped"].as_u64().unwrap_or(0);
+    // 40,000 sent (20,000 progress, 20,000 log messages): what did not reach the agent
+    // was dropped, and the row counts it (it said 0 before).
+    assert!(dropped >= 10_000, "dropped: {detail}");
 }

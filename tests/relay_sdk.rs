@@ -328,6 +328,90 @@ fn cancelled_calls_reach_the_server_and_the_ledger_says_so() {
     assert!(rows.iter().all(|r| r["tool_name"] == "wait"), "{rows:?}");
 }
 
+/// F4: a server that answers its call while its question waits for the client. The answer
+/// reaches the client (not held until the client answers, nor until the call's timeout);
+/// the question is forgotten (the ledger says so) and the client's late answer never
+/// reaches the server. Failed before: the worker waited for the client's answer before it
+/// read the server's, and forwarded it (a `to_server` event, no `forgotten`).
+#[test]
+fn a_server_that_stops_waiting_answers_at_once() {
+    let fixture = Fixture::start();
+    let gw = HttpGateway::start("", &fixture.servers());
+    let token = gw.client_token("alice");
+    let url = format!("http://127.0.0.1:{}/mcp", gw.port);
+    let out = client(&["http", &url, &token, "legacy", "old", "late"]);
+    assert_eq!(
+        out["elicited"],
+        serde_json::json!(["Still there?"]),
+        "{out}"
+    );
+    assert_eq!(out["is_error"], false, "{out}");
+    assert_eq!(texts(&out), "gave up", "{out}");
+    assert!(
+        fixture
+            .records()
+            .iter()
+            .any(|r| r["tool"] == "impatient" && r["outcome"] == "gave up"),
+        "{:?}",
+        fixture.records()
+    );
+    let rows = gw.wait_rows("the impatient call's row", |rows| {
+        rows.iter()
+            .any(|r| r["tool_name"] == "impatient" && r["decision"] == "allowed")
+    });
+    let call_id = rows
+        .iter()
+        .find(|r| r["tool_name"] == "impatient")
+        .and_then(|r| r["id"].as_i64())
+        .expect("the row's id");
+    let events: Vec<Value> = query_json(
+        &gw.ledger(),
+        "SELECT detail FROM events WHERE kind = 'relay'",
+    )
+    .iter()
+    .map(|r| serde_json::from_str(r["detail"].as_str().unwrap()).unwrap())
+    .filter(|d: &Value| d["call_id"] == call_id)
+    .collect();
+    let decisions: Vec<(&str, &str)> = events
+        .iter()
+        .map(|d| {
+            (
+                d["direction"].as_str().unwrap_or_default(),
+                d["decision"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert!(
+        decisions.contains(&("to_client", "relayed"))
+            && decisions.contains(&("to_client", "forgotten")),
+        "{events:?}"
+    );
+    assert!(
+        !decisions.iter().any(|(d, _)| *d == "to_server"),
+        "the late answer reached the server: {events:?}"
+    );
+}
+
+/// SEP-2243: a tool parameter annotated `x-mcp-header` travels as `Mcp-Param-Region` from
+/// the SDK client to toolwall's door (which checks it) and from toolwall to a modern
+/// server (which refuses a call without it). Failed before: toolwall sent the modern
+/// server no such header, and the server refused the call (-32020).
+#[test]
+fn parameters_bound_to_headers_reach_the_server() {
+    let fixture = Fixture::start();
+    let gw = HttpGateway::start("", &fixture.servers());
+    let token = gw.client_token("alice");
+    let url = format!("http://127.0.0.1:{}/mcp", gw.port);
+    for mode in ["legacy", "2026-07-28"] {
+        for server in ["sdk", "old"] {
+            let out = client(&["http", &url, &token, mode, server, "where"]);
+            assert_eq!(out["error"], Value::Null, "{mode} {server}: {out}");
+            assert_eq!(out["is_error"], false, "{mode} {server}: {out}");
+            assert_eq!(texts(&out), "region Zürich west", "{mode} {server}: {out}");
+        }
+    }
+}
+
 /// The relay binary next to ours; built on demand when only this package was built.
 fn relay_bin() -> PathBuf {
     let bin = PathBuf::from(BIN).with_file_name("toolwall-relay");
@@ -429,6 +513,22 @@ discover_timeout_ms = 60000
         table("locold", "legacy")
     );
     let gw = HttpGateway::start("", &servers);
+    // Ready does not wait for local servers: wait until both have listed their tools.
+    let deadline = Instant::now() + PATIENCE * 3;
+    loop {
+        let status = gw.gw.admin(serde_json::json!({"op": "status"}));
+        let listed = |name: &str| {
+            status["servers"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|s| s["server"] == name && s["tools"].as_u64().unwrap_or(0) > 0)
+            })
+        };
+        if listed("loc") && listed("locold") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never listed: {status:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let token = gw.client_token("alice");
     let url = format!("http://127.0.0.1:{}/mcp", gw.port);
     let records_of = || -> Vec<Value> {

@@ -196,23 +196,10 @@ impl Worker {
         }
     }
 
-    fn send(
-        &mut self,
-        op: Op,
-        name: Option<&str>,
-        args: Option<Value>,
-        target: Option<u64>,
-    ) -> u64 {
+    fn send(&mut self, op: Op) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        let msg = Message::Request {
-            id,
-            op,
-            name: name.map(str::to_owned),
-            args: args.map(|a| a.to_string()),
-            target,
-            meta: None,
-        };
+        let msg = Message::Request { id, op };
         let mut out = Vec::new();
         rpc::encode(&mut out, &msg).expect("encode");
         self.rpc.write_all(&out).expect("send");
@@ -241,7 +228,7 @@ impl Worker {
     /// A tool call's CallToolResult.
     fn call(&mut self, tool: &str, mut args: Value) -> Value {
         args["worker"] = json!(self.settings.name);
-        let id = self.send(Op::CallTool, Some(tool), Some(args), None);
+        let id = self.send(call_op(tool, args));
         self.answer(id)
     }
 
@@ -477,12 +464,7 @@ fn every_file_tool_works_inside_and_refuses_outside() {
     let mut w = Worker::start(tree.settings(|ws| ws.max_read_bytes = 16));
     // Wrapped or flat arguments mean the same.
     let name = w.settings.name.clone();
-    let id = w.send(
-        Op::CallTool,
-        Some("file_write"),
-        Some(json!({"input": {"worker": name, "path": "src/lib.rs", "content": "pub fn a() {}\npub fn b() {}\n", "create_dirs": true}})),
-        None,
-    );
+    let id = w.send(call_op("file_write", json!({"input": {"worker": name, "path": "src/lib.rs", "content": "pub fn a() {}\npub fn b() {}\n", "create_dirs": true}})));
     let wrote = w.answer(id);
     assert_eq!(wrote["structuredContent"]["created"], true, "{wrote}");
     assert_eq!(
@@ -576,12 +558,7 @@ fn every_file_tool_works_inside_and_refuses_outside() {
     );
     assert_eq!(code, "too_large");
     // Another workspace named in `worker` is not found here either.
-    let id = w.send(
-        Op::CallTool,
-        Some("task_list"),
-        Some(json!({"worker": "other"})),
-        None,
-    );
+    let id = w.send(call_op("task_list", json!({"worker": "other"})));
     let r = w.answer(id);
     assert_eq!(r["structuredContent"]["error"]["code"], "worker_not_found");
     // workers_list and system_info.
@@ -732,13 +709,8 @@ fn tasks_are_bounded_timed_out_and_survive_a_call_that_gave_up() {
     assert_eq!(waited["status"], "timed_out", "{waited}");
     // A call waiting on a command is cancelled (its agent left): no answer comes, and the
     // command goes on to its end.
-    let id = w.send(
-        Op::CallTool,
-        Some("shell_run"),
-        Some(json!({"worker": "ws", "command": "while [ ! -e go ]; do sleep 0.02; done; echo done", "timeout": 60})),
-        None,
-    );
-    w.send(Op::Cancel, None, None, Some(id));
+    let id = w.send(call_op("shell_run", json!({"worker": "ws", "command": "while [ ! -e go ]; do sleep 0.02; done; echo done", "timeout": 60})));
+    w.send(Op::Cancel { target: id });
     let list = w.ok("task_list", json!({}));
     let waiting = list["tasks"]
         .as_array()
@@ -761,12 +733,7 @@ fn tasks_are_bounded_timed_out_and_survive_a_call_that_gave_up() {
     let done = w.ok("task_wait", json!({"task_id": waiting, "timeout": 60}));
     assert_eq!(done["stdout"], "done\n");
     // The answer to the abandoned call never came: the next message answers a new call.
-    let probe = w.send(
-        Op::CallTool,
-        Some("task_list"),
-        Some(json!({"worker": "ws"})),
-        None,
-    );
+    let probe = w.send(call_op("task_list", json!({"worker": "ws"})));
     loop {
         match w.recv() {
             Message::Response { id: got, .. } => {
@@ -969,5 +936,14 @@ fn a_healthy_workspace_worker_is_confined_in_status_health_and_a_live_reattestat
             "not every worker re-attested"
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A `call_tool` of the workspace worker's own `tool`.
+fn call_op(tool: &str, args: Value) -> Op {
+    Op::CallTool {
+        tool: tool.to_owned(),
+        args: args.to_string(),
+        upstream: None,
     }
 }

@@ -111,9 +111,50 @@ pub fn open_through(ctx: &Ctx) -> Opened {
         ))
     })
     .map_err(|e| e.to_string())?;
-    Ok(Box::new(Through {
-        served: Served::start_with(ctx, setup)?,
-    }))
+    let served = Served::start_with(ctx, setup)?;
+    // Ready does not wait for local servers: their tools come once they have listed.
+    wait_listed(&served.setup.sock, "echo__echo")?;
+    Ok(Box::new(Through { served }))
+}
+
+/// Ask `tools/list` over the framed door until `tool` is in it (at most 60 s).
+fn wait_listed(sock: &Path, tool: &str) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let needle = format!("\"{tool}\"");
+    let mut seq = 1u32;
+    loop {
+        let mut conn = framed_conn(sock)?;
+        let mut out = conn.wire.preamble();
+        let request = format!(r#"{{"jsonrpc":"2.0","id":{seq},"method":"tools/list"}}"#);
+        conn.wire.encode(seq, request.as_bytes(), &mut out)?;
+        conn.tx
+            .write_all(&out)
+            .map_err(|e| format!("tools/list: {e}"))?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 65536];
+        let listed = loop {
+            if let Some(reply) = conn.wire.decode(&buf)? {
+                break String::from_utf8_lossy(reply.payload).contains(&needle);
+            }
+            let n = conn
+                .rx
+                .read(&mut chunk)
+                .map_err(|e| format!("tools/list: {e}"))?;
+            if n == 0 {
+                return Err("the gateway closed the connection during tools/list".into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        if listed {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("{tool} was never listed"));
+        }
+        seq += 1;
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 impl Door for Through {

@@ -4,6 +4,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+
+#[path = "alloc_cap.rs"]
+mod alloc_cap;
+#[global_allocator]
+static ALLOC: alloc_cap::Capped = alloc_cap::Capped;
 use toolwall::config::{Config, MAX_TIMEOUT_SECS};
 use toolwall::gateway::door_limits::DoorLimits;
 

@@ -3,6 +3,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+
+#[path = "alloc_cap.rs"]
+mod alloc_cap;
+#[global_allocator]
+static ALLOC: alloc_cap::Capped = alloc_cap::Capped;
 use toolwall_relay::frame::{
     Decoded, Decoder, HEADER_LEN, MAX_META_LINE, MAX_NAME, MAX_TOTAL, PREFIX_LEN,
 };

@@ -7,6 +7,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+
+#[path = "alloc_cap.rs"]
+mod alloc_cap;
+#[global_allocator]
+static ALLOC: alloc_cap::Capped = alloc_cap::Capped;
 use std::time::Instant;
 use toolwall::tokens::{AuthFailure, TokenInfo, TokenKind, TokenVerifier};
 use toolwall::transport::http::config::HttpConfig;

@@ -5,6 +5,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+
+#[path = "alloc_cap.rs"]
+mod alloc_cap;
+#[global_allocator]
+static ALLOC: alloc_cap::Capped = alloc_cap::Capped;
 use toolwall::workers::rpc::{self, MAX_MESSAGE, RpcReader};
 
 fuzz_target!(|data: &[u8]| {

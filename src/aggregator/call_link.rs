@@ -30,6 +30,9 @@ struct LinkState {
     /// The JSON-RPC id of the upstream request now under way (raw JSON), for a legacy
     /// `notifications/cancelled`.
     upstream_id: Option<String>,
+    /// Bumped when one request of the call has its answer: the relayed requests that
+    /// were waiting for the agent during it are over (see [`CallLink::end_waits`]).
+    waits_epoch: u64,
 }
 
 /// One call's shared state.
@@ -51,6 +54,8 @@ pub type CancelHook = dyn Fn() + Send + Sync;
 pub enum NoAnswer {
     Cancelled,
     TimedOut,
+    /// The request it answers is over: the server answered its call without it.
+    Over,
 }
 
 impl CallLink {
@@ -118,10 +123,23 @@ impl CallLink {
 
     /// Wait for the answer to `id` until `deadline`.
     pub fn wait_answer(&self, id: u64, deadline: Instant) -> Result<RequestAnswer, NoAnswer> {
+        self.wait(id, deadline, None)
+    }
+
+    fn wait(
+        &self,
+        id: u64,
+        deadline: Instant,
+        epoch: Option<u64>,
+    ) -> Result<RequestAnswer, NoAnswer> {
         let mut st = self.lock();
         loop {
             if st.cancelled {
                 return Err(NoAnswer::Cancelled);
+            }
+            if epoch.is_some_and(|e| e != st.waits_epoch) {
+                st.answers.remove(&id);
+                return Err(NoAnswer::Over);
             }
             if let Some(a) = st.answers.remove(&id) {
                 return Ok(a);
@@ -136,6 +154,29 @@ impl CallLink {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
+    }
+
+    /// The current wait epoch (see [`CallLink::wait_answer_in`]).
+    pub fn waits_epoch(&self) -> u64 {
+        self.lock().waits_epoch
+    }
+
+    /// The upstream answered the request whose stream brought relayed requests: those
+    /// still waiting for the agent are over, and their waiters wake with
+    /// [`NoAnswer::Over`].
+    pub fn end_waits(&self) {
+        self.lock().waits_epoch += 1;
+        self.changed.notify_all();
+    }
+
+    /// [`CallLink::wait_answer`] that also ends when the wait epoch moves past `epoch`.
+    pub fn wait_answer_in(
+        &self,
+        id: u64,
+        deadline: Instant,
+        epoch: u64,
+    ) -> Result<RequestAnswer, NoAnswer> {
+        self.wait(id, deadline, Some(epoch))
     }
 
     pub fn set_upstream_id(&self, id: Option<String>) {

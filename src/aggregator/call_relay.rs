@@ -6,8 +6,10 @@
 //!   flood never crosses the RPC channel). The gateway judges, records and relays them.
 //! - Requests the upstream makes during the call (`elicitation/create`,
 //!   `sampling/createMessage`, `roots/list`), in either era, become one `call_requests`
-//!   event; the call's thread then waits for the gateway's `answer` to each (or the call's
-//!   cancellation). A legacy upstream gets each answer as a JSON-RPC response; a modern
+//!   event; the worker then waits for the gateway's `answer` to each (or the call's
+//!   cancellation). A legacy upstream gets each answer as a JSON-RPC response, from a
+//!   thread that waits while the call's answer stream is read on (and ends without an
+//!   answer when the server answers the call first); a modern
 //!   upstream's `input_required` result is answered by retrying the request with
 //!   `inputResponses` and its `requestState`.
 //!
@@ -35,6 +37,9 @@ const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 pub const MAX_INPUT_ROUNDS: usize = 10;
 /// Requests one `input_required` result may carry.
 pub const MAX_INPUT_REQUESTS: usize = 16;
+/// Requests of one call that may wait for the client at once when the gateway named no
+/// bound (older gateways); else `relay.max_requests_per_call`.
+const DEFAULT_MAX_WAITING: usize = 16;
 /// How long a relayed request waits when the gateway named no bound (older gateways).
 const DEFAULT_WAIT: Duration = Duration::from_secs(300);
 /// Largest relayed message when the gateway named no bound.
@@ -135,10 +140,32 @@ impl CallContext {
         &mut self,
         requests: Vec<(String, Option<Value>)>,
     ) -> Result<Vec<RequestAnswer>, NoAnswer> {
+        self.ask(requests).wait(&self.link, None)
+    }
+
+    /// How many of a legacy server's requests may wait for the client at once during one
+    /// request of the call (each on a thread of its own): `relay.max_requests_per_call`,
+    /// which the gateway enforces per call anyway.
+    pub fn max_waiting(&self) -> usize {
+        match self.meta.max_requests {
+            0 => DEFAULT_MAX_WAITING,
+            n => n as usize,
+        }
+    }
+
+    /// Send `requests` (method, params) to the gateway for the agent, without waiting:
+    /// [`Asked::wait`] waits for the answers.
+    pub fn ask(&mut self, requests: Vec<(String, Option<Value>)>) -> Asked {
+        self.ask_keyed(requests.into_iter().map(|(m, p)| (None, m, p)).collect())
+    }
+
+    /// [`CallContext::ask`] for requests a modern server keyed in its `input_required`
+    /// result (key, method, params).
+    pub fn ask_keyed(&mut self, requests: Vec<(Option<String>, String, Option<Value>)>) -> Asked {
         let mut numbered = Vec::with_capacity(requests.len());
         // Too large to relay: refused here, never sent over the RPC channel.
         let mut refused = Vec::new();
-        for (method, params) in requests {
+        for (key, method, params) in requests {
             self.next_request += 1;
             if too_large(&params, self.meta.max_message_bytes) {
                 refused.push(RequestAnswer::error(
@@ -153,12 +180,21 @@ impl CallContext {
                 id: self.next_request,
                 method,
                 params,
+                key,
             });
         }
+        let wait = match self.meta.wait_ms {
+            0 => DEFAULT_WAIT,
+            ms => Duration::from_millis(ms),
+        };
+        let asked = Asked {
+            ids: numbered.iter().map(|r| r.id).collect(),
+            refused,
+            deadline: Instant::now() + wait,
+        };
         if numbered.is_empty() {
-            return Ok(refused);
+            return asked;
         }
-        let ids: Vec<u64> = numbered.iter().map(|r| r.id).collect();
         let event = CallRequests {
             call: self.link.call,
             server: self.server.clone(),
@@ -167,22 +203,38 @@ impl CallContext {
         if let Ok(detail) = serde_json::to_value(&event) {
             (self.events)(CALL_REQUESTS, detail);
         }
-        let wait = match self.meta.wait_ms {
-            0 => DEFAULT_WAIT,
-            ms => Duration::from_millis(ms),
-        };
-        let deadline = Instant::now() + wait;
-        let mut answers = refused;
-        for id in ids {
-            match self.link.wait_answer(id, deadline) {
+        asked
+    }
+}
+
+/// Requests sent to the gateway for the agent, whose answers are awaited.
+pub struct Asked {
+    ids: Vec<u64>,
+    refused: Vec<RequestAnswer>,
+    deadline: Instant,
+}
+
+impl Asked {
+    /// Wait for an answer to each request, in order; `epoch` (see
+    /// [`CallLink::wait_answer_in`]) ends the wait when the server answered its call
+    /// without them. Err when the call was cancelled or its request is over; a request
+    /// nobody answered in time gets an error answer.
+    pub fn wait(self, link: &CallLink, epoch: Option<u64>) -> Result<Vec<RequestAnswer>, NoAnswer> {
+        let mut answers = self.refused;
+        for id in self.ids {
+            let got = match epoch {
+                Some(e) => link.wait_answer_in(id, self.deadline, e),
+                None => link.wait_answer(id, self.deadline),
+            };
+            match got {
                 Ok(a) => answers.push(a),
-                Err(NoAnswer::Cancelled) => return Err(NoAnswer::Cancelled),
                 Err(NoAnswer::TimedOut) => answers.push(RequestAnswer::error(
                     id,
                     crate::mcp::jsonrpc::INTERNAL_ERROR,
                     "the client did not answer in time",
                     None,
                 )),
+                Err(other) => return Err(other),
             }
         }
         // In the order asked (ids were given in that order).
@@ -221,10 +273,25 @@ pub fn input_required(result: &str) -> Option<Result<InputRequired, String>> {
     if !result.contains("input_required") {
         return None;
     }
-    let value: Value = serde_json::from_str(result).ok()?;
-    if value.get("resultType").and_then(Value::as_str) != Some("input_required") {
+    // The kind is read without building a tree: only a real `input_required` result
+    // within the node bound is parsed whole (a larger one is refused as an answer).
+    #[derive(serde::Deserialize)]
+    struct ResultType<'a> {
+        #[serde(rename = "resultType", borrow, default)]
+        result_type: Option<std::borrow::Cow<'a, str>>,
+    }
+    let kind: ResultType = serde_json::from_str(result).ok()?;
+    if kind.result_type.as_deref() != Some("input_required") {
         return None;
     }
+    if super::json_nodes::within(result.as_bytes(), super::json_nodes::MAX_JSON_NODES).is_err() {
+        return Some(Err(super::json_nodes::too_many(
+            "the input_required result",
+            super::json_nodes::MAX_JSON_NODES,
+            "gateway.max_json_nodes at most",
+        )));
+    }
+    let value: Value = serde_json::from_str(result).ok()?;
     Some(parse_input_required(&value))
 }
 

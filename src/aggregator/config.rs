@@ -26,6 +26,8 @@ pub const DEFAULT_REFRESH_SECS: u64 = 300;
 pub const DEFAULT_THREADS: usize = 16;
 /// Default of `[servers] queue`: upstream requests waiting beyond busy threads.
 pub const DEFAULT_QUEUE: usize = 256;
+/// Default of `[servers] max_queued_bytes`: calls' arguments in flight toward one server.
+pub const DEFAULT_MAX_QUEUED_BYTES: usize = 32 * 1024 * 1024;
 /// Default of `[servers] max_body_bytes`: largest upstream answer read.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// Largest `max_body_bytes`: an answer must still fit one worker RPC message (16 MiB).
@@ -83,6 +85,7 @@ const SETTING_KEYS: &[&str] = &[
     "threads",
     "queue",
     "max_body_bytes",
+    "max_queued_bytes",
     "connect_timeout_secs",
     "retry_max_secs",
     "max_pages",
@@ -111,6 +114,10 @@ pub struct ServersConfig {
     pub queue: usize,
     /// Bytes of one upstream answer read at most; more is `too_large`.
     pub max_body_bytes: usize,
+    /// Bytes of calls' arguments in flight toward one server at once (sent to its worker,
+    /// not yet answered); beyond, a call is refused at once (`busy`), so a server that
+    /// stops reading cannot make the gateway hold an unbounded backlog.
+    pub max_queued_bytes: usize,
     /// Seconds to connect (TCP and TLS) to an upstream.
     pub connect_timeout_secs: u64,
     /// Longest wait between attempts to reach a server that is down (backoff doubles from
@@ -153,6 +160,7 @@ impl Default for ServersConfig {
             threads: DEFAULT_THREADS,
             queue: DEFAULT_QUEUE,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
             connect_timeout_secs: DEFAULT_CONNECT_TIMEOUT_SECS,
             retry_max_secs: DEFAULT_RETRY_MAX_SECS,
             max_pages: DEFAULT_MAX_PAGES,
@@ -339,6 +347,7 @@ impl<'de> Visitor<'de> for ServersVisitor {
                 "threads" => cfg.threads = map.next_value()?,
                 "queue" => cfg.queue = map.next_value()?,
                 "max_body_bytes" => cfg.max_body_bytes = map.next_value()?,
+                "max_queued_bytes" => cfg.max_queued_bytes = map.next_value()?,
                 "connect_timeout_secs" => cfg.connect_timeout_secs = map.next_value()?,
                 "retry_max_secs" => cfg.retry_max_secs = map.next_value()?,
                 "max_pages" => cfg.max_pages = map.next_value()?,
@@ -442,6 +451,7 @@ impl ServersConfig {
             ("threads", self.threads as u64),
             ("queue", self.queue as u64),
             ("max_body_bytes", self.max_body_bytes as u64),
+            ("max_queued_bytes", self.max_queued_bytes as u64),
             ("connect_timeout_secs", self.connect_timeout_secs),
             ("retry_max_secs", self.retry_max_secs),
             ("max_pages", self.max_pages as u64),

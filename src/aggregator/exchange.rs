@@ -44,6 +44,12 @@ pub enum Notice {
         method: String,
         params: Option<serde_json::Value>,
     },
+    /// Messages dropped before anyone read them (beyond the size bounds, or a full
+    /// queue): counted for the call that reads it, or for the progress token they named.
+    Dropped {
+        progress_token: Option<String>,
+        count: u64,
+    },
 }
 
 /// The answer of one POST.
@@ -295,6 +301,10 @@ impl Transport {
             Ok(Incoming::ServerRequest { id, method, params }) => {
                 Some(Notice::ServerRequest { id, method, params })
             }
+            Ok(Incoming::Dropped { progress_token, .. }) => Some(Notice::Dropped {
+                progress_token,
+                count: 1,
+            }),
             _ => None,
         }
     }
@@ -434,6 +444,10 @@ impl Transport {
                     Ok(Incoming::ServerRequest { id, method, params }) => {
                         notice(Notice::ServerRequest { id, method, params })
                     }
+                    Ok(Incoming::Dropped { progress_token, .. }) => notice(Notice::Dropped {
+                        progress_token,
+                        count: 1,
+                    }),
                     Ok(Incoming::Unrelated) => {}
                     Err(why) => return Err(self.bad(format!("in the event stream: {why}"))),
                 }

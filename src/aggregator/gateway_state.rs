@@ -2,17 +2,21 @@
 //! them (the aggregator worker for `url` servers, a host of its own for each local
 //! server), each worker's `configure` setup (credentials included: they live only here
 //! and in the RPC message), each server's state for `status`, when to list each of them again, the
-//! listing intake (pins, off the loop), the tools their pins hide, and who owns which
-//! resource URI. The core calls it at the points named in each method and applies what it
-//! returns (`src/gateway/core/upstream_listings.rs`).
+//! tools their pins hide, and who owns which resource URI. The core calls it at the points
+//! named in each method and applies what it returns (`src/gateway/core/upstream_listings.rs`).
+//!
+//! Like the core it is a state machine: no clock is read (monotonic and wall time come in
+//! as arguments), nothing is logged (lines are staged, see [`UpstreamsState::take_logs`]),
+//! and no file is touched. Pin-store work is staged as intake [`Job`]s the loop hands to the
+//! intake thread ([`UpstreamsState::take_jobs`]); what the thread did comes back as input
+//! ([`UpstreamsState::apply_reviewed`], [`UpstreamsState::intake_refused`]). The loop
+//! performs an operator's approval and `pins list` on its own connection and hands the
+//! rows in ([`UpstreamsState::pin_approved`], [`UpstreamsState::pins_json`]).
 
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use mio::Waker;
 
 use super::config::ServersConfig;
 use super::error::quote_upstream;
@@ -20,13 +24,12 @@ use super::relist::RelistSchedule;
 use super::setup::AggregatorSetup;
 use super::spec;
 use super::status::{Relist, UpstreamBoard};
-use crate::ledger::now_ms;
 use crate::mcp::catalog::claims::ClaimChange;
 use crate::mcp::catalog::listing::Refusal;
 use crate::mcp::catalog::resource_owners::OwnerRules;
 use crate::mcp::catalog::{Catalog, Kind, NAMESPACE_SEP, WorkerId, split_namespaced};
-use crate::pins::intake::{Done, Intake, Job, ListingJob, ServerRules};
-use crate::pins::store::PinStore;
+use crate::pins::intake::{Done, Job, ListingJob, ServerRules};
+use crate::pins::store::PinRecord;
 use crate::pins::{PinMode, views};
 use crate::workers::rpc::{Message, Op};
 
@@ -53,9 +56,10 @@ pub struct UpstreamsState {
     board: UpstreamBoard,
     rules: HashMap<String, Arc<ServerRules>>,
     schedule: RelistSchedule,
-    intake: Intake,
-    /// The loop's own connection: approvals (one row) and `pins list`.
-    pins: Option<PinStore>,
+    /// Intake jobs staged for the loop to hand to the intake thread (at most
+    /// `jobs_cap`: listings in flight are one per server and kind, owner updates few).
+    jobs: Vec<Job>,
+    jobs_cap: usize,
     /// Per server: tools its pins hide, with the message their calls are refused with.
     hidden: HashMap<String, HashMap<String, String>>,
     owners: OwnerRules,
@@ -74,8 +78,8 @@ pub struct UpstreamsState {
     next_refresh: Option<Instant>,
     /// Local servers' last stderr lines.
     stderr: crate::stdio_server::stderr_board::StderrBoard,
-    /// Log lines from events, for the core to write.
-    logs: Vec<String>,
+    /// Log lines (warning?, text) from events and timers, for the core to write.
+    logs: Vec<(bool, String)>,
 }
 
 fn server_rules(config: &ServersConfig, name: &str) -> Arc<ServerRules> {
@@ -102,53 +106,47 @@ fn owns(config: &ServersConfig) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// Intake jobs in flight at most for `config`: listings are at most one per server and
+/// kind, owner updates one or two more per server. The intake thread's queue is this big.
+pub fn intake_capacity(config: &ServersConfig) -> usize {
+    config.servers.len() * (Kind::ALL.len() + 2) + 8
+}
+
 impl UpstreamsState {
+    /// `[servers] max_queued_bytes`.
+    pub fn max_queued_bytes(&self) -> usize {
+        self.config.max_queued_bytes
+    }
+
     /// `setup` from [`super::prepare::build_setup`], for the aggregator `worker`; see
     /// [`UpstreamsState::empty`].
     pub fn new(
         worker: WorkerId,
         config: &ServersConfig,
         setup: AggregatorSetup,
-        ledger_path: &Path,
-        waker: Arc<Waker>,
+        owners: Vec<(String, String, i64)>,
         now: Instant,
     ) -> UpstreamsState {
-        let mut state = UpstreamsState::empty(config, ledger_path, waker, now);
+        let mut state = UpstreamsState::empty(config, owners, now);
         state.route(worker, setup);
         state
     }
 
-    /// No worker yet ([`UpstreamsState::route`] adds them); the pin store opens beside the
-    /// ledger (after `Ledger::open` migrated it) and the intake thread starts; `waker`
-    /// wakes the loop when a listing has been reviewed.
+    /// No worker yet ([`UpstreamsState::route`] adds them). `owners`: the resource owners
+    /// the pin store remembers (URI, server, last seen ms), read by the loop at start.
     pub fn empty(
         config: &ServersConfig,
-        ledger_path: &Path,
-        waker: Arc<Waker>,
+        mut owners_rows: Vec<(String, String, i64)>,
         now: Instant,
     ) -> UpstreamsState {
         let refresh = (config.refresh_secs > 0).then(|| Duration::from_secs(config.refresh_secs));
-        let pins = match PinStore::open(ledger_path) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                crate::error!("{e}; upstream tools under pin = \"enforce\" stay hidden");
-                None
-            }
-        };
         let mut owners = OwnerRules::new(&owns(config));
-        if let Some(store) = &pins {
-            match store.owners() {
-                Ok(mut rows) => {
-                    // The ones seen last, at most `max_remembered_uris` per server (a file
-                    // written by an older build may hold more).
-                    rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.2));
-                    for (uri, server, _) in rows {
-                        if owners.remembered_by(&server) < config.max_remembered_uris {
-                            owners.remember(&uri, &server);
-                        }
-                    }
-                }
-                Err(e) => crate::error!("{e}"),
+        // The ones seen last, at most `max_remembered_uris` per server (a file written by
+        // an older build may hold more).
+        owners_rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.2));
+        for (uri, server, _) in owners_rows {
+            if owners.remembered_by(&server) < config.max_remembered_uris {
+                owners.remember(&uri, &server);
             }
         }
         let rules = config
@@ -156,8 +154,6 @@ impl UpstreamsState {
             .keys()
             .map(|n| (n.clone(), server_rules(config, n)))
             .collect();
-        // Listings in flight are at most one per server and kind; owner updates one more.
-        let capacity = config.servers.len() * (Kind::ALL.len() + 2) + 8;
         UpstreamsState {
             routes: HashMap::new(),
             setups: HashMap::new(),
@@ -165,8 +161,8 @@ impl UpstreamsState {
             board: UpstreamBoard::new(config),
             rules,
             schedule: RelistSchedule::new(Duration::from_millis(config.relist_min_interval_ms)),
-            intake: Intake::start(ledger_path, waker, capacity),
-            pins,
+            jobs: Vec::new(),
+            jobs_cap: intake_capacity(config),
             hidden: HashMap::new(),
             owners,
             resources_listed: BTreeSet::new(),
@@ -240,13 +236,54 @@ impl UpstreamsState {
             .collect()
     }
 
-    /// The `name` field of a request to the aggregator: `server` for listings and
-    /// `read_resource`, `server__name` for `call_tool` and `get_prompt`.
-    pub fn request_name(op: Op, server: &str, upstream: &str) -> String {
-        match op {
-            Op::CallTool | Op::GetPrompt => format!("{server}{NAMESPACE_SEP}{upstream}"),
-            _ => server.to_owned(),
+    // ---- servers added or removed by a reload ---------------------------------------
+
+    /// A local server added by a reload, reached through its own host `worker`: shown as
+    /// starting, listed once the host is ready. Its rules come with the next
+    /// [`UpstreamsState::reconfigure`].
+    pub fn add_local_server(
+        &mut self,
+        server: &str,
+        config: &super::config::ServerConfig,
+        worker: WorkerId,
+        setup: AggregatorSetup,
+    ) {
+        self.board.insert(server, config);
+        self.route(worker, setup);
+    }
+
+    /// A server taken out of the config by a reload: no route, no setup, no status entry,
+    /// nothing pending, and nothing of it left in `catalog` (tools, prompts, resources,
+    /// templates). A listing of it the intake is still reviewing is dropped when it comes
+    /// back (see [`UpstreamsState::take_reviewed`]). Returns its worker when no other
+    /// server shares it (a local server's host, to stop).
+    pub fn remove_server(
+        &mut self,
+        server: &str,
+        catalog: &mut Catalog,
+        wall_ms: i64,
+        applied: &mut Applied,
+    ) -> Option<WorkerId> {
+        let worker = self.routes.remove(server);
+        self.board.remove(server);
+        self.schedule.forget(server);
+        self.hidden.remove(server);
+        self.rules.remove(server);
+        self.owners_refreshed.remove(server);
+        self.resources_listed.retain(|(s, _)| s != server);
+        for kind in [Kind::Tools, Kind::Prompts] {
+            if catalog.replace(kind, server, Vec::new()).changed && !applied.changed.contains(&kind)
+            {
+                applied.changed.push(kind);
+            }
         }
+        for kind in [Kind::Resources, Kind::Templates] {
+            let change = catalog.claim(kind, server, Vec::new(), &self.owners);
+            self.claims_changed(catalog, kind, change, wall_ms, applied);
+        }
+        let worker = worker.filter(|w| !self.routes.values().any(|o| o == w))?;
+        self.setups.remove(&worker);
+        Some(worker)
     }
 
     // ---- relisting ------------------------------------------------------------------
@@ -263,25 +300,20 @@ impl UpstreamsState {
 
     /// The request for a listing: its budget travels with it, so a reload applies at once.
     pub fn listing_request(&self, id: u64, server: &str, kind: Kind) -> Message {
-        let op = match kind {
-            Kind::Tools => Op::ListTools,
-            Kind::Resources => Op::ListResources,
-            Kind::Prompts => Op::ListPrompts,
-            Kind::Templates => Op::ListResourceTemplates,
-        };
-        let budget = self.config.budget(server).listing(server, kind);
         Message::Request {
             id,
-            op,
-            name: Some(server.to_owned()),
-            args: serde_json::to_string(&budget).ok(),
-            target: None,
-            meta: None,
+            op: Op::ListUpstream {
+                kind: kind.into(),
+                server: server.to_owned(),
+                budget: self.config.budget(server).listing(server, kind),
+            },
         }
     }
 
-    /// The worker answered a listing. `Ok`: handed to the intake (the result comes back
-    /// through [`Self::take_reviewed`]). `Err`: the listing is over; log it.
+    /// The worker answered a listing at wall time `wall_ms`. `Ok`: staged for the intake
+    /// (the result comes back through [`Self::apply_reviewed`]). `Err`: the listing is
+    /// over; log it.
+    #[allow(clippy::too_many_arguments)]
     pub fn listing_answered(
         &mut self,
         server: &str,
@@ -290,6 +322,7 @@ impl UpstreamsState {
         ok: Option<String>,
         error: Option<String>,
         facts: Option<&str>,
+        wall_ms: i64,
     ) -> Result<(), Applied> {
         if let Some(f) = facts.and_then(|f| serde_json::from_str::<Value>(f).ok()) {
             let n = |k: &str| f.get(k).and_then(Value::as_u64).unwrap_or(0);
@@ -309,15 +342,45 @@ impl UpstreamsState {
             text,
             budget: self.config.budget(server).listing(server, kind),
             rules,
-            now_ms: now_ms(),
+            now_ms: wall_ms,
         }));
-        match self.intake.submit(job) {
+        match self.stage(job) {
             Ok(()) => Ok(()),
-            Err(_) => Err(self.listing_over(
-                server,
-                kind,
+            Err(job) => Err(self.intake_refused(job)),
+        }
+    }
+
+    /// Stage a job for the intake; `Err` gives it back when `jobs_cap` are waiting.
+    fn stage(&mut self, job: Job) -> Result<(), Job> {
+        if self.jobs.len() >= self.jobs_cap {
+            return Err(job);
+        }
+        self.jobs.push(job);
+        Ok(())
+    }
+
+    /// Jobs for the intake thread, staged since the last call: the loop hands them over
+    /// and reports each one the thread would not take ([`Self::intake_refused`]).
+    pub fn take_jobs(&mut self) -> Vec<Job> {
+        std::mem::take(&mut self.jobs)
+    }
+
+    /// The intake did not take `job` (its thread is gone or its queue is full): a listing
+    /// is over, not applied; owners are not recorded this time.
+    pub fn intake_refused(&mut self, job: Job) -> Applied {
+        match job {
+            Job::Listing(l) => self.listing_over(
+                &l.server,
+                l.kind,
                 Some("the listing intake is not running".into()),
-            )),
+            ),
+            Job::Owners { server, .. } => Applied {
+                logs: vec![(
+                    true,
+                    format!("server {server}: resource owners not recorded (the intake is busy)"),
+                )],
+                ..Applied::default()
+            },
         }
     }
 
@@ -363,17 +426,29 @@ impl UpstreamsState {
         applied
     }
 
-    /// Listings reviewed by the intake since the last call, applied to `catalog` (each at
-    /// once), and owner updates taken in.
-    pub fn take_reviewed(&mut self, catalog: &mut Catalog, now: Instant) -> Applied {
+    /// What the intake thread finished (listings reviewed, owner updates), applied to
+    /// `catalog` (each listing at once). `now` and `wall_ms`: the time of this input.
+    pub fn apply_reviewed(
+        &mut self,
+        catalog: &mut Catalog,
+        done: Vec<Done>,
+        now: Instant,
+        wall_ms: i64,
+    ) -> Applied {
         let mut applied = Applied::default();
-        for done in self.intake.poll() {
+        for done in done {
             match done {
                 Done::Listing {
                     server,
                     kind,
                     outcome,
-                } => self.apply(catalog, &server, kind, *outcome, now, &mut applied),
+                } => {
+                    // A server a reload removed while the intake reviewed its listing.
+                    if self.board.get(&server).is_some() {
+                        let at = (now, wall_ms);
+                        self.apply(catalog, &server, kind, *outcome, at, &mut applied)
+                    }
+                }
                 Done::Owners {
                     server,
                     pruned,
@@ -394,8 +469,8 @@ impl UpstreamsState {
                                    "uris": pruned.iter().take(CONFLICT_SAMPLE).collect::<Vec<_>>()}),
                         ));
                         let (r, t) = catalog.recheck_claims(&self.owners);
-                        self.claims_changed(catalog, Kind::Resources, r, &mut applied);
-                        self.claims_changed(catalog, Kind::Templates, t, &mut applied);
+                        self.claims_changed(catalog, Kind::Resources, r, wall_ms, &mut applied);
+                        self.claims_changed(catalog, Kind::Templates, t, wall_ms, &mut applied);
                     }
                 }
             }
@@ -409,7 +484,7 @@ impl UpstreamsState {
         server: &str,
         kind: Kind,
         outcome: Result<crate::pins::intake::Reviewed, Refusal>,
-        now: Instant,
+        (now, wall_ms): (Instant, i64),
         applied: &mut Applied,
     ) {
         let reviewed = match outcome {
@@ -446,10 +521,10 @@ impl UpstreamsState {
                 self.candidates.heard(server, kind);
                 let change = catalog.claim(kind, server, reviewed.entries, &self.owners);
                 let changed = change.changed;
-                self.claims_changed(catalog, kind, change, applied);
-                self.settle(catalog, applied);
-                self.remember_ripe(catalog);
-                self.refresh_owners(catalog, server, now);
+                self.claims_changed(catalog, kind, change, wall_ms, applied);
+                self.settle(catalog, wall_ms, applied);
+                self.remember_ripe(catalog, wall_ms, applied);
+                self.refresh_owners(catalog, server, (now, wall_ms), applied);
                 changed
             }
         };
@@ -473,6 +548,7 @@ impl UpstreamsState {
         catalog: &Catalog,
         kind: Kind,
         mut change: ClaimChange,
+        wall_ms: i64,
         applied: &mut Applied,
     ) {
         if change.changed && !applied.changed.contains(&kind) {
@@ -517,7 +593,7 @@ impl UpstreamsState {
             }
         }
         if self.settling {
-            self.remember(change.unremembered);
+            self.remember(change.unremembered, wall_ms, applied);
         } else if self.owners.settled {
             self.candidates.add(kind, change.unremembered);
         }
@@ -525,7 +601,7 @@ impl UpstreamsState {
 
     /// Remember the waiting URIs every other server has listed after, that are still
     /// served alone by their server.
-    fn remember_ripe(&mut self, catalog: &Catalog) {
+    fn remember_ripe(&mut self, catalog: &Catalog, wall_ms: i64, applied: &mut Applied) {
         if !self.owners.settled || self.candidates.is_empty() {
             return;
         }
@@ -546,13 +622,13 @@ impl UpstreamsState {
             v.into_iter().map(|(u, s, _)| (u, s)).collect()
         };
         let (_, alone) = crate::aggregator::template_claims::split(catalog, strip(resources));
-        self.remember(alone);
-        self.remember(strip(templates));
+        self.remember(alone, wall_ms, applied);
+        self.remember(strip(templates), wall_ms, applied);
     }
 
     /// Once every enabled server has listed its resources, URIs served alone are
     /// remembered as their server's.
-    fn settle(&mut self, catalog: &mut Catalog, applied: &mut Applied) {
+    fn settle(&mut self, catalog: &mut Catalog, wall_ms: i64, applied: &mut Applied) {
         if self.owners.settled {
             return;
         }
@@ -571,12 +647,12 @@ impl UpstreamsState {
         // first, so it is remembered at once.
         self.settling = true;
         let (r, t) = catalog.recheck_claims(&self.owners);
-        self.claims_changed(catalog, Kind::Resources, r, applied);
-        self.claims_changed(catalog, Kind::Templates, t, applied);
+        self.claims_changed(catalog, Kind::Resources, r, wall_ms, applied);
+        self.claims_changed(catalog, Kind::Templates, t, wall_ms, applied);
         self.settling = false;
     }
 
-    fn remember(&mut self, sole: Vec<(String, String)>) {
+    fn remember(&mut self, sole: Vec<(String, String)>, wall_ms: i64, applied: &mut Applied) {
         let cap = self.config.max_remembered_uris;
         let mut by_server: HashMap<String, Vec<String>> = HashMap::new();
         let mut over: HashMap<String, usize> = HashMap::new();
@@ -593,19 +669,24 @@ impl UpstreamsState {
         for (server, n) in over {
             // Once per server and run: a server rotating its URIs would log on every listing.
             if self.owners_over_cap.insert(server.clone()) {
-                crate::warn!(
+                applied.logs.push((true, format!(
                     "server {server}: {n} resource URIs served but not remembered as its own: it has max_remembered_uris = {cap} already"
-                );
+                )));
             }
         }
         for (server, uris) in by_server {
-            self.submit_owners(server, uris);
+            self.submit_owners(server, uris, wall_ms, applied);
         }
     }
 
-    fn submit_owners(&mut self, server: String, uris: Vec<String>) {
+    fn submit_owners(
+        &mut self,
+        server: String,
+        uris: Vec<String>,
+        now: i64,
+        applied: &mut Applied,
+    ) {
         let retention = self.config.pin_retention_secs.saturating_mul(1000);
-        let now = now_ms();
         let job = Job::Owners {
             server: server.clone(),
             uris,
@@ -613,14 +694,21 @@ impl UpstreamsState {
             now_ms: now,
             keep: self.config.max_remembered_uris,
         };
-        if self.intake.submit(job).is_err() {
-            crate::warn!("server {server}: resource owners not recorded (the intake is busy)");
+        if let Err(job) = self.stage(job) {
+            let refused = self.intake_refused(job);
+            applied.logs.extend(refused.logs);
         }
     }
 
     /// Now and then, tell the store that `server` still lists the URIs it owns (so they
     /// are not pruned) and prune the ones it stopped listing long ago.
-    fn refresh_owners(&mut self, catalog: &Catalog, server: &str, now: Instant) {
+    fn refresh_owners(
+        &mut self,
+        catalog: &Catalog,
+        server: &str,
+        (now, wall_ms): (Instant, i64),
+        applied: &mut Applied,
+    ) {
         let every = Duration::from_secs((self.config.pin_retention_secs / 4).clamp(1, 3600));
         if self
             .owners_refreshed
@@ -640,16 +728,17 @@ impl UpstreamsState {
                 );
             }
         }
-        self.submit_owners(server.to_owned(), owned);
+        self.submit_owners(server.to_owned(), owned, wall_ms, applied);
     }
 
-    /// After a reload: new `owns_resources` may change who serves what.
-    pub fn recheck_owners(&mut self, catalog: &mut Catalog) -> Applied {
+    /// After a reload (at wall time `wall_ms`): new `owns_resources` may change who serves
+    /// what.
+    pub fn recheck_owners(&mut self, catalog: &mut Catalog, wall_ms: i64) -> Applied {
         let mut applied = Applied::default();
         self.owners.set_configured(&owns(&self.config));
         let (r, t) = catalog.recheck_claims(&self.owners);
-        self.claims_changed(catalog, Kind::Resources, r, &mut applied);
-        self.claims_changed(catalog, Kind::Templates, t, &mut applied);
+        self.claims_changed(catalog, Kind::Resources, r, wall_ms, &mut applied);
+        self.claims_changed(catalog, Kind::Templates, t, wall_ms, &mut applied);
         applied
     }
 
@@ -681,14 +770,15 @@ impl UpstreamsState {
         }
         if kind == "stderr" {
             let logs = self.stderr.on_event(&server, &parsed, now);
-            self.logs.extend(logs);
+            self.logs.extend(logs.into_iter().map(|l| (false, l)));
             return None;
         }
         self.board.on_event(kind, detail)
     }
 
-    /// Log lines the events brought (stderr, rate-limited), for the core to write.
-    pub fn take_logs(&mut self) -> Vec<String> {
+    /// Log lines (warning?, text) the events and timers brought (stderr, rate-limited),
+    /// for the core to write.
+    pub fn take_logs(&mut self) -> Vec<(bool, String)> {
         std::mem::take(&mut self.logs)
     }
 
@@ -716,6 +806,13 @@ impl UpstreamsState {
         self.schedule.in_flight()
     }
 
+    /// As [`UpstreamsState::listings_pending`], of the servers whose worker `counted`
+    /// accepts (readiness leaves out local servers: each starts on its own time).
+    pub fn listings_pending_where(&self, counted: impl Fn(WorkerId) -> bool) -> usize {
+        self.schedule
+            .in_flight_where(|server| self.worker_of(server).is_some_and(&counted))
+    }
+
     // ---- pins -------------------------------------------------------------------------
 
     /// `tools/call` of `tool` (`server__tool`) before "unknown tool": the refusal message
@@ -735,24 +832,22 @@ impl UpstreamsState {
         }
     }
 
-    /// `toolwall pins approve TOOL --digest D` (admin socket): approves exactly that
-    /// definition. Returns the server to list again and what was approved.
-    pub fn approve_pin(
+    /// `toolwall pins approve TOOL --digest D` (admin socket): the loop approved exactly
+    /// that definition in the pin store (`before` and `after` are the tool's row around
+    /// the write): its calls are no longer refused. Returns the server to list again and
+    /// what was approved.
+    pub fn pin_approved(
         &mut self,
         tool: &str,
         digest: &str,
-        by: &str,
-    ) -> Result<(String, String), String> {
-        let store = self
-            .pins
-            .as_mut()
-            .ok_or_else(|| "the pin store is not open".to_string())?;
-        let (before, after) = store.approve(tool, digest, by, now_ms())?;
+        before: &PinRecord,
+        after: &PinRecord,
+    ) -> (String, String) {
         let server = after.server.clone();
         if let Some(h) = self.hidden.get_mut(&server) {
             h.remove(tool);
         }
-        let what = match before.approved {
+        let what = match &before.approved {
             Some(old) => format!(
                 "approved {tool} sha256:{digest} (it replaces sha256:{}: {})",
                 old.digest,
@@ -768,15 +863,13 @@ impl UpstreamsState {
             ),
             None => format!("approved {tool} sha256:{digest} (a new tool)"),
         };
-        Ok((server, what))
+        (server, what)
     }
 
-    /// `toolwall pins list` (admin socket).
-    pub fn pins_json(&self) -> Value {
-        let Some(store) = &self.pins else {
-            return json!({"ok": false, "error": "the pin store is not open"});
-        };
-        match store.load_all() {
+    /// `toolwall pins list` (admin socket): every pin the loop read from the store (or
+    /// why it could not), with its mode and whether its calls are refused now.
+    pub fn pins_json(&self, rows: Result<Vec<PinRecord>, String>) -> Value {
+        match rows {
             Ok(all) => {
                 let list: Vec<Value> = all
                     .iter()
@@ -847,7 +940,7 @@ impl UpstreamsState {
     /// On timers: local servers' counts of stderr lines not logged, when due.
     pub fn on_timer(&mut self, now: Instant) {
         let logs = self.stderr.on_timer(now);
-        self.logs.extend(logs);
+        self.logs.extend(logs.into_iter().map(|l| (false, l)));
     }
 
     /// On timers: true when every server should be listed again now (and the next
@@ -931,15 +1024,6 @@ mod tests {
 
     #[test]
     fn names_refresh_budgets_and_status() {
-        assert_eq!(
-            UpstreamsState::request_name(Op::CallTool, "gh", "search"),
-            "gh__search"
-        );
-        assert_eq!(
-            UpstreamsState::request_name(Op::GetPrompt, "gh", "p"),
-            "gh__p"
-        );
-        assert_eq!(UpstreamsState::request_name(Op::ListTools, "gh", ""), "gh");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db");
         drop(
@@ -966,9 +1050,27 @@ mod tests {
             servers: vec![],
         };
         let poll = mio::Poll::new().unwrap();
-        let waker = Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        // The loop's part: the intake thread and the store's own connection.
+        let mut intake = crate::pins::intake::Intake::start(&path, waker, 8);
+        let store = crate::pins::store::PinStore::open(&path).unwrap();
         let t0 = Instant::now();
-        let mut s = UpstreamsState::new(3, &config, setup, &path, waker, t0);
+        let mut s = UpstreamsState::new(3, &config, setup, Vec::new(), t0);
+        // Hand the staged jobs over, wait for the first result, apply it.
+        let mut round = |s: &mut UpstreamsState, catalog: &mut Catalog| {
+            for job in s.take_jobs() {
+                assert!(intake.submit(job).is_ok());
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let done = intake.poll();
+                if !done.is_empty() {
+                    return s.apply_reviewed(catalog, done, t0, 1);
+                }
+                assert!(Instant::now() < deadline, "the intake answered");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
         s.route(
             3,
             AggregatorSetup {
@@ -1002,11 +1104,23 @@ mod tests {
         assert_eq!(s.servers(), vec!["gh".to_string()]);
         assert!(!s.refresh_due(t0));
         assert!(s.refresh_due(t0 + Duration::from_secs(10)));
-        let Message::Request { args, op, .. } = s.listing_request(7, "gh", Kind::Tools) else {
+        let Message::Request {
+            op:
+                Op::ListUpstream {
+                    kind,
+                    server,
+                    budget,
+                },
+            ..
+        } = s.listing_request(7, "gh", Kind::Tools)
+        else {
             panic!()
         };
-        assert_eq!(op, Op::ListTools);
-        assert!(args.unwrap().contains("servers.gh.max_tools"));
+        assert_eq!(
+            (kind, server.as_str()),
+            (crate::workers::rpc::ListKind::Tools, "gh")
+        );
+        assert_eq!(budget, config.budget("gh").listing("gh", Kind::Tools));
         // A listing goes through the intake and comes back applied.
         assert!(s.want("gh", Kind::Tools, t0));
         s.listing_answered(
@@ -1016,36 +1130,31 @@ mod tests {
             Some(r#"[{"name":"search"}]"#.into()),
             None,
             None,
+            1,
         )
         .map_err(|_| "refused")
         .unwrap();
         let mut catalog = Catalog::default();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut applied = Applied::default();
-        while applied.changed.is_empty() {
-            assert!(Instant::now() < deadline, "the intake answered");
-            std::thread::sleep(Duration::from_millis(5));
-            applied = s.take_reviewed(&mut catalog, t0);
-        }
+        let applied = round(&mut s, &mut catalog);
         assert_eq!(applied.changed, vec![Kind::Tools]);
         assert!(applied.events.iter().any(|(k, _)| *k == "pin"));
         assert_eq!(s.status_json(&catalog)[0]["tools"], 1);
-        assert_eq!(s.pins_json()["pins"][0]["tool"], "gh__search");
+        assert_eq!(
+            s.pins_json(store.load_all())["pins"][0]["tool"],
+            "gh__search"
+        );
+        assert_eq!(
+            s.pins_json(Err("the pin store is not open".into()))["error"],
+            "the pin store is not open"
+        );
         // Over budget: refused, degraded, the catalog stays.
         assert!(s.want("gh", Kind::Tools, t0 + Duration::from_secs(5)));
         let four = r#"[{"name":"a"},{"name":"b"},{"name":"c"},{"name":"d"}]"#;
-        s.listing_answered("gh", Kind::Tools, 3, Some(four.into()), None, None)
+        s.listing_answered("gh", Kind::Tools, 3, Some(four.into()), None, None, 2)
             .map_err(|_| "refused")
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let a = s.take_reviewed(&mut catalog, t0);
-            if a.events.iter().any(|(k, _)| *k == "upstream_degraded") {
-                break;
-            }
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let a = round(&mut s, &mut catalog);
+        assert!(a.events.iter().any(|(k, _)| *k == "upstream_degraded"));
         assert_eq!(catalog.len(Kind::Tools), 1);
         let status = s.status_json(&catalog);
         assert!(
@@ -1055,5 +1164,28 @@ mod tests {
                 .contains("servers.gh.max_tools"),
             "{status}"
         );
+    }
+
+    #[test]
+    fn a_job_the_intake_refuses_ends_the_listing_and_staging_is_bounded() {
+        let config = ServersConfig::default();
+        let mut s = UpstreamsState::empty(&config, Vec::new(), Instant::now());
+        let cap = intake_capacity(&config);
+        let owners = |n: usize| Job::Owners {
+            server: format!("s{n}"),
+            uris: vec![],
+            prune_before_ms: 0,
+            now_ms: 0,
+            keep: 1,
+        };
+        for n in 0..cap {
+            assert!(s.stage(owners(n)).is_ok());
+        }
+        // Full: the next one comes back at once, never queued without bound.
+        assert!(s.stage(owners(cap)).is_err());
+        assert_eq!(s.take_jobs().len(), cap);
+        assert!(s.take_jobs().is_empty());
+        let refused = s.intake_refused(owners(0));
+        assert!(refused.logs[0].0 && refused.logs[0].1.contains("not recorded"));
     }
 }

@@ -25,6 +25,11 @@ const SECRET_KEY_FRAGMENTS: &[&str] = &[
     "signature",
     "key",
     "bearer",
+    "passphrase",
+    "_pass",
+    "pass_",
+    "-pass",
+    "pwd",
 ];
 
 /// Prefixes of well-known token formats.
@@ -60,7 +65,7 @@ const MIN_OPAQUE_LEN: usize = 24;
 /// A config key (lowercase) that suggests its value is a credential.
 pub fn key_suggests_secret(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    SECRET_KEY_FRAGMENTS.iter().any(|f| key.contains(f))
+    key == "pass" || SECRET_KEY_FRAGMENTS.iter().any(|f| key.contains(f))
 }
 
 /// A header name (lowercase) that suggests its value is a credential.
@@ -79,7 +84,59 @@ pub fn looks_like_secret(value: &str) -> bool {
     {
         return true;
     }
-    trimmed.split([' ', ',', ';']).any(opaque_run)
+    url_holds_credential(trimmed)
+        || header_line_holds_credential(trimmed)
+        || trimmed
+            .split([' ', ',', ';'])
+            .any(|w| opaque_run(w) || token_word(w))
+}
+
+/// One word that starts like a known token (`sk-…`, `ghp_…`) anywhere in a value:
+/// `--header "Authorization: Bearer sk-…"` hides it after a prefix of its own.
+fn token_word(word: &str) -> bool {
+    let lower = word.to_ascii_lowercase();
+    TOKEN_PREFIXES
+        .iter()
+        .filter(|p| !p.ends_with(' '))
+        .any(|p| lower.starts_with(p) && lower.len() > p.len() + 4)
+}
+
+/// A header written out (`X-Api-Key: …`, `Authorization: Bearer …`) whose name suggests a
+/// credential and whose value is not empty.
+fn header_line_holds_credential(value: &str) -> bool {
+    let Some((name, rest)) = value.split_once(':') else {
+        return false;
+    };
+    let name = name.trim();
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !rest.trim().is_empty()
+        && !rest.starts_with("//")
+        && header_name_suggests_secret(name)
+}
+
+/// A URL with a password in it (`scheme://user:PASSWORD@host`), or a query parameter
+/// whose name suggests a credential (`?api_key=...`, `&token=...`).
+fn url_holds_credential(value: &str) -> bool {
+    let Some((_, rest)) = value.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if let Some((userinfo, _)) = authority.rsplit_once('@')
+        && userinfo
+            .split_once(':')
+            .is_some_and(|(_, pw)| !pw.is_empty())
+    {
+        return true;
+    }
+    let query = rest.split_once('?').map_or("", |(_, q)| q);
+    let query = query.split('#').next().unwrap_or("");
+    query.split('&').any(|pair| {
+        pair.split_once('=')
+            .is_some_and(|(k, v)| !v.is_empty() && key_suggests_secret(k))
+    })
 }
 
 /// The canonical UUID form (8-4-4-4-12 hex digits): an identifier, not a credential.
@@ -118,6 +175,13 @@ mod tests {
             "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
             "twt_q83hd7s6s5d4f3g2h1j0k9l8m7n6b5v4c3x2z1a0s9d",
             "AKIAIOSFODNN7EXAMPLE1234",
+            "postgresql://admin:Hunter2Pass@db.internal:5432/prod",
+            "mysql://root:s3cretPW@db/x",
+            "https://mcp.example.com/mcp?api_key=KEYINURL",
+            "https://mcp.example.com/mcp?x=1&access_token=abc",
+            "Authorization: Bearer sk-abcdefabcdef12345678",
+            "X-Api-Key: abcdef1234567890abcd",
+            "--key sk-abcdefabcd1",
         ] {
             assert!(looks_like_secret(v), "{v}");
         }
@@ -133,6 +197,10 @@ mod tests {
             "en-US,en;q=0.9",
             "a-long-but-plain-hyphenated-identifier",
             "123e4567-e89b-12d3-a456-426614174000",
+            "https://user@mcp.example.com/mcp?page=2&lang=en",
+            "postgresql://db.internal:5432/prod",
+            "Note: nothing secret here",
+            "https://user@example.com:8443/x",
             "",
         ] {
             assert!(!looks_like_secret(v), "{v}");

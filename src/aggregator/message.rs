@@ -4,6 +4,8 @@
 
 use serde::Deserialize;
 use serde_json::Value;
+
+use super::json_nodes;
 use serde_json::value::RawValue;
 
 /// A request body. `params` is JSON text of an object (or None).
@@ -88,6 +90,58 @@ pub enum Incoming {
     },
     /// An answer to some other id, or anything else JSON-RPC allows: ignored.
     Unrelated,
+    /// A notification or server request whose params no agent may be sent (beyond
+    /// [`MAX_PARAMS_BYTES`] or [`json_nodes::MAX_JSON_NODES`]): judged on its envelope
+    /// alone, never parsed, dropped and counted by the caller. `request` is the id of a
+    /// server request (the server may be told no).
+    Dropped {
+        method: String,
+        request: Option<Box<RawValue>>,
+        /// The progress token a dropped progress notification names (read without a tree).
+        progress_token: Option<String>,
+        why: String,
+    },
+}
+
+/// The progress token of a notification's params, read without building their tree.
+fn progress_token_of(params: &RawValue) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Token<'a> {
+        #[serde(rename = "progressToken", borrow, default)]
+        token: Option<std::borrow::Cow<'a, str>>,
+    }
+    let t: Token = serde_json::from_str(params.get()).ok()?;
+    t.token.map(|t| t.chars().take(64).collect())
+}
+
+/// Largest params of a notification or server request that is parsed: nothing larger can
+/// be relayed (`relay.max_message_bytes` is at most this), so nothing larger becomes a tree.
+pub const MAX_PARAMS_BYTES: usize = crate::gateway::relay_config::MAX_MESSAGE_BYTES;
+
+/// The params of a notification or server request as a tree, when their size allows it.
+fn bounded_params(method: &str, params: Option<&RawValue>) -> Result<Option<Value>, String> {
+    let Some(p) = params else {
+        return Ok(None);
+    };
+    // A list change is a bit: whatever its params hold is never needed.
+    if list_changed_kind(method).is_some() {
+        return Ok(None);
+    }
+    let text = p.get();
+    if text.len() > MAX_PARAMS_BYTES {
+        return Err(format!(
+            "params of {} bytes, more than {MAX_PARAMS_BYTES} (relay.max_message_bytes at most)",
+            text.len()
+        ));
+    }
+    if json_nodes::within(text.as_bytes(), json_nodes::MAX_JSON_NODES).is_err() {
+        return Err(json_nodes::too_many(
+            "params",
+            json_nodes::MAX_JSON_NODES,
+            "gateway.max_json_nodes at most",
+        ));
+    }
+    Ok(serde_json::from_str::<Value>(text).ok())
 }
 
 #[derive(Deserialize)]
@@ -122,18 +176,27 @@ pub fn classify(text: &str, want_id: u64) -> Result<Incoming, String> {
     let env: Envelope =
         serde_json::from_str(text).map_err(|e| format!("not a JSON-RPC message: {e}"))?;
     match (env.id, env.method) {
-        (Some(id), Some(method)) => Ok(Incoming::ServerRequest {
-            id: id.to_owned(),
-            method,
-            params: env
-                .params
-                .and_then(|p| serde_json::from_str::<Value>(p.get()).ok()),
+        (Some(id), Some(method)) => Ok(match bounded_params(&method, env.params) {
+            Ok(params) => Incoming::ServerRequest {
+                id: id.to_owned(),
+                method,
+                params,
+            },
+            Err(why) => Incoming::Dropped {
+                method,
+                request: Some(id.to_owned()),
+                progress_token: None,
+                why,
+            },
         }),
-        (None, Some(method)) => Ok(Incoming::Notification {
-            method,
-            params: env
-                .params
-                .and_then(|p| serde_json::from_str::<Value>(p.get()).ok()),
+        (None, Some(method)) => Ok(match bounded_params(&method, env.params) {
+            Ok(params) => Incoming::Notification { method, params },
+            Err(why) => Incoming::Dropped {
+                progress_token: env.params.and_then(progress_token_of),
+                method,
+                request: None,
+                why,
+            },
         }),
         (Some(id), None) => {
             if id.get().trim() != want_id.to_string() {
@@ -228,6 +291,43 @@ mod tests {
         ] {
             assert!(classify(bad, 7).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn oversized_params_are_judged_on_the_envelope() {
+        let many = format!("[{}0]", "0,".repeat(json_nodes::MAX_JSON_NODES));
+        let big = "x".repeat(MAX_PARAMS_BYTES + 1);
+        for params in [
+            format!("{{\"data\":{many}}}"),
+            format!("{{\"data\":\"{big}\"}}"),
+        ] {
+            let note = format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{params}}}"#
+            );
+            let got = classify(&note, 7).unwrap();
+            assert!(
+                matches!(&got, Incoming::Dropped { method, request: None, .. } if method == "notifications/message"),
+                "{got:?}"
+            );
+            let req = format!(
+                r#"{{"jsonrpc":"2.0","id":"s","method":"elicitation/create","params":{params}}}"#
+            );
+            assert!(matches!(
+                classify(&req, 7).unwrap(),
+                Incoming::Dropped {
+                    request: Some(_),
+                    ..
+                }
+            ));
+        }
+        // A list change keeps its bit whatever its params.
+        let change = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/tools/list_changed","params":{{"x":"{big}"}}}}"#
+        );
+        assert!(matches!(
+            classify(&change, 7).unwrap(),
+            Incoming::Notification { params: None, .. }
+        ));
     }
 
     #[test]

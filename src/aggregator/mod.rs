@@ -8,17 +8,20 @@
 //! [`worker`] (requests), [`upstream`] (one server's connection), [`exchange`] (one HTTP
 //! exchange), and the sans-IO cores [`sse`], [`era`], [`message`], [`listing_pages`].
 
+pub mod answer_bound;
 pub mod budget;
 pub mod call_connections;
 pub mod call_link;
 pub mod call_relay;
 pub mod channel;
 pub mod config;
+pub mod drop_tally;
 pub mod era;
 pub mod error;
 pub mod exchange;
 pub mod gateway_state;
 pub(crate) mod inline_secret;
+pub mod json_nodes;
 pub mod listing_pages;
 pub mod message;
 pub mod missing_capability;

@@ -103,9 +103,23 @@ impl RelistSchedule {
         }
     }
 
+    /// `server` left the config (a reload): nothing of it is pending or in flight.
+    pub fn forget(&mut self, server: &str) {
+        self.slots.retain(|(s, _), _| s != server);
+        self.coalesced.remove(server);
+    }
+
     /// Listings in flight.
     pub fn in_flight(&self) -> usize {
         self.slots.values().filter(|s| s.in_flight).count()
+    }
+
+    /// Listings in flight of the servers `counted` accepts.
+    pub fn in_flight_where(&self, counted: impl Fn(&str) -> bool) -> usize {
+        self.slots
+            .iter()
+            .filter(|((server, _), s)| s.in_flight && counted(server))
+            .count()
     }
 
     /// Requests folded into another, for `server`.

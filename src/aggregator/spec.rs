@@ -1,13 +1,11 @@
 //! The gateway's handles on the aggregator worker: its spec (grant, settings) and the RPC
-//! requests the core sends it, in the shapes `worker.rs` reads.
+//! `configure` request.
 
-use serde_json::Value;
 use std::path::Path;
 
 use super::config::ServersConfig;
 use super::prepare::upstream_ports;
 use super::setup::AggregatorSetup;
-use crate::mcp::catalog::NAMESPACE_SEP;
 use crate::sandbox::{self, Role, SandboxMode};
 use crate::tools::http::HttpToolsConfig;
 use crate::workers::rpc::{Message, Op};
@@ -57,60 +55,9 @@ pub fn worker_spec(
 pub fn configure_request(id: u64, setup: &AggregatorSetup) -> Message {
     Message::Request {
         id,
-        op: Op::Configure,
-        name: None,
-        args: Some(serde_json::to_string(setup).unwrap_or_else(|_| "{}".into())),
-        target: None,
-        meta: None,
-    }
-}
-
-/// `list_tools` / `list_resources` / `list_prompts` of one server.
-pub fn listing_request(id: u64, op: Op, server: &str) -> Message {
-    Message::Request {
-        id,
-        op,
-        name: Some(server.to_owned()),
-        args: None,
-        target: None,
-        meta: None,
-    }
-}
-
-/// `call_tool` of `tool` (the server's own name for it) on `server`.
-pub fn call_tool_request(id: u64, server: &str, tool: &str, arguments: String) -> Message {
-    Message::Request {
-        id,
-        op: Op::CallTool,
-        name: Some(format!("{server}{NAMESPACE_SEP}{tool}")),
-        args: Some(arguments),
-        target: None,
-        meta: None,
-    }
-}
-
-/// `get_prompt` of `prompt` (the server's own name) on `server`, with the agent's params.
-pub fn get_prompt_request(id: u64, server: &str, prompt: &str, params: &Value) -> Message {
-    Message::Request {
-        id,
-        op: Op::GetPrompt,
-        name: Some(format!("{server}{NAMESPACE_SEP}{prompt}")),
-        args: Some(params.to_string()),
-        target: None,
-        meta: None,
-    }
-}
-
-/// `read_resource` on `server`, with the agent's params (`uri` unchanged: resources keep
-/// their URIs, and the catalog remembers which server listed each).
-pub fn read_resource_request(id: u64, server: &str, params: &Value) -> Message {
-    Message::Request {
-        id,
-        op: Op::ReadResource,
-        name: Some(server.to_owned()),
-        args: Some(params.to_string()),
-        target: None,
-        meta: None,
+        op: Op::Configure {
+            setup: serde_json::to_string(setup).unwrap_or_else(|_| "{}".into()),
+        },
     }
 }
 
@@ -134,14 +81,5 @@ mod tests {
         assert_eq!(spec.role, Role::Aggregator);
         assert_eq!(spec.settings.tcp_connect_ports, vec![8931]);
         assert!(spec.settings.read_paths.is_empty());
-    }
-
-    #[test]
-    fn request_names() {
-        let Message::Request { name, .. } = call_tool_request(1, "gh", "search", "{}".into())
-        else {
-            panic!()
-        };
-        assert_eq!(name.as_deref(), Some("gh__search"));
     }
 }

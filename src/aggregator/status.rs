@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
-use super::config::ServersConfig;
+use super::config::{ServerConfig, ServersConfig};
 use crate::mcp::catalog::Kind;
 
 /// One server as status shows it.
@@ -60,33 +60,42 @@ impl UpstreamBoard {
         let servers = config
             .servers
             .iter()
-            .map(|(name, s)| {
-                (
-                    name.clone(),
-                    UpstreamStatus {
-                        server: name.clone(),
-                        state: if s.enabled { "starting" } else { "disabled" }.into(),
-                        era: None,
-                        last_error: None,
-                        url: s.url.clone(),
-                        transport: if s.is_local() { "stdio" } else { "http" }.into(),
-                        command: s
-                            .command
-                            .as_ref()
-                            .and_then(|c| c.first())
-                            .map(|c| c.chars().take(200).collect()),
-                        pid: None,
-                        starts: 0,
-                        pin: s.pin.as_str().into(),
-                        degraded: BTreeMap::new(),
-                        list_changed_coalesced: 0,
-                        listings: 0,
-                        items_left_out: 0,
-                    },
-                )
-            })
+            .map(|(name, s)| (name.clone(), Self::entry(name, s)))
             .collect();
         UpstreamBoard { servers }
+    }
+
+    fn entry(name: &str, s: &ServerConfig) -> UpstreamStatus {
+        UpstreamStatus {
+            server: name.to_owned(),
+            state: if s.enabled { "starting" } else { "disabled" }.into(),
+            era: None,
+            last_error: None,
+            url: s.url.clone(),
+            transport: if s.is_local() { "stdio" } else { "http" }.into(),
+            command: s
+                .command
+                .as_ref()
+                .and_then(|c| c.first())
+                .map(|c| c.chars().take(200).collect()),
+            pid: None,
+            starts: 0,
+            pin: s.pin.as_str().into(),
+            degraded: BTreeMap::new(),
+            list_changed_coalesced: 0,
+            listings: 0,
+            items_left_out: 0,
+        }
+    }
+
+    /// A server added by a reload: starting, with no history.
+    pub fn insert(&mut self, name: &str, s: &ServerConfig) {
+        self.servers.insert(name.to_owned(), Self::entry(name, s));
+    }
+
+    /// A server taken out of the config by a reload: no longer shown or listed.
+    pub fn remove(&mut self, name: &str) -> bool {
+        self.servers.remove(name).is_some()
     }
 
     /// An event from the aggregator worker (`kind`, `detail` as JSON text). Returns the

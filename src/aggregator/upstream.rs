@@ -26,6 +26,7 @@ use super::call_link::{CancelHook, NoAnswer};
 use super::call_relay::{self, CallContext};
 use super::channel::Channel;
 use super::config::EraChoice;
+use super::drop_tally::DropTally;
 use super::era::{
     self, AfterStatus, Discovery, Era, ListChanges, after_status, judge_discover, judge_initialize,
     params_for, protocol_headers, status_error,
@@ -46,6 +47,14 @@ use crate::workers::relay_wire::{CALL_NOTIFICATION, CallNotification, RequestAns
 pub type EventSink = Arc<dyn Fn(&str, Value) + Send + Sync>;
 
 /// First retry delay of a server that is down.
+/// How a notice met during a request is relayed: the call's context (None: the gateway's
+/// own request), the scope whose threads wait for the client's answers, and how many wait.
+struct Relaying<'a, 's, 'e> {
+    ctx: Option<&'a mut CallContext>,
+    scope: &'s std::thread::Scope<'s, 'e>,
+    waiting: &'a mut usize,
+}
+
 pub const MIN_RETRY: Duration = Duration::from_secs(1);
 /// Silence on a listening stream before it is reopened.
 pub const LISTEN_IDLE: Duration = Duration::from_secs(300);
@@ -607,7 +616,21 @@ impl Upstream {
             let (era, generation) = self.session()?;
             let (text, for_headers) = Self::params_text(&era, &params, ctx.as_deref())?;
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let headers = protocol_headers(Some(&era), method, for_headers.as_ref());
+            let mut headers = protocol_headers(Some(&era), method, for_headers.as_ref());
+            // SEP-2243: the parameters the tool binds travel as headers too (modern era).
+            let param_headers: Vec<(String, String)> = match (&era, ctx.as_deref()) {
+                (Era::Modern { .. }, Some(c)) if method == "tools/call" => c
+                    .meta
+                    .param_headers
+                    .iter()
+                    .map(|(name, text)| (format!("Mcp-Param-{name}"), era::header_value(text)))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let headers: Vec<(&str, String)> = headers
+                .drain(..)
+                .chain(param_headers.iter().map(|(n, v)| (n.as_str(), v.clone())))
+                .collect();
             let body = request_body(id, method, text.as_deref());
             if let Some(c) = ctx.as_deref() {
                 c.link.set_upstream_id(Some(id.to_string()));
@@ -624,15 +647,32 @@ impl Upstream {
                 }
                 _ => None,
             };
-            let posted = {
-                let mut on_notice =
-                    |n: Notice| self.on_notice(&era, n, notices, ctx.as_deref_mut());
-                if for_call {
-                    transport.post_for_call(&headers, &body, Some(id), &mut on_notice)
-                } else {
-                    transport.post(&headers, &body, Some(id), &mut on_notice)
+            // A legacy server's requests met in the answer's stream wait for the agent on
+            // threads of this scope, so the stream is read on: a final answer that comes
+            // first (the server gave up waiting) ends the call at once, and the requests
+            // still waiting are over (their threads end with the scope).
+            let posted = std::thread::scope(|scope| {
+                let posted = {
+                    let mut waiting = 0;
+                    let mut on_notice = |n: Notice| {
+                        let relay = Relaying {
+                            ctx: ctx.as_deref_mut(),
+                            scope,
+                            waiting: &mut waiting,
+                        };
+                        self.on_notice(&era, n, notices, relay)
+                    };
+                    if for_call {
+                        transport.post_for_call(&headers, &body, Some(id), &mut on_notice)
+                    } else {
+                        transport.post(&headers, &body, Some(id), &mut on_notice)
+                    }
+                };
+                if let Some(c) = ctx.as_deref() {
+                    c.link.end_waits();
                 }
-            };
+                posted
+            });
             if let Some(c) = ctx.as_deref()
                 && c.link.is_cancelled()
             {
@@ -689,10 +729,12 @@ impl Upstream {
                             let wanted = asked
                                 .requests
                                 .iter()
-                                .map(|(_, m, p)| (m.clone(), p.clone()))
+                                .map(|(k, m, p)| (Some(k.clone()), m.clone(), p.clone()))
                                 .collect();
-                            let answers =
-                                c.relay(wanted).map_err(|_| cancelled_error(&self.name))?;
+                            let answers = c
+                                .ask_keyed(wanted)
+                                .wait(&c.link, None)
+                                .map_err(|_| cancelled_error(&self.name))?;
                             call_relay::retry_params(&asked, &answers).map_err(|why| {
                                 UpstreamError::new(
                                     UpstreamErrorCode::UpstreamError,
@@ -795,13 +837,18 @@ impl Upstream {
         }
     }
 
-    fn on_notice(
-        &self,
+    fn on_notice<'s, 'e: 's>(
+        &'e self,
         era: &Era,
         notice: Notice,
         notices: &mut Notices,
-        ctx: Option<&mut CallContext>,
+        relay: Relaying<'_, 's, 'e>,
     ) {
+        let Relaying {
+            ctx,
+            scope,
+            waiting,
+        } = relay;
         match notice {
             Notice::Notification { method, mut params } => {
                 if let Some(p) = params.as_mut() {
@@ -817,6 +864,15 @@ impl Upstream {
                     notices.count("dropped (relay.notifications_per_sec)");
                 }
             }
+            Notice::Dropped { count, .. } => {
+                *notices
+                    .counts
+                    .entry("dropped (too large or queue full)".to_owned())
+                    .or_insert(0) += count;
+                if let Some(ctx) = ctx {
+                    ctx.dropped = ctx.dropped.saturating_add(count);
+                }
+            }
             Notice::ServerRequest {
                 id,
                 method,
@@ -828,7 +884,18 @@ impl Upstream {
                 notices.count(&format!("request {method}"));
                 match ctx {
                     Some(ctx) if call_relay::relayed_request(&method) => {
-                        self.relay_server_request(era, &id, &method, params, ctx)
+                        if *waiting >= ctx.max_waiting() {
+                            let answer = RequestAnswer::error(
+                                0,
+                                crate::mcp::jsonrpc::INTERNAL_ERROR,
+                                "too many requests wait for the client in this call",
+                                None,
+                            );
+                            self.answer_relayed(era, &id, &method, answer);
+                            return;
+                        }
+                        *waiting += 1;
+                        self.relay_server_request(era, id, &method, params, ctx, scope)
                     }
                     _ => self.answer_server_request(era, &id, &method),
                 }
@@ -837,24 +904,61 @@ impl Upstream {
     }
 
     /// A legacy upstream asked the agent something during its call: the gateway relays it
-    /// (or refuses it), and the answer goes back as a JSON-RPC response.
-    fn relay_server_request(
-        &self,
+    /// (or refuses it), and the answer goes back as a JSON-RPC response, from a thread of
+    /// `scope` that waits for it while the call's stream is read on.
+    fn relay_server_request<'s, 'e: 's>(
+        &'e self,
         era: &Era,
-        id: &RawValue,
+        id: Box<RawValue>,
         method: &str,
         params: Option<Value>,
         ctx: &mut CallContext,
+        scope: &'s std::thread::Scope<'s, 'e>,
     ) {
-        let answer = match ctx.relay(vec![(method.to_owned(), params)]) {
-            Ok(mut answers) => answers.pop(),
-            // The call is cancelled: its connection closes; nothing to answer.
-            Err(NoAnswer::Cancelled) => return,
-            Err(NoAnswer::TimedOut) => None,
-        };
-        let answer = answer.unwrap_or_else(|| {
-            RequestAnswer::error(0, crate::mcp::jsonrpc::INTERNAL_ERROR, "no answer", None)
-        });
+        let asked = ctx.ask(vec![(method.to_owned(), params)]);
+        let link = Arc::clone(&ctx.link);
+        let epoch = link.waits_epoch();
+        let (era, method) = (era.clone(), method.to_owned());
+        let spawned = std::thread::Builder::new()
+            .name("up-ask".into())
+            .spawn_scoped(scope, {
+                let (era, id, method) = (era.clone(), id.clone(), method.clone());
+                move || {
+                    let answer = match asked.wait(&link, Some(epoch)) {
+                        Ok(mut answers) => answers.pop(),
+                        // The call is cancelled (its connection closes), or the server
+                        // answered it without this: nothing to answer.
+                        Err(NoAnswer::Cancelled | NoAnswer::Over) => return,
+                        Err(NoAnswer::TimedOut) => None,
+                    };
+                    let answer = answer.unwrap_or_else(|| {
+                        RequestAnswer::error(
+                            0,
+                            crate::mcp::jsonrpc::INTERNAL_ERROR,
+                            "no answer",
+                            None,
+                        )
+                    });
+                    self.answer_relayed(&era, &id, &method, answer);
+                }
+            });
+        if let Err(e) = spawned {
+            crate::debug!(
+                "server {}: no thread to wait for the client: {e}",
+                self.name
+            );
+            let answer = RequestAnswer::error(
+                0,
+                crate::mcp::jsonrpc::INTERNAL_ERROR,
+                "toolwall could not wait for the client's answer",
+                None,
+            );
+            self.answer_relayed(&era, &id, &method, answer);
+        }
+    }
+
+    /// Send a legacy upstream the answer to its request `id`.
+    fn answer_relayed(&self, era: &Era, id: &RawValue, method: &str, answer: RequestAnswer) {
         let Ok(transport) = self.transport() else {
             return;
         };
@@ -1093,13 +1197,32 @@ impl Upstream {
         // Progress and log messages on the listening stream belong to no call here; the
         // gateway finds a call by progress token, or logs them. Bounded per stream.
         let mut bucket = TokenBucket::new(LISTEN_NOTIFICATIONS.0, LISTEN_NOTIFICATIONS.1);
+        // What was dropped here or before (the channel's queue, the size bounds), told to
+        // the gateway in sums, so the call a progress token names counts them.
+        let mut drops = DropTally::default();
         let mut on_notice = |n: Notice| match n {
+            Notice::Dropped {
+                progress_token,
+                count,
+            } => {
+                drops.add(progress_token, count);
+                drops.flush(&self.name, &self.events);
+            }
             Notice::Notification { method, params } => {
                 if let Some(kind) = list_changed_kind(&method).and_then(Kind::parse) {
                     if self.emit_list_changed(&[kind]) {
                         crate::debug!("server {}: its {} changed", self.name, kind.word());
                     }
-                } else if call_relay::relayed_notification(&method) && bucket.take(Instant::now()) {
+                } else if call_relay::relayed_notification(&method) && !bucket.take(Instant::now())
+                {
+                    let token = params
+                        .as_ref()
+                        .and_then(|p| p.get("progressToken"))
+                        .and_then(Value::as_str)
+                        .map(|t| t.chars().take(64).collect());
+                    drops.add(token, 1);
+                    drops.flush_due(&self.name, &self.events);
+                } else if call_relay::relayed_notification(&method) {
                     let mut params = params;
                     if let Some(p) = params.as_mut() {
                         self.scrub.value(p);

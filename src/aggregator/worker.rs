@@ -1,17 +1,16 @@
 //! The aggregator role's request handling inside `toolwall worker aggregator`.
 //!
 //! Requests (see `src/workers/rpc.rs` for the envelope):
-//! - `configure` (once, first): `args` is an [`AggregatorSetup`] as JSON. Starts, per
+//! - `configure` (once, first): `setup` is an [`AggregatorSetup`] as JSON. Starts, per
 //!   server, a watcher thread and a pool of `limits.threads` threads with a queue of
 //!   `limits.queue`, so one slow server holds up nothing but itself.
-//! - `list_tools`, `list_resources`, `list_prompts`, `list_resource_templates`: `name` = the
-//!   server, `args` = the listing's budget. Answer: a JSON array of the definitions as the
-//!   server gave them (every page, copied, never re-encoded); `facts` = pages, bytes,
-//!   dropped items, `list_changed` folded since the last report.
-//! - `call_tool`: `name` = `server__tool`, `args` = the arguments (JSON text). Answer: the
-//!   CallToolResult; `facts` = `{"server", "notifications": {method: count}}`.
-//! - `read_resource`: `name` = the server, `args` = the `resources/read` params.
-//! - `get_prompt`: `name` = `server__prompt`, `args` = the `prompts/get` params.
+//! - `list_upstream` (a kind, the server, the listing's budget). Answer: a JSON array of
+//!   the definitions as the server gave them (every page, copied, never re-encoded);
+//!   `facts` = pages, bytes, dropped items, `list_changed` folded since the last report.
+//! - `call_tool` (the server's own tool name, the arguments as JSON text, the server and
+//!   the call's meta). Answer: the CallToolResult; `facts` = `{"server", "notifications":
+//!   {method: count}}`.
+//! - `read_resource`, `get_prompt`: the request params (and the prompt's own name).
 //!
 //! Events: `upstream_state` and `list_changed` (see `upstream.rs`), detail as JSON text.
 
@@ -21,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 
+use super::answer_bound;
 use super::budget::ListingBudget;
 use super::call_link::{CallLink, CallLinks, Serving};
 use super::call_relay::CallContext;
@@ -48,12 +48,17 @@ pub type ChannelFactory = Arc<
         + Sync,
 >;
 
+/// What a server's thread does for one request.
+enum Work {
+    List(Kind, ListingBudget),
+    CallTool { tool: String, args: String },
+    ReadResource { params: String },
+    GetPrompt { prompt: String, params: String },
+}
+
 struct Job {
     id: u64,
-    op: Op,
-    /// The tool or prompt name (without the server), when the op has one.
-    item: String,
-    args: Option<String>,
+    work: Work,
     /// An agent's call: what the gateway said of the agent, and the link its answers and
     /// cancellation arrive through.
     call: Option<(CallMeta, Arc<CallLink>)>,
@@ -153,29 +158,59 @@ impl AggregatorRole {
         }
     }
 
-    /// The agent's answer to a request the upstream made during call `target`.
-    pub fn answer(&self, target: Option<u64>, args: Option<&str>) {
-        let (Some(link), Some(answer)) = (
-            target.and_then(|t| self.links.get(t)),
-            args.and_then(|a| serde_json::from_str::<RequestAnswer>(a).ok()),
-        ) else {
-            return;
-        };
-        link.deliver(answer);
+    /// The agent's answer to a request the upstream made during call `call`.
+    pub fn answer(&self, call: u64, answer: RequestAnswer) {
+        if let Some(link) = self.links.get(call) {
+            link.deliver(answer);
+        }
     }
 
     /// Handle one request; `Some` is an immediate answer, `None` means a thread answers
     /// later through the outbox.
-    pub fn handle(
-        &mut self,
-        id: u64,
-        op: Op,
-        name: Option<String>,
-        args: Option<String>,
-        meta: Option<String>,
-    ) -> Option<Message> {
-        if op == Op::Configure {
-            return Some(self.configure(id, args.as_deref()));
+    pub fn handle(&mut self, id: u64, op: Op) -> Option<Message> {
+        let (server_name, work, upstream) = match op {
+            Op::Configure { setup } => return Some(self.configure(id, &setup)),
+            Op::ListUpstream {
+                kind,
+                server,
+                budget,
+            } => (server, Work::List(kind.into(), budget), None),
+            Op::CallTool {
+                tool,
+                args,
+                upstream,
+            } => (String::new(), Work::CallTool { tool, args }, upstream),
+            Op::ReadResource { params, upstream } => {
+                (String::new(), Work::ReadResource { params }, upstream)
+            }
+            Op::GetPrompt {
+                prompt,
+                params,
+                upstream,
+            } => (String::new(), Work::GetPrompt { prompt, params }, upstream),
+            other => {
+                return Some(response_err(
+                    id,
+                    &UpstreamError::new(
+                        UpstreamErrorCode::Internal,
+                        format!("the aggregator does not serve {other:?}"),
+                    ),
+                ));
+            }
+        };
+        // An agent's call names its server with the call's meta; a listing names it alone.
+        let (server_name, call) = match upstream {
+            Some(u) => (u.server, Some((u.meta, CallLink::new(id)))),
+            None => (server_name, None),
+        };
+        if call.is_none() && !matches!(work, Work::List(..)) {
+            return Some(response_err(
+                id,
+                &UpstreamError::new(
+                    UpstreamErrorCode::InvalidArguments,
+                    "an agent's call at the aggregator names its upstream server",
+                ),
+            ));
         }
         let Some(servers) = &self.servers else {
             return Some(response_err(
@@ -186,9 +221,7 @@ impl AggregatorRole {
                 ),
             ));
         };
-        let name = name.unwrap_or_default();
-        let (server_name, item) = split_target(&name);
-        let Some(server) = servers.get(server_name) else {
+        let Some(server) = servers.get(&server_name) else {
             return Some(response_err(
                 id,
                 &UpstreamError::new(
@@ -200,23 +233,11 @@ impl AggregatorRole {
                 ),
             ));
         };
-        let call = matches!(op, Op::CallTool | Op::ReadResource | Op::GetPrompt).then(|| {
-            let meta = meta
-                .as_deref()
-                .and_then(|m| serde_json::from_str::<CallMeta>(m).ok())
-                .unwrap_or_default();
-            (meta, CallLink::new(id))
-        });
         if let Some((_, link)) = &call {
             self.links.insert(Arc::clone(link));
         }
-        let job = Job {
-            id,
-            op,
-            item: item.to_owned(),
-            args,
-            call,
-        };
+        let call = call.map(|(meta, link)| (*meta, link));
+        let job = Job { id, work, call };
         let refused = |links: &CallLinks| links.remove(id);
         match server.jobs.try_send(job) {
             Ok(()) => None,
@@ -243,7 +264,7 @@ impl AggregatorRole {
         }
     }
 
-    fn configure(&mut self, id: u64, args: Option<&str>) -> Message {
+    fn configure(&mut self, id: u64, setup: &str) -> Message {
         if self.servers.is_some() {
             return response_err(
                 id,
@@ -253,21 +274,15 @@ impl AggregatorRole {
                 ),
             );
         }
-        let setup: AggregatorSetup = match args.map(serde_json::from_str) {
-            Some(Ok(s)) => s,
-            Some(Err(e)) => {
+        let setup: AggregatorSetup = match serde_json::from_str(setup) {
+            Ok(s) => s,
+            Err(e) => {
                 return response_err(
                     id,
                     &UpstreamError::new(
                         UpstreamErrorCode::InvalidArguments,
                         format!("configure: bad setup: {e}"),
                     ),
-                );
-            }
-            None => {
-                return response_err(
-                    id,
-                    &UpstreamError::new(UpstreamErrorCode::InvalidArguments, "configure: no setup"),
                 );
             }
         };
@@ -387,54 +402,30 @@ fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message
         _ => None,
     };
     let _serving = ctx.as_ref().map(|c| Serving::start(&c.link));
-    let list = |kind: Kind| {
-        // The gateway sends each listing's budget; without one, the `[servers]` defaults.
-        let budget = match job
-            .args
-            .as_deref()
-            .map(serde_json::from_str::<ListingBudget>)
-        {
-            Some(Ok(b)) => b,
-            Some(Err(e)) => {
-                return response_err(
-                    id,
-                    &UpstreamError::new(
-                        UpstreamErrorCode::InvalidArguments,
-                        format!("a listing's budget is not valid: {e}"),
-                    ),
-                );
-            }
-            None => super::config::ServersConfig::default()
-                .budget(upstream.name())
-                .listing(upstream.name(), kind),
-        };
-        match upstream.list(kind, budget) {
+    match job.work {
+        Work::List(kind, budget) => match upstream.list(kind, budget) {
             Ok((items, facts)) => match upstream.scrubbed(Ok(items)) {
                 Ok(items) => response_ok(id, items, Some(facts.to_string())),
                 Err(e) => response_err(id, &e),
             },
             Err(e) => response_err(id, &upstream.scrubbed_error(e)),
-        }
-    };
-    match job.op {
-        Op::ListTools => list(Kind::Tools),
-        Op::ListResources => list(Kind::Resources),
-        Op::ListPrompts => list(Kind::Prompts),
-        Op::ListResourceTemplates => list(Kind::Templates),
-        Op::CallTool => {
-            if job.item.is_empty() {
+        },
+        Work::CallTool { tool, args } => {
+            if tool.is_empty() {
                 return response_err(
                     id,
                     &UpstreamError::new(
                         UpstreamErrorCode::InvalidArguments,
-                        "call_tool needs name = server__tool",
+                        "call_tool needs the tool's name",
                     ),
                 );
             }
-            let args = job.args.as_deref().unwrap_or("{}");
-            let (result, notices) = upstream.call_tool(&job.item, args, ctx.as_mut());
-            let result = upstream.scrubbed(result);
-            let facts = json!({"server": upstream.name(), "notifications": notices.counts});
+            let (result, notices) = upstream.call_tool(&tool, &args, ctx.as_mut());
+            let meta = ctx.as_ref().map(|c| &c.meta);
+            let result = upstream.scrubbed(answer_bound::check(upstream.name(), result, meta));
+            let dropped = ctx.as_ref().map_or(0, |c| c.dropped);
+            let facts = json!({"server": upstream.name(), "notifications": notices.counts,
+                               "relay_dropped": dropped});
             match result {
                 Ok(r) => response_ok(id, r, Some(facts.to_string())),
                 Err(e) => {
@@ -446,40 +437,49 @@ fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message
                 }
             }
         }
-        Op::ReadResource | Op::GetPrompt => {
-            let mut params: Value = match job.args.as_deref().map(serde_json::from_str::<Value>) {
-                Some(Ok(v @ Value::Object(_))) => v,
-                None => json!({}),
-                _ => {
-                    return response_err(
-                        id,
-                        &UpstreamError::new(
-                            UpstreamErrorCode::InvalidArguments,
-                            "params must be a JSON object",
-                        ),
-                    );
-                }
-            };
-            let method = if job.op == Op::ReadResource {
-                "resources/read"
-            } else {
-                if !job.item.is_empty() {
-                    params["name"] = Value::String(job.item.clone());
-                }
-                "prompts/get"
-            };
-            match upstream.scrubbed(upstream.forward(method, params, ctx.as_mut())) {
-                Ok(r) => response_ok(id, r, None),
-                Err(e) => response_err(id, &e),
-            }
+        Work::ReadResource { params } => {
+            forward(upstream, id, "resources/read", &params, None, ctx.as_mut())
         }
-        other => response_err(
+        Work::GetPrompt { prompt, params } => forward(
+            upstream,
             id,
-            &UpstreamError::new(
-                UpstreamErrorCode::Internal,
-                format!("the aggregator does not serve {other:?}"),
-            ),
+            "prompts/get",
+            &params,
+            Some(prompt),
+            ctx.as_mut(),
         ),
+    }
+}
+
+/// `resources/read` or `prompts/get` (with the prompt's own name set in the params).
+fn forward(
+    upstream: &Upstream,
+    id: u64,
+    method: &str,
+    params: &str,
+    prompt: Option<String>,
+    mut ctx: Option<&mut CallContext>,
+) -> Message {
+    let mut params: Value = match serde_json::from_str::<Value>(params) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            return response_err(
+                id,
+                &UpstreamError::new(
+                    UpstreamErrorCode::InvalidArguments,
+                    "params must be a JSON object",
+                ),
+            );
+        }
+    };
+    if let Some(prompt) = prompt.filter(|p| !p.is_empty()) {
+        params["name"] = Value::String(prompt);
+    }
+    let result = upstream.forward(method, params, ctx.as_deref_mut());
+    let meta = ctx.as_ref().map(|c| &c.meta);
+    match upstream.scrubbed(answer_bound::check(upstream.name(), result, meta)) {
+        Ok(r) => response_ok(id, r, None),
+        Err(e) => response_err(id, &e),
     }
 }
 

@@ -55,18 +55,29 @@ pub fn format_approvals(reply: &serde_json::Value) -> String {
     if pending.is_empty() {
         out.push_str("no calls awaiting approval\n");
     }
+    // Everything but the id and the wait is the agent's or an upstream's text: written out
+    // so that no control, bidi, tag or invisible character reaches the operator's terminal
+    // as itself, and long runs of spaces are named.
+    let shown = |v: &serde_json::Value, absent: &str| {
+        let (text, found) = crate::pins::visible::visible(v.as_str().unwrap_or(absent));
+        if found.longest_space_run > 8 {
+            format!("{text} [a run of {} spaces]", found.longest_space_run)
+        } else {
+            text
+        }
+    };
     for p in pending {
         let _ = writeln!(
             out,
             "{}  {}  principal {}  process {}  via {}  waiting {} ms  rule {}\n    arguments: {}",
             p["id"],
-            p["tool"].as_str().unwrap_or(""),
-            p["principal"].as_str().unwrap_or(""),
-            p["process"].as_str().unwrap_or(""),
-            p["transport"].as_str().unwrap_or(""),
+            shown(&p["tool"], ""),
+            shown(&p["principal"], ""),
+            shown(&p["process"], ""),
+            shown(&p["transport"], ""),
             p["waiting_ms"],
-            p["rule"].as_str().unwrap_or("-"),
-            p["arguments"].as_str().unwrap_or("")
+            shown(&p["rule"], "-"),
+            shown(&p["arguments"], "")
         );
     }
     out
@@ -168,4 +179,34 @@ pub fn format_server_status(s: &serde_json::Value) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn approvals_write_out_what_a_terminal_would_hide() {
+        let reply = serde_json::json!({"pending": [{
+            "id": 7, "tool": "local__echo", "principal": "uid:1001",
+            "process": "claude\u{1b}[2K\rcode", "transport": "unix", "waiting_ms": 5,
+            "rule": "ask-echo",
+            "arguments": "{\"text\":\"ls\u{202e}\u{2066}x\u{2069}\u{e003b}\u{e0072}\u{2028}          ; rm -rf ~\"}"
+        }]});
+        let out = format_approvals(&reply);
+        assert_eq!(out.lines().count(), 2, "{out}");
+        for hidden in [
+            '\u{1b}',
+            '\r',
+            '\u{202e}',
+            '\u{2066}',
+            '\u{2069}',
+            '\u{e003b}',
+            '\u{2028}',
+        ] {
+            assert!(!out.contains(hidden), "{hidden:?} shown as itself: {out:?}");
+        }
+        assert!(out.contains("[a run of 10 spaces]"), "{out}");
+        assert!(out.contains("rm -rf ~"), "{out}");
+    }
 }

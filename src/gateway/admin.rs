@@ -82,17 +82,14 @@ pub fn handle(gw: &mut Gateway, principal: &str, line: &[u8]) -> Value {
         }
         Request::Approve { id } => decide(gw, id, true, principal, None, now),
         Request::Deny { id, reason } => decide(gw, id, false, principal, reason.as_deref(), now),
-        Request::Pins => match gw.core().upstreams() {
-            Some(u) => u.pins_json(),
-            None => json!({"ok": true, "pins": []}),
-        },
+        Request::Pins => gw.pins_json(),
         Request::PinApprove { tool, digest } => {
             let who = format!("admin {principal}");
             let digest = match crate::pins::cli_output::check_digest(&tool, digest.as_deref()) {
                 Ok(d) => d,
                 Err(e) => return json!({"ok": false, "error": e}),
             };
-            match gw.core_mut().approve_pin(&tool, &digest, &who, now) {
+            match gw.approve_pin(&tool, &digest, &who, now) {
                 Ok(message) => json!({"ok": true, "message": message}),
                 Err(e) => json!({"ok": false, "error": e}),
             }

@@ -45,7 +45,9 @@ mod framed_lines;
 mod http_service;
 mod lifecycle;
 mod observability;
+mod pin_io;
 mod relay;
+mod server_set;
 mod startup;
 
 use conns::{Conn, ConnIo, Outgoing, Wire};
@@ -113,6 +115,9 @@ pub struct Gateway {
     watchdog: Option<systemd::WatchdogTimer>,
     /// The Streamable HTTP door, when `[listen] http` is set.
     http: Option<HttpDoor>,
+    /// The pin store's connection and the listing intake, when upstream servers are
+    /// configured (`event_loop/pin_io.rs`).
+    pins: Option<pin_io::PinIo>,
     /// The last STATUS= line sent, and when: sent again when it changes, at most once a second.
     status_sent: (String, Instant),
 }
@@ -227,6 +232,7 @@ impl Gateway {
     /// Commit, then release this turn's actions; repeat while releasing produced more.
     fn end_turn(&mut self, now: Instant, worker_events: &mut Vec<WorkerEvent>) {
         for _ in 0..8 {
+            self.pump_pins(now);
             self.commit();
             let actions = self.core.take_actions();
             if actions.is_empty() {

@@ -437,6 +437,27 @@ impl HttpDoor {
                     process: "http".into(),
                 };
                 let payload = plain[message].to_vec();
+                // SEP-2243: a parameter the tool binds to an `Mcp-Param-*` header must
+                // travel in both, alike; the catalog knows the tool's bindings.
+                // Read as the core reads it (a repeated key: the last one counts), so the
+                // check sees the name and arguments the call is made with.
+                let body: Option<serde_json::Value> = (call.era.is_modern()
+                    && call.method == "tools/call")
+                    .then(|| serde_json::from_slice(&payload).ok())
+                    .flatten();
+                let params = body.as_ref().and_then(|b| b.get("params"));
+                let bindings = params
+                    .and_then(|p| p.get("name"))
+                    .and_then(serde_json::Value::as_str)
+                    .map_or(&[][..], |name| core.header_bindings(name, &peer));
+                let arguments = params.and_then(|p| p.get("arguments"));
+                if let Some(response) =
+                    endpoint::param_header_refusal(&call, request, arguments, bindings)
+                {
+                    consume(h, request.consumed);
+                    self.respond(h, out, response);
+                    return None;
+                }
                 consume(h, request.consumed);
                 if let Era::Legacy {
                     session: Some(session),

@@ -152,6 +152,42 @@ fn read_paths_for(command: &str, args: &[String], cwd: Option<&str>) -> Vec<Stri
     out
 }
 
+/// Text for a `#` comment: control characters (line breaks above all) and the Unicode
+/// line and paragraph separators are written out as escapes, so the comment stays one line.
+pub fn comment_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{85}') {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A line of a table that is printed commented out (toolwall would refuse it), with any
+/// value that looks like a credential left out: a comment is still in the file.
+fn without_credential(line: &str) -> String {
+    let holds = match line.parse::<toml::Table>() {
+        Ok(t) => t.values().any(value_holds_credential),
+        Err(_) => false,
+    };
+    match line.split_once(" = ") {
+        Some((key, _)) if holds => format!("{key} = \"<left out: it holds a credential>\""),
+        _ => line.to_owned(),
+    }
+}
+
+fn value_holds_credential(v: &toml::Value) -> bool {
+    match v {
+        toml::Value::String(s) => crate::stdio_server::config::looks_like_secret(s),
+        toml::Value::Array(a) => a.iter().any(value_holds_credential),
+        toml::Value::Table(t) => t.values().any(value_holds_credential),
+        _ => false,
+    }
+}
+
 /// Converts every server of a client's file. `secrets_dir` is where their secrets go.
 pub fn convert(servers: &[ClientServer], source: &str, secrets_dir: &Path) -> Vec<Converted> {
     let mut taken = BTreeSet::new();
@@ -311,16 +347,26 @@ fn convert_one(s: &ClientServer, name: &str, source: &str, secrets_dir: &Path) -
             .err()
             .map(|e| e.to_string())
     };
-    let mut head = format!("# imported from {source}: {}\n", s.at);
+    // What a client file says reaches comments only written out: a line break in a
+    // server's name must not start a line of TOML.
+    let mut head = format!(
+        "# imported from {}: {}\n",
+        comment_text(source),
+        comment_text(&s.at)
+    );
     for n in &notes {
-        head.push_str(&format!("# note: {n}\n"));
+        head.push_str(&format!("# note: {}\n", comment_text(n)));
     }
     let (toml, refused) = match &refusal {
         Some(why) => {
             head.push_str(&format!(
-                "# NOT IMPORTED: toolwall would refuse it: {why}\n"
+                "# NOT IMPORTED: toolwall would refuse it: {}\n",
+                comment_text(why)
             ));
-            let commented: String = table.lines().map(|l| format!("# {l}\n")).collect();
+            let commented: String = table
+                .lines()
+                .map(|l| format!("# {}\n", comment_text(&without_credential(l))))
+                .collect();
             (format!("{head}{commented}"), true)
         }
         None => (format!("{head}{table}"), false),

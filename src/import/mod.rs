@@ -50,19 +50,12 @@ pub fn run(req: &ImportRequest) -> Result<i32, String> {
         kind.describe()
     );
     for n in &file.notes {
-        eprintln!("note: {n}");
+        eprintln!("note: {}", emit::comment_text(n));
     }
     for c in &converted {
         for n in &c.notes {
-            eprintln!("note: {n}");
+            eprintln!("note: {}", emit::comment_text(n));
         }
-    }
-    let written = write_secrets(&converted, &secrets_dir, &state)?;
-    if written > 0 {
-        eprintln!(
-            "wrote {written} secret file(s) (mode 0600) in {}",
-            secrets_dir.display()
-        );
     }
     let mut toml = String::new();
     for c in &converted {
@@ -70,8 +63,25 @@ pub fn run(req: &ImportRequest) -> Result<i32, String> {
         toml.push('\n');
     }
     print!("{toml}");
-    if let Some(target) = req.write {
-        merge(target, &converted, &toml)?;
+    // The merged config is checked before any secret file is written: a refused merge
+    // leaves nothing behind.
+    let merged = match req.write {
+        Some(target) => Some((target, merged_config(target, &converted, &toml)?)),
+        None => None,
+    };
+    let written = write_secrets(&converted, &secrets_dir, &state)?;
+    if written > 0 {
+        eprintln!(
+            "wrote {written} secret file(s) (mode 0600) in {}",
+            secrets_dir.display()
+        );
+    }
+    if let Some((target, after)) = merged {
+        if target.exists() {
+            std::fs::copy(target, backup_name(target))
+                .map_err(|e| format!("backing up {}: {e}", target.display()))?;
+        }
+        replace_file(target, after.as_bytes())?;
         eprintln!(
             "merged into {} (the previous version is {})",
             target.display(),
@@ -187,21 +197,37 @@ fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
 
 /// Appends the tables to the toolwall config `target`: refused when a name is taken
 /// there; the result must load, else the file is left as it was.
-fn merge(target: &Path, converted: &[emit::Converted], toml: &str) -> Result<(), String> {
+/// The servers a config's text defines.
+fn server_names(text: &str, what: &Path) -> Result<BTreeSet<String>, String> {
+    match toml::from_str::<toml::Table>(text) {
+        Ok(t) => Ok(t
+            .get("servers")
+            .and_then(toml::Value::as_table)
+            .map(|s| {
+                s.iter()
+                    .filter(|(_, v)| v.is_table())
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            })
+            .unwrap_or_default()),
+        Err(e) => Err(format!("{}: not TOML: {e}", what.display())),
+    }
+}
+
+/// The target config with the imported tables appended, once it loads and defines exactly
+/// the servers it had plus the imported ones (nothing a client file says can add more).
+fn merged_config(
+    target: &Path,
+    converted: &[emit::Converted],
+    toml: &str,
+) -> Result<String, String> {
     let before = if target.exists() {
         crate::config::read_bounded(target, crate::config::MAX_CONFIG_BYTES)
             .map_err(|e| format!("{}: {e}", target.display()))?
     } else {
         String::new()
     };
-    let existing: BTreeSet<String> = match toml::from_str::<toml::Table>(&before) {
-        Ok(t) => t
-            .get("servers")
-            .and_then(toml::Value::as_table)
-            .map(|s| s.keys().cloned().collect())
-            .unwrap_or_default(),
-        Err(e) => return Err(format!("{}: not TOML: {e}", target.display())),
-    };
+    let existing = server_names(&before, target)?;
     let clashes: Vec<&str> = converted
         .iter()
         .filter(|c| !c.refused && existing.contains(&c.name))
@@ -222,9 +248,19 @@ fn merge(target: &Path, converted: &[emit::Converted], toml: &str) -> Result<(),
     after.push_str(toml);
     crate::config::Config::from_toml(&after, &target.display().to_string())
         .map_err(|e| format!("the merged config would not load, nothing was merged: {e}"))?;
-    if target.exists() {
-        std::fs::copy(target, backup_name(target))
-            .map_err(|e| format!("backing up {}: {e}", target.display()))?;
+    let mut expected = existing;
+    expected.extend(
+        converted
+            .iter()
+            .filter(|c| !c.refused)
+            .map(|c| c.name.clone()),
+    );
+    let defined = server_names(&after, target)?;
+    if defined != expected {
+        let extra: Vec<&String> = defined.difference(&expected).collect();
+        return Err(format!(
+            "the merged config would define servers nobody imported ({extra:?}): nothing was merged"
+        ));
     }
-    replace_file(target, after.as_bytes())
+    Ok(after)
 }

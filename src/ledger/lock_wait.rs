@@ -8,6 +8,7 @@
 //! the writer's connection runs on the thread that asked for it.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Pause between two tries for a lock.
@@ -15,6 +16,16 @@ const RETRY_EVERY: Duration = Duration::from_micros(100);
 
 thread_local! {
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Set while the writer waits for a lock another connection of this process holds: the
+/// pin intake, which shares the file, starts no transaction meanwhile ([`writer_waiting`]),
+/// so the writer waits for at most the one transaction in progress.
+static WRITER_WAITING: AtomicBool = AtomicBool::new(false);
+
+/// Whether the ledger's writer is waiting for the file's lock right now.
+pub fn writer_waiting() -> bool {
+    WRITER_WAITING.load(Ordering::Acquire)
 }
 
 /// While alive, writes on this thread wait for locks until `timeout` from its creation.
@@ -30,6 +41,7 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         DEADLINE.set(None);
+        WRITER_WAITING.store(false, Ordering::Release);
     }
 }
 
@@ -43,6 +55,7 @@ pub fn retry(_tries: i32) -> bool {
     if now >= deadline {
         return false;
     }
+    WRITER_WAITING.store(true, Ordering::Release);
     std::thread::sleep(RETRY_EVERY.min(deadline - now));
     true
 }

@@ -12,7 +12,7 @@ mod checkpointer;
 pub mod cli;
 mod error;
 mod file;
-mod lock_wait;
+pub(crate) mod lock_wait;
 pub mod measure;
 pub mod query;
 mod record;

@@ -17,6 +17,8 @@ pub enum ToolErrorCode {
     InvalidArguments,
     /// An answer larger than a door may carry.
     TooLarge,
+    /// A bound on what is in flight toward a server was reached (`servers.max_queued_bytes`).
+    Busy,
     Internal,
 }
 
@@ -33,6 +35,7 @@ impl ToolErrorCode {
             ToolErrorCode::ShuttingDown => "shutting_down",
             ToolErrorCode::InvalidArguments => "invalid_arguments",
             ToolErrorCode::TooLarge => "too_large",
+            ToolErrorCode::Busy => "busy",
             ToolErrorCode::Internal => "internal",
         }
     }
@@ -45,7 +48,9 @@ impl ToolErrorCode {
             | ToolErrorCode::AskDenied
             | ToolErrorCode::AskTimeout
             | ToolErrorCode::PinChanged => POLICY_BLOCKED,
-            ToolErrorCode::WorkerUnavailable | ToolErrorCode::Timeout => TRANSPORT_ERROR,
+            ToolErrorCode::WorkerUnavailable | ToolErrorCode::Timeout | ToolErrorCode::Busy => {
+                TRANSPORT_ERROR
+            }
             ToolErrorCode::LedgerUnavailable => LEDGER_UNAVAILABLE,
             ToolErrorCode::ShuttingDown => SHUTTING_DOWN,
             ToolErrorCode::InvalidArguments => INVALID_PARAMS,

@@ -21,12 +21,13 @@ use std::thread::JoinHandle;
 
 use super::digest::{pinned, pinned_v1};
 use super::review::{self, Note, Outcome, ReviewCtx, SAMPLE, Write};
-use super::store::{PinStore, ServerRecord};
+use super::store::{PIN_TX_BUDGET, PIN_TX_PAUSE, PinStore, ServerRecord};
 use super::{NewTools, PinMode};
 use crate::aggregator::budget::ListingBudget;
 use crate::aggregator::error::quote_upstream;
 use crate::mcp::catalog::listing::{self, Refusal};
 use crate::mcp::catalog::{Entry, Kind, NAMESPACE_SEP, WorkerId};
+use std::time::Instant;
 
 /// Tools reviewed per pin transaction.
 pub const CHUNK: usize = 256;
@@ -403,10 +404,11 @@ impl Drop for Intake {
 
 fn run(path: PathBuf, jobs: Receiver<Job>, done: std::sync::mpsc::Sender<Done>, waker: Arc<Waker>) {
     let mut store = match PinStore::open(&path) {
-        Ok(s) => {
+        Ok(mut s) => {
             if let Err(e) = s.relaxed_sync() {
                 crate::warn!("{e}");
             }
+            s.pause_after_commit(PIN_TX_PAUSE);
             Some(s)
         }
         Err(e) => {
@@ -633,20 +635,18 @@ fn review_tools(
                 Some((format!("{server}{NAMESPACE_SEP}{bare}"), item, p))
             })
             .collect();
-        let reviews = store.write(|t| {
-            let mut reviews = Vec::with_capacity(prepared.len());
-            for (name, item, p) in &prepared {
-                let row = t.get(name)?;
-                let r = review::review_tool(&ctx, name, row.as_ref(), p, || pinned_v1(item).digest);
-                match &r.write {
-                    Some(Write::Put(rec)) => t.put(rec)?,
-                    Some(Write::Touch) => t.touch(name, now)?,
-                    None => {}
-                }
-                reviews.push(r);
+        // In transactions of at most PIN_TX_BUDGET each: whatever a definition weighs,
+        // the ledger's writer never waits long for the file's lock.
+        let mut reviews: Result<Vec<_>, String> = Ok(Vec::with_capacity(prepared.len()));
+        while let Ok(done) = &mut reviews
+            && done.len() < prepared.len()
+        {
+            let rest = &prepared[done.len()..];
+            match review_some(store, &ctx, rest, now) {
+                Ok(more) => done.extend(more),
+                Err(e) => reviews = Err(e),
             }
-            Ok(reviews)
-        });
+        }
         match reviews {
             Ok(reviews) => {
                 for ((name, item, _), r) in prepared.into_iter().zip(reviews) {
@@ -732,6 +732,34 @@ fn review_tools(
     summary.hidden = out.hidden.len();
     out.summary = Some(summary);
     out
+}
+
+/// Reviews tools from the front of `rest` in one transaction, until all are done or the
+/// transaction has run [`PIN_TX_BUDGET`] (at least one is always reviewed).
+fn review_some(
+    store: &mut PinStore,
+    ctx: &ReviewCtx,
+    rest: &[(String, Value, super::digest::Pinned)],
+    now: i64,
+) -> Result<Vec<review::ToolReview>, String> {
+    store.write(|t| {
+        let started = Instant::now();
+        let mut reviews = Vec::new();
+        for (name, item, p) in rest {
+            if !reviews.is_empty() && started.elapsed() >= PIN_TX_BUDGET {
+                break;
+            }
+            let row = t.get(name)?;
+            let r = review::review_tool(ctx, name, row.as_ref(), p, || pinned_v1(item).digest);
+            match &r.write {
+                Some(Write::Put(rec)) => t.put(rec)?,
+                Some(Write::Touch) => t.touch(name, now)?,
+                None => {}
+            }
+            reviews.push(r);
+        }
+        Ok(reviews)
+    })
 }
 
 fn push_unreviewed(out: &mut Reviewed, job: &ListingJob, item: Value, enforce: bool, why: &str) {

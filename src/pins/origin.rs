@@ -6,8 +6,9 @@
 //! The key errs towards "the same": two addresses that share a key make the newer name's
 //! tools wait for approval, which is safe; two spellings of one server that did not share a
 //! key would let a changed definition in unreviewed. So scheme and host are lowercased,
-//! every loopback spelling (`localhost`, `*.localhost`, `127.0.0.0/8`, `::1`, `0.0.0.0`,
-//! `::`) is one host, the default port is filled in, the path is percent-decoded,
+//! every numeric IPv4 spelling the resolver accepts (`127.1`, `0x7f000001`, `2130706433`,
+//! `0177.0.0.1`) is the dotted quad, every loopback spelling (`localhost`, `*.localhost`,
+//! `127.0.0.0/8`, `::1`, `0.0.0.0`, `::`) is one host, the default port is filled in, the path is percent-decoded,
 //! lowercased, its `.`/`..` segments resolved and its empty segments and trailing slashes
 //! dropped, and user info, query and fragment are ignored. A local server's origin is its
 //! command line, compared as written.
@@ -15,7 +16,7 @@
 //! Not recognised (different keys, so a new name there is pinned on first sight): a host
 //! name and an address it resolves to, two names of one host. Nothing here resolves names.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::transport::http::authority::Authority;
 
@@ -72,7 +73,10 @@ fn url_key(url: &str) -> Option<String> {
 fn host_key(host: &str) -> String {
     let host = host.trim_end_matches('.');
     let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let loopback = match bare.parse::<IpAddr>() {
+    let parsed = bare
+        .parse::<IpAddr>()
+        .or_else(|_| numeric_ipv4(bare).map(IpAddr::V4).ok_or(()));
+    let loopback = match parsed {
         Ok(IpAddr::V4(v4)) => v4.is_loopback() || v4.is_unspecified(),
         Ok(IpAddr::V6(v6)) => {
             v6.is_loopback()
@@ -86,11 +90,55 @@ fn host_key(host: &str) -> String {
     if loopback {
         return "loopback".into();
     }
-    match bare.parse::<Ipv6Addr>() {
-        // One spelling of an IPv6 address.
-        Ok(v6) => format!("[{v6}]"),
+    match parsed {
+        // One spelling of an address: `10.1` and `0x0a000001` are 10.0.0.1.
+        Ok(IpAddr::V6(v6)) => format!("[{v6}]"),
+        Ok(IpAddr::V4(v4)) => v4.to_string(),
         Err(_) => host.to_owned(),
     }
+}
+
+/// An IPv4 address in any form the system's resolver accepts (inet_aton): one to four
+/// parts, each decimal, `0x` hexadecimal or `0` octal, the last filling the bytes left
+/// (`127.1`, `2130706433`, `0x7f000001`, `0177.0.0.1`).
+fn numeric_ipv4(host: &str) -> Option<Ipv4Addr> {
+    let parts: Vec<&str> = host.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let mut values = Vec::with_capacity(parts.len());
+    for p in &parts {
+        let (digits, radix) = if let Some(h) = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X"))
+        {
+            (h, 16)
+        } else if p.len() > 1 && p.starts_with('0') {
+            (&p[1..], 8)
+        } else {
+            (*p, 10)
+        };
+        if digits.is_empty() && radix != 16 {
+            return None;
+        }
+        let v = if digits.is_empty() {
+            0
+        } else {
+            u32::from_str_radix(digits, radix).ok()?
+        };
+        values.push(v);
+    }
+    let (last, leading) = values.split_last()?;
+    if leading.iter().any(|&v| v > 255) {
+        return None;
+    }
+    let room = 8 * (4 - leading.len() as u32);
+    if room < 32 && *last >= 1 << room {
+        return None;
+    }
+    let mut n = *last;
+    for (i, &v) in leading.iter().enumerate() {
+        n |= v << (24 - 8 * i as u32);
+    }
+    Some(Ipv4Addr::from(n))
 }
 
 fn path_key(path: &str) -> String {
@@ -134,6 +182,28 @@ fn hex(c: u8) -> Option<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_numeric_spelling_of_an_ipv4_address_is_one_key() {
+        for spelled in [
+            "http://127.1:9411/mcp",
+            "http://0x7f000001:9411/mcp",
+            "http://2130706433:9411/mcp",
+            "http://0177.0.0.1:9411/mcp",
+            "http://127.0.1:9411/mcp",
+            "http://0:9411/mcp",
+        ] {
+            assert!(same(spelled, "http://127.0.0.1:9411/mcp"), "{spelled}");
+        }
+        assert!(same("http://10.1:80/mcp", "http://10.0.0.1/mcp"));
+        assert!(same("http://0x0a.0x1.0.0:80/x", "http://10.1.0.0/x"));
+        assert!(!same("http://10.1:80/mcp", "http://10.0.0.2/mcp"));
+        assert_eq!(numeric_ipv4("256.1"), None);
+        assert_eq!(numeric_ipv4("1.2.3.4.5"), None);
+        assert_eq!(numeric_ipv4("08"), None);
+        assert_eq!(numeric_ipv4("example"), None);
+        assert_eq!(numeric_ipv4("1.2.65536"), None);
+    }
 
     #[test]
     fn every_spelling_of_one_address_is_one_key() {

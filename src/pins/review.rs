@@ -80,6 +80,46 @@ pub struct ToolReview {
     pub note: Option<Note>,
 }
 
+/// The operator approves the pending definition of `before`'s tool, exactly the one whose
+/// digest is `digest`: the row to write, or why not (another definition is waiting now,
+/// or none is).
+pub fn approve(
+    before: &PinRecord,
+    digest: &str,
+    by: &str,
+    now_ms: i64,
+) -> Result<PinRecord, String> {
+    let tool = &before.tool;
+    let Some(pending) = before.pending.clone() else {
+        return Err(match &before.approved {
+            Some(a) if a.digest == digest => {
+                format!("{tool} sha256:{digest} is already approved")
+            }
+            Some(a) => format!(
+                "{tool} has no definition waiting for approval (its approved one is sha256:{})",
+                a.digest
+            ),
+            None => format!("{tool} has no definition waiting for approval"),
+        });
+    };
+    if pending.digest != digest {
+        return Err(format!(
+            "{tool}: the definition waiting now is sha256:{}, not sha256:{digest}; nothing was approved (run `toolwall pins list` again)",
+            pending.digest
+        ));
+    }
+    let mut after = before.clone();
+    after.approved = Some(Approved {
+        digest: pending.digest,
+        definition: pending.definition,
+        scheme: SCHEME,
+        approved_ms: now_ms,
+        approved_by: Some(by.to_owned()),
+    });
+    after.pending = None;
+    Ok(after)
+}
+
 fn held_message(name: &str, server: &str, digest: &str) -> String {
     format!(
         "{name} is a new tool of server {server}, held until an operator approves it: toolwall pins approve {name} --digest {digest}"

@@ -11,12 +11,24 @@
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::digest::SCHEME;
 
 /// How long a pin write waits for the ledger file's write lock.
 pub const PIN_BUSY_TIMEOUT: Duration = Duration::from_millis(2000);
+
+/// Pause after each pin transaction of the listing intake. The ledger's writer retries a
+/// taken lock every 100 µs; a thread that takes the lock again at once can win that race
+/// for a whole listing, until the writer's wait (`ledger.busy_timeout_ms`) runs out and a
+/// call is refused `ledger_unavailable`. Pausing hands the lock over between transactions.
+pub const PIN_TX_PAUSE: Duration = Duration::from_millis(2);
+/// Longest a review transaction of the intake goes on before it commits the tools it has
+/// reviewed and leaves the rest to the next one (however large each definition).
+pub const PIN_TX_BUDGET: Duration = Duration::from_millis(10);
+
+/// Longest a pin transaction waits for the ledger's writer to have its turn.
+pub const PIN_YIELD_MAX: Duration = Duration::from_secs(2);
 
 /// Times one pin transaction is tried when the ledger file stays locked.
 pub const PIN_WRITE_ATTEMPTS: u32 = 5;
@@ -121,6 +133,8 @@ pub struct ServerRecord {
 #[derive(Debug)]
 pub struct PinStore {
     conn: Connection,
+    /// Slept after each committed transaction ([`PIN_TX_PAUSE`] for the intake).
+    pause_after_commit: Option<Duration>,
 }
 
 fn err(what: &str, e: rusqlite::Error) -> String {
@@ -223,7 +237,10 @@ impl PinStore {
         conn.busy_timeout(PIN_BUSY_TIMEOUT)
             .map_err(|e| err("busy_timeout", e))?;
         schema_version(&conn).map_err(|e| format!("pins: {} {e}", ledger_path.display()))?;
-        Ok(PinStore { conn })
+        Ok(PinStore {
+            conn,
+            pause_after_commit: None,
+        })
     }
 
     fn migrate(&mut self, ledger_path: &Path) -> Result<(), String> {
@@ -325,13 +342,28 @@ impl PinStore {
         &mut self,
         f: &mut impl FnMut(&PinTx) -> Result<R, String>,
     ) -> Result<R, String> {
+        // The ledger's writer goes first: a call's commit never waits behind a queue of
+        // pin transactions (bounded: a writer stuck for long does not stop the pins).
+        let yield_until = Instant::now() + PIN_YIELD_MAX;
+        while crate::ledger::lock_wait::writer_waiting() && Instant::now() < yield_until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| err("starting a write", e))?;
         let out = f(&PinTx { tx: &tx })?;
         tx.commit().map_err(|e| err("committing", e))?;
+        if let Some(pause) = self.pause_after_commit {
+            std::thread::sleep(pause);
+        }
         Ok(out)
+    }
+
+    /// Sleep `pause` after every committed transaction: for a thread that writes many in a
+    /// row while the ledger's writer shares the file.
+    pub fn pause_after_commit(&mut self, pause: Duration) {
+        self.pause_after_commit = Some(pause);
     }
 
     /// The operator approves the pending definition of `tool`, exactly the one whose digest
@@ -347,33 +379,7 @@ impl PinStore {
             let Some(before) = t.get(tool)? else {
                 return Err(format!("no pinned or held tool is named {tool}"));
             };
-            let Some(pending) = before.pending.clone() else {
-                return Err(match &before.approved {
-                    Some(a) if a.digest == digest => {
-                        format!("{tool} sha256:{digest} is already approved")
-                    }
-                    Some(a) => format!(
-                        "{tool} has no definition waiting for approval (its approved one is sha256:{})",
-                        a.digest
-                    ),
-                    None => format!("{tool} has no definition waiting for approval"),
-                });
-            };
-            if pending.digest != digest {
-                return Err(format!(
-                    "{tool}: the definition waiting now is sha256:{}, not sha256:{digest}; nothing was approved (run `toolwall pins list` again)",
-                    pending.digest
-                ));
-            }
-            let mut after = before.clone();
-            after.approved = Some(Approved {
-                digest: pending.digest,
-                definition: pending.definition,
-                scheme: SCHEME,
-                approved_ms: now_ms,
-                approved_by: Some(by.to_owned()),
-            });
-            after.pending = None;
+            let after = super::review::approve(&before, digest, by, now_ms)?;
             t.put(&after)?;
             Ok((before, after))
         })

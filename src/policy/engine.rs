@@ -64,6 +64,18 @@ pub struct Decision {
     pub ask_via: AskVia,
 }
 
+impl Decision {
+    /// A rewrite rule of `phase` matched, so applying rewrites may change the message
+    /// (callers keep a copy of the original only then).
+    pub fn may_rewrite(&self, phase: Phase) -> bool {
+        self.verdict != Verdict::Block
+            && self
+                .matched
+                .iter()
+                .any(|m| m.action == Action::Rewrite && m.phase == phase)
+    }
+}
+
 impl Policy {
     /// Load the layers: built-in rules < `operator` (read from the file `origin` names) <
     /// the corp config (`TOOLWALL_CORP_CONFIG` when set and non-empty, else

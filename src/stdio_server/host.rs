@@ -60,6 +60,11 @@ pub fn run() -> i32 {
         crate::error!("server {name}: {e}");
         return 2;
     }
+    // SAFETY: getuid cannot fail.
+    if let Err(e) = super::state_dir::secure(&settings.state_dir, unsafe { libc::getuid() }) {
+        crate::error!("server {name}: {e}");
+        return 2;
+    }
     let walls = match sandbox::ProgramWalls::new(role, settings.rlimits()) {
         Ok(w) => w,
         Err(e) => {
@@ -249,19 +254,17 @@ fn serve(
         }
         loop {
             match reader.next_message() {
-                Ok(Some(Message::Request { id, op, target, .. }))
-                    if op == Op::Cancel || op == Op::Attest =>
-                {
-                    if op == Op::Cancel {
-                        if let Some(t) = target {
-                            // Marked before the call's thread can answer: its late answer
-                            // is dropped (`RpcOutput::queue`). The link is cancelled (a
-                            // legacy server is told).
-                            RpcOutput::lock(&output).cancel(t);
-                            upstream.cancel(t);
-                        }
-                        continue;
-                    }
+                Ok(Some(Message::Request {
+                    op: Op::Cancel { target },
+                    ..
+                })) => {
+                    // Marked before the call's thread can answer: its late answer is
+                    // dropped (`RpcOutput::queue`). The link is cancelled (a legacy
+                    // server is told).
+                    RpcOutput::lock(&output).cancel(target);
+                    upstream.cancel(target);
+                }
+                Ok(Some(Message::Request { id, op: Op::Attest })) => {
                     report.probes = sandbox::attest_workspace(&grant, &probe_context);
                     replies.push(Message::Response {
                         id,
@@ -271,20 +274,11 @@ fn serve(
                     });
                 }
                 Ok(Some(Message::Request {
-                    op: Op::Answer,
-                    target,
-                    args,
+                    op: Op::Answer { call, answer },
                     ..
-                })) => upstream.answer(target, args.as_deref()),
-                Ok(Some(Message::Request {
-                    id,
-                    op,
-                    name,
-                    args,
-                    meta,
-                    ..
-                })) => {
-                    if let Some(reply) = upstream.handle(id, op, name, args, meta) {
+                })) => upstream.answer(call, answer),
+                Ok(Some(Message::Request { id, op })) => {
+                    if let Some(reply) = upstream.handle(id, op) {
                         replies.push(reply);
                     }
                 }

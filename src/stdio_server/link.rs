@@ -35,6 +35,8 @@ use crate::workspace::launch::{LaunchSpec, launch};
 /// Notifications and server requests held for the watcher; beyond, they are counted and
 /// dropped (list changes are kept apart and never dropped).
 pub const MAX_QUEUED_NOTICES: usize = 256;
+/// Progress tokens whose dropped messages are counted apart until the watcher takes them.
+const MAX_DROP_TOKENS: usize = 64;
 /// How often the stderr lines gathered are sent to the gateway, at most.
 const STDERR_BATCH_EVERY: Duration = Duration::from_millis(250);
 /// Read size from the program's pipes.
@@ -86,7 +88,12 @@ struct Shared {
     answered: bool,
     broken: Option<UpstreamError>,
     notices: VecDeque<Notice>,
-    dropped_notices: u64,
+    /// Messages for the watcher dropped (a full queue, beyond the size bounds), by the
+    /// progress token they named (at most [`MAX_DROP_TOKENS`]; the rest under `None`).
+    dropped_notices: HashMap<Option<String>, u64>,
+    /// Messages for an agent's call dropped (its queue full, beyond the size bounds), by
+    /// the call's request id: handed to the call with its notices.
+    dropped_for_calls: HashMap<u64, u64>,
     /// `notifications/{tools,resources,prompts}/list_changed` seen, one bit each.
     list_changed: u8,
     /// The program's pid, once its leader said it.
@@ -100,6 +107,25 @@ impl Shared {
             1 => self.for_calls.values_mut().next(),
             _ => None,
         }
+    }
+
+    /// The request id of the one agent's call waiting, when there is exactly one.
+    fn only_call_id(&self) -> Option<u64> {
+        match self.for_calls.len() {
+            1 => self.for_calls.keys().next().copied(),
+            _ => None,
+        }
+    }
+
+    /// One message for the one call waiting dropped.
+    fn drop_for_call(&mut self, id: u64) {
+        *self.dropped_for_calls.entry(id).or_insert(0) += 1;
+    }
+
+    /// One message for the watcher dropped; `token` is the progress token it named.
+    fn drop_notice(&mut self, token: Option<String>) {
+        let token = token.filter(|_| self.dropped_notices.len() < MAX_DROP_TOKENS);
+        *self.dropped_notices.entry(token).or_insert(0) += 1;
     }
 }
 
@@ -209,6 +235,8 @@ impl StdioLink {
 
     fn start(&self) -> Result<Arc<Instance>, UpstreamError> {
         let fail = |what: String| self.error(UpstreamErrorCode::ServerDown, what);
+        // Its state directory is its own again (another server of its uid may have opened it).
+        super::state_dir::secure_home(&self.cfg.env).map_err(fail)?;
         // Found again at each start: a runtime or package installed meanwhile is used.
         let program = super::host::resolve_program(
             self.cfg.argv.first().map_or("", String::as_str),
@@ -397,11 +425,17 @@ impl StdioLink {
         let mut sh = inst.lock();
         loop {
             if let Some(sink) = for_call.as_mut() {
-                let mine: Vec<Notice> = sh
+                let mut mine: Vec<Notice> = sh
                     .for_calls
                     .get_mut(&id)
                     .map(|q| q.drain(..).collect())
                     .unwrap_or_default();
+                if let Some(count) = sh.dropped_for_calls.remove(&id) {
+                    mine.push(Notice::Dropped {
+                        progress_token: None,
+                        count,
+                    });
+                }
                 if !mine.is_empty() {
                     drop(sh);
                     for n in mine {
@@ -493,7 +527,9 @@ struct ForCall<'a> {
 
 impl Drop for ForCall<'_> {
     fn drop(&mut self) {
-        self.inst.lock().for_calls.remove(&self.id);
+        let mut sh = self.inst.lock();
+        sh.for_calls.remove(&self.id);
+        sh.dropped_for_calls.remove(&self.id);
     }
 }
 
@@ -566,10 +602,20 @@ impl LineChannel for StdioLink {
         loop {
             let (batch, bits, broken) = {
                 let mut sh = inst.lock();
-                while sh.notices.is_empty() && sh.list_changed == 0 && sh.broken.is_none() {
+                while sh.notices.is_empty()
+                    && sh.list_changed == 0
+                    && sh.dropped_notices.is_empty()
+                    && sh.broken.is_none()
+                {
                     sh = inst.cond.wait(sh).unwrap_or_else(|p| p.into_inner());
                 }
-                let batch: Vec<Notice> = sh.notices.drain(..).collect();
+                let mut batch: Vec<Notice> = sh.notices.drain(..).collect();
+                batch.extend(sh.dropped_notices.drain().map(|(progress_token, count)| {
+                    Notice::Dropped {
+                        progress_token,
+                        count,
+                    }
+                }));
                 let bits = std::mem::take(&mut sh.list_changed);
                 (batch, bits, sh.broken.clone())
             };
@@ -848,16 +894,19 @@ impl Reader {
                 if let Some(bit) = list_changed_bit(&method) {
                     sh.list_changed |= bit;
                 } else if method == "notifications/message"
-                    && let Some(q) = sh.only_call()
+                    && let Some(call) = sh.only_call_id()
                 {
-                    if q.len() < MAX_QUEUED_NOTICES {
-                        q.push_back(Notice::Notification { method, params });
+                    match sh.only_call() {
+                        Some(q) if q.len() < MAX_QUEUED_NOTICES => {
+                            q.push_back(Notice::Notification { method, params })
+                        }
+                        _ => sh.drop_for_call(call),
                     }
                 } else if sh.notices.len() < MAX_QUEUED_NOTICES {
                     sh.notices
                         .push_back(Notice::Notification { method, params });
                 } else {
-                    sh.dropped_notices += 1;
+                    sh.drop_notice(progress_token(params.as_ref()));
                 }
                 drop(sh);
                 self.inst.cond.notify_all();
@@ -865,15 +914,35 @@ impl Reader {
             Ok(Incoming::ServerRequest { id, method, params }) => {
                 let mut sh = self.inst.lock();
                 sh.answered = true;
-                if let Some(q) = sh.only_call() {
-                    if q.len() < MAX_QUEUED_NOTICES {
-                        q.push_back(Notice::ServerRequest { id, method, params });
+                if let Some(call) = sh.only_call_id() {
+                    match sh.only_call() {
+                        Some(q) if q.len() < MAX_QUEUED_NOTICES => {
+                            q.push_back(Notice::ServerRequest { id, method, params })
+                        }
+                        _ => sh.drop_for_call(call),
                     }
                 } else if sh.notices.len() < MAX_QUEUED_NOTICES {
                     sh.notices
                         .push_back(Notice::ServerRequest { id, method, params });
                 } else {
-                    sh.dropped_notices += 1;
+                    sh.drop_notice(None);
+                }
+                drop(sh);
+                self.inst.cond.notify_all();
+            }
+            Ok(Incoming::Dropped {
+                method,
+                request,
+                progress_token,
+                ..
+            }) => {
+                // Judged on its envelope, never parsed: counted for the call it would go
+                // to (a log message or request while one call waits), else the watcher.
+                let mut sh = self.inst.lock();
+                let for_call = request.is_some() || method == "notifications/message";
+                match sh.only_call_id().filter(|_| for_call) {
+                    Some(call) => sh.drop_for_call(call),
+                    None => sh.drop_notice(progress_token),
                 }
                 drop(sh);
                 self.inst.cond.notify_all();
@@ -917,6 +986,14 @@ impl Reader {
                    "starts": self.start}),
         );
     }
+}
+
+/// The progress token a notification names, when it is a string (the gateway's are).
+fn progress_token(params: Option<&Value>) -> Option<String> {
+    params?
+        .get("progressToken")?
+        .as_str()
+        .map(|t| t.chars().take(64).collect())
 }
 
 /// The numeric id of a response (our requests use numbers); `None` for anything else.

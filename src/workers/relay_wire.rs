@@ -12,6 +12,20 @@ pub const CALL_NOTIFICATION: &str = "call_notification";
 /// Event kind: requests from the upstream (elicitation, sampling, roots) during a call.
 pub const CALL_REQUESTS: &str = "call_requests";
 
+/// Event kind: notifications a worker dropped outside a call's thread (its listening
+/// stream's rate bound, a local server's full queue, beyond the size bounds).
+pub const RELAY_DROPPED: &str = "relay_dropped";
+
+/// What a `relay_dropped` event says: how many, and the progress token they named (the
+/// gateway counts them for that call, or as unrouted).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RelayDropped {
+    pub server: String,
+    #[serde(default)]
+    pub progress_token: Option<String>,
+    pub count: u64,
+}
+
 /// The `meta` of a `call_tool` (or `read_resource`, `get_prompt`) request: what the
 /// gateway says about the agent behind the call.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -39,6 +53,21 @@ pub struct CallMeta {
     /// larger ones are dropped (notifications) or refused (requests) here already.
     #[serde(default)]
     pub max_message_bytes: usize,
+    /// The gateway's bound on this call's server requests (`relay.max_requests_per_call`):
+    /// no more wait for the client at once in the worker (0, an older gateway: 16).
+    #[serde(default)]
+    pub max_requests: u32,
+    /// `tools/call` of a tool whose parameters travel as headers too (`x-mcp-header`):
+    /// (name suffix, value as text) of each `Mcp-Param-*` header a modern upstream gets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub param_headers: Vec<(String, String)>,
+    /// The gateway's bounds on the answer (`gateway.max_answer_bytes`,
+    /// `gateway.max_json_nodes`): a larger answer is refused here already, never parsed
+    /// (0: no bound named, an older gateway).
+    #[serde(default)]
+    pub max_answer_bytes: usize,
+    #[serde(default)]
+    pub max_json_nodes: usize,
     /// The lowest log level the agent wants (a modern upstream sends log messages only
     /// when a request asks for them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,6 +94,10 @@ pub struct ServerRequest {
     pub method: String,
     #[serde(default)]
     pub params: Option<Value>,
+    /// The key a modern server gave it in its `input_required` result: a modern agent
+    /// sees it under the same key where that clashes with no other of the round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// Requests from the upstream during `call`; the worker waits for an answer to each.

@@ -7,6 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::relay_wire::{CallMeta, RequestAnswer};
+use crate::aggregator::budget::ListingBudget;
+use crate::mcp::catalog::Kind;
 use crate::sandbox::ConfinementReport;
 
 /// Largest message either side accepts.
@@ -26,19 +29,6 @@ pub enum Message {
     Request {
         id: u64,
         op: Op,
-        /// Tool name without the server prefix (`call_tool`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        name: Option<String>,
-        /// JSON text: the tool's arguments (`call_tool`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        args: Option<String>,
-        /// The request to cancel (`cancel`), or the call an `answer` is for.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        target: Option<u64>,
-        /// JSON text of a [`CallMeta`](super::relay_wire::CallMeta): what the gateway
-        /// says about the agent behind a call (aggregator only).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        meta: Option<String>,
     },
     Response {
         id: u64,
@@ -57,35 +47,116 @@ pub enum Message {
     },
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+/// One operation the gateway asks of a worker, each with exactly the fields it needs.
+/// JSON payloads the worker hands on unchanged (arguments, params, the setup) travel as
+/// JSON text.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
-    /// The worker's tool definitions, as a JSON array.
-    ListTools,
-    /// Resource definitions, as a JSON array.
-    ListResources,
-    /// Prompt definitions, as a JSON array.
-    ListPrompts,
-    /// Resource templates, as a JSON array (aggregator; others answer an empty one).
-    ListResourceTemplates,
-    CallTool,
-    /// `resources/read`; `args` holds the request params, `name` the URI.
-    ReadResource,
-    /// `prompts/get`; `args` holds the request params, `name` the prompt.
-    GetPrompt,
-    /// Stop working on `target`; no response is owed for it afterwards.
-    Cancel,
+    /// The worker's own definitions of `kind` (builtin, workspace), as a JSON array.
+    List { kind: ListKind },
+    /// The definitions of `kind` of upstream `server` (aggregator, local server's host),
+    /// as a JSON array within `budget` (it travels with each listing, so a reload
+    /// applies at once).
+    ListUpstream {
+        kind: ListKind,
+        server: String,
+        budget: ListingBudget,
+    },
+    /// `tools/call` of `tool` (its server's own name for it); `args`: JSON text of the
+    /// arguments as judged.
+    CallTool {
+        tool: String,
+        args: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        upstream: Option<UpstreamCall>,
+    },
+    /// `resources/read`; `params`: JSON text of the request params (with the `uri`).
+    ReadResource {
+        params: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        upstream: Option<UpstreamCall>,
+    },
+    /// `prompts/get` of `prompt` (its server's own name); `params`: JSON text of the
+    /// request params.
+    GetPrompt {
+        prompt: String,
+        params: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        upstream: Option<UpstreamCall>,
+    },
+    /// Stop working on request `target`; no response is owed for it afterwards, nor for
+    /// the cancel.
+    Cancel { target: u64 },
     /// Run the confinement probes again inside the live worker (threads running, work
     /// done): the answer is a fresh report. Operators and tests use it to re-check.
     Attest,
-    /// Aggregator only, once, first: `args` holds the upstream servers with their checked
-    /// addresses and credentials (`crate::aggregator::setup::AggregatorSetup` as JSON).
-    /// Credentials travel only here, after the worker attested its confinement.
-    Configure,
-    /// Aggregator only: the agent's answer to a request the upstream made during call
-    /// `target`; `args` holds a [`RequestAnswer`](super::relay_wire::RequestAnswer). No
-    /// response is owed.
-    Answer,
+    /// Upstream workers only, once, first: `setup` is JSON text of the upstream servers
+    /// with their checked addresses and credentials
+    /// (`crate::aggregator::setup::AggregatorSetup`). Credentials travel only here, after
+    /// the worker attested its confinement.
+    Configure { setup: String },
+    /// Upstream workers only: the agent's answer to a request the upstream made during
+    /// call `call`. No response is owed.
+    Answer { call: u64, answer: RequestAnswer },
+}
+
+impl Op {
+    /// The operation's name on the wire (`call_tool`, `cancel`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::List { .. } => "list",
+            Op::ListUpstream { .. } => "list_upstream",
+            Op::CallTool { .. } => "call_tool",
+            Op::ReadResource { .. } => "read_resource",
+            Op::GetPrompt { .. } => "get_prompt",
+            Op::Cancel { .. } => "cancel",
+            Op::Attest => "attest",
+            Op::Configure { .. } => "configure",
+            Op::Answer { .. } => "answer",
+        }
+    }
+}
+
+/// Which list a listing is of.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ListKind {
+    Tools,
+    Resources,
+    Prompts,
+    ResourceTemplates,
+}
+
+impl From<Kind> for ListKind {
+    fn from(kind: Kind) -> ListKind {
+        match kind {
+            Kind::Tools => ListKind::Tools,
+            Kind::Resources => ListKind::Resources,
+            Kind::Prompts => ListKind::Prompts,
+            Kind::Templates => ListKind::ResourceTemplates,
+        }
+    }
+}
+
+impl From<ListKind> for Kind {
+    fn from(kind: ListKind) -> Kind {
+        match kind {
+            ListKind::Tools => Kind::Tools,
+            ListKind::Resources => Kind::Resources,
+            ListKind::Prompts => Kind::Prompts,
+            ListKind::ResourceTemplates => Kind::Templates,
+        }
+    }
+}
+
+/// An agent's call at an upstream worker: the server that serves it, and what the
+/// gateway says of the agent behind it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct UpstreamCall {
+    pub server: String,
+    /// Boxed: the largest part of a request, which would size every worker event.
+    pub meta: Box<CallMeta>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -240,11 +311,53 @@ mod tests {
         let msgs = vec![
             Message::Request {
                 id: 2,
-                op: Op::CallTool,
-                name: Some("echo".into()),
-                args: Some(r#"{"text":"hi"}"#.into()),
-                target: None,
-                meta: None,
+                op: Op::CallTool {
+                    tool: "echo".into(),
+                    args: r#"{"text":"hi"}"#.into(),
+                    upstream: None,
+                },
+            },
+            Message::Request {
+                id: 3,
+                op: Op::CallTool {
+                    tool: "search".into(),
+                    args: "{}".into(),
+                    upstream: Some(UpstreamCall {
+                        server: "gh".into(),
+                        meta: Box::new(CallMeta {
+                            progress_token: Some("toolwall-3".into()),
+                            client_capabilities: Some(serde_json::json!({"elicitation": {}})),
+                            wait_ms: 5,
+                            ..CallMeta::default()
+                        }),
+                    }),
+                },
+            },
+            Message::Request {
+                id: 4,
+                op: Op::ListUpstream {
+                    kind: ListKind::ResourceTemplates,
+                    server: "gh".into(),
+                    budget: ListingBudget::plain(3, 1 << 20, 10),
+                },
+            },
+            Message::Request {
+                id: 5,
+                op: Op::Answer {
+                    call: 3,
+                    answer: RequestAnswer::result(
+                        1,
+                        serde_json::json!({"action": "accept", "n": -1.5}),
+                    ),
+                },
+            },
+            Message::Request {
+                id: 6,
+                op: Op::Cancel { target: 2 },
+            },
+            Message::Request {
+                id: 7,
+                op: Op::Attest,
             },
             Message::Response {
                 id: 1,
@@ -277,6 +390,39 @@ mod tests {
             }
         }
         assert_eq!(got, msgs);
+    }
+
+    #[test]
+    fn an_operation_without_its_fields_is_malformed() {
+        let frame = |v: serde_json::Value| {
+            let body = rmp_serde::to_vec_named(&v).unwrap();
+            let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
+            bytes.extend(body);
+            bytes
+        };
+        // The old shape (one op name, optional fields), a cancel with no target, a call
+        // with no arguments, an answer with no call: none of them is a request.
+        for bad in [
+            serde_json::json!({"type": "request", "id": 1, "op": "cancel", "target": 5}),
+            serde_json::json!({"type": "request", "id": 1, "op": {"cancel": {}}}),
+            serde_json::json!({"type": "request", "id": 1, "op": {"call_tool": {"tool": "echo"}}}),
+            serde_json::json!({"type": "request", "id": 1, "op": {"answer": {"answer": {"id": 1}}}}),
+            serde_json::json!({"type": "request", "id": 1, "op": {"attest": null, "cancel": {"target": 1}}}),
+        ] {
+            assert!(
+                matches!(decode(&frame(bad.clone())), Err(RpcFault::Malformed(_))),
+                "{bad}"
+            );
+        }
+        let good =
+            frame(serde_json::json!({"type": "request", "id": 1, "op": {"cancel": {"target": 5}}}));
+        assert_eq!(
+            decode(&good).unwrap().unwrap().0,
+            Message::Request {
+                id: 1,
+                op: Op::Cancel { target: 5 }
+            }
+        );
     }
 
     #[test]

@@ -186,6 +186,9 @@ pub struct WorkerProc {
     gone: bool,
     /// Do not restart (shutdown).
     retired: bool,
+    /// Taken out of the config (reload): SIGKILL at this time if it has not exited, and
+    /// forgotten once reaped.
+    removed_kill_at: Option<Instant>,
     /// What the worker reads on stdin instead of `spec.settings`, for a role with settings
     /// of its own (the workspace role).
     stdin_settings: Option<Vec<u8>>,
@@ -196,6 +199,13 @@ pub struct WorkerProc {
     /// Probes allowed to succeed by the configuration, each a loud warning
     /// (`run_agents_as_gateway_user`).
     pub allowed_probes: Vec<String>,
+}
+
+impl WorkerProc {
+    /// Attested, or refused or failed at least once.
+    pub fn settled(&self) -> bool {
+        self.state == WorkerState::Ready || (self.attempts > 0 && self.state == WorkerState::Down)
+    }
 }
 
 /// A pipe already holding the worker's settings, its write end closed: the worker reads
@@ -290,6 +300,7 @@ impl Supervisor {
             restart_at: Some(Instant::now()),
             gone: true,
             retired: false,
+            removed_kill_at: None,
             stdin_settings: None,
             host: WorkerHost::Gateway,
             extra_probes,
@@ -356,6 +367,57 @@ impl Supervisor {
         w.backoff = MIN_BACKOFF;
         let why = format!("worker {} restarts: its configuration changed", w.spec.name);
         Self::take_down(w, registry, why, now, events);
+    }
+
+    /// Stop the worker `id` for good (its server was taken out of the config): its
+    /// channel closes now, so the host ends and its leader stops the program (SIGTERM to
+    /// the program's processes, SIGKILL after their grace); the host itself gets SIGKILL
+    /// after `grace` if it is still there. It is forgotten once reaped.
+    pub fn remove(
+        &mut self,
+        id: WorkerId,
+        grace: Duration,
+        registry: &Registry,
+        now: Instant,
+        events: &mut Vec<WorkerEvent>,
+    ) {
+        let Some(i) = self.workers.iter().position(|w| w.id == id) else {
+            return;
+        };
+        let w = &mut self.workers[i];
+        w.retired = true;
+        w.restart_at = None;
+        if let Some(mut s) = w.stream.take() {
+            let _ = registry.deregister(&mut s);
+        }
+        w.out.clear();
+        w.state = WorkerState::Down;
+        if !w.gone {
+            w.gone = true;
+            let why = format!(
+                "worker {} stopped: its server was removed from the config",
+                w.spec.name
+            );
+            w.last_exit = Some(why.clone());
+            events.push(WorkerEvent::Gone(w.id, why));
+        }
+        if w.child.is_none() {
+            self.workers.remove(i);
+            return;
+        }
+        w.removed_kill_at = Some(now + grace);
+    }
+
+    /// The next free worker token at or above `base`.
+    pub fn next_token(&self, base: usize) -> Token {
+        Token(
+            self.workers
+                .iter()
+                .map(|w| w.token.0 + 1)
+                .max()
+                .unwrap_or(base)
+                .max(base),
+        )
     }
 
     fn index(&self, token: Token) -> Option<usize> {
@@ -727,6 +789,8 @@ impl Supervisor {
                 Err(e) => crate::warn!("waiting for worker {}: {e}", w.spec.name),
             }
         }
+        self.workers
+            .retain(|w| w.removed_kill_at.is_none() || w.child.is_some());
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
@@ -735,6 +799,7 @@ impl Supervisor {
             .filter_map(|w| match w.state {
                 WorkerState::Starting => Some(w.started_at + START_TIMEOUT),
                 WorkerState::Down if w.child.is_none() && !w.retired => w.restart_at,
+                WorkerState::Down if w.child.is_some() => w.removed_kill_at,
                 _ => None,
             })
             .min()
@@ -754,6 +819,14 @@ impl Supervisor {
                     );
                     crate::error!("{why}");
                     Self::take_down(w, registry, why, now, events);
+                }
+                WorkerState::Down
+                    if w.child.is_some() && w.removed_kill_at.is_some_and(|t| t <= now) =>
+                {
+                    if let Some(child) = w.child.as_mut() {
+                        let _ = child.kill();
+                    }
+                    w.removed_kill_at = Some(now + MAX_BACKOFF);
                 }
                 WorkerState::Down
                     if w.child.is_none()
@@ -777,9 +850,7 @@ impl Supervisor {
     /// Every worker either attested or has been refused or failed at least once: agents
     /// can be served (calls to a worker that is down get `worker_unavailable`).
     pub fn all_settled(&self) -> bool {
-        self.workers.iter().all(|w| {
-            w.state == WorkerState::Ready || (w.attempts > 0 && w.state == WorkerState::Down)
-        })
+        self.workers.iter().all(WorkerProc::settled)
     }
 
     /// Stop every worker: close channels, SIGTERM, then SIGKILL after `grace`; reap all.

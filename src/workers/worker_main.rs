@@ -17,7 +17,7 @@ use crate::aggregator::worker::AggregatorRole;
 use crate::sandbox::{self, Role};
 use crate::tools;
 use crate::transport::write_interest::WriteInterest;
-use crate::workers::rpc::{self, Message, Op, RpcError, RpcReader};
+use crate::workers::rpc::{self, ListKind, Message, Op, RpcError, RpcReader};
 use crate::workers::settings::WorkerSettings;
 
 /// The RPC socket's fd in a worker.
@@ -155,42 +155,26 @@ fn serve(
         }
         loop {
             match reader.next_message() {
-                Ok(Some(Message::Request {
-                    id,
-                    op,
-                    name,
-                    args,
-                    meta,
-                    ..
-                })) if aggregator.is_some() && aggregator_op(op) => {
-                    if let Some(reply) = aggregator
-                        .as_mut()
-                        .and_then(|a| a.handle(id, op, name, args, meta))
-                    {
+                Ok(Some(Message::Request { id, op }))
+                    if aggregator.is_some() && aggregator_op(&op) =>
+                {
+                    if let Some(reply) = aggregator.as_mut().and_then(|a| a.handle(id, op)) {
                         push(&mut out, &reply);
                     }
                 }
                 Ok(Some(Message::Request {
-                    op: Op::Answer,
-                    target,
-                    args,
+                    op: Op::Answer { call, answer },
                     ..
                 })) => {
                     if let Some(a) = aggregator.as_ref() {
-                        a.answer(target, args.as_deref());
+                        a.answer(call, answer);
                     }
                 }
-                Ok(Some(msg)) if aggregator.is_some() && is_cancel(&msg) => {
+                Ok(Some(msg)) if aggregator.is_some() && cancel_target(&msg).is_some() => {
                     // The aggregator closes the call's upstream connection (and tells a
                     // legacy upstream); the common handler drops the call's response.
-                    if let (
-                        Some(a),
-                        Message::Request {
-                            target: Some(t), ..
-                        },
-                    ) = (aggregator.as_ref(), &msg)
-                    {
-                        a.cancel(*t);
+                    if let (Some(a), Some(t)) = (aggregator.as_ref(), cancel_target(&msg)) {
+                        a.cancel(t);
                     }
                     handle(
                         role,
@@ -239,12 +223,21 @@ fn serve(
 
 /// Ops the aggregator role serves itself; cancel and attest stay with the common handler
 /// (a cancel reaches the aggregator too), answers go to [`AggregatorRole::answer`].
-fn aggregator_op(op: Op) -> bool {
-    !matches!(op, Op::Cancel | Op::Attest | Op::Answer)
+fn aggregator_op(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::Cancel { .. } | Op::Attest | Op::Answer { .. } | Op::List { .. }
+    )
 }
 
-fn is_cancel(msg: &Message) -> bool {
-    matches!(msg, Message::Request { op: Op::Cancel, .. })
+fn cancel_target(msg: &Message) -> Option<u64> {
+    match msg {
+        Message::Request {
+            op: Op::Cancel { target },
+            ..
+        } => Some(*target),
+        _ => None,
+    }
 }
 
 pub(crate) fn push(out: &mut Vec<u8>, msg: &Message) {
@@ -319,47 +312,42 @@ fn handle(
     cancelled: &mut HashSet<u64>,
     report: &mut sandbox::ConfinementReport,
 ) {
-    let Message::Request {
-        id,
-        op,
-        name,
-        args,
-        target,
-        ..
-    } = msg
-    else {
+    let Message::Request { id, op } = msg else {
         return;
     };
     let reply = match op {
-        Op::ListTools => response_ok(id, tool_list(role), None),
-        Op::ListResources | Op::ListPrompts | Op::ListResourceTemplates => {
-            response_ok(id, "[]".into(), None)
-        }
-        Op::ReadResource | Op::GetPrompt => response_err(
+        Op::List {
+            kind: ListKind::Tools,
+        } => response_ok(id, tool_list(role), None),
+        Op::List { .. } => response_ok(id, "[]".into(), None),
+        Op::ListUpstream { .. } => response_err(
+            id,
+            "not_found",
+            format!("the {role} worker reaches no upstream server"),
+        ),
+        Op::ReadResource { .. } | Op::GetPrompt { .. } => response_err(
             id,
             "not_found",
             format!("the {role} worker serves no resources or prompts"),
         ),
-        Op::Configure => response_err(
+        Op::Configure { .. } => response_err(
             id,
             "invalid_request",
             format!("the {role} worker takes no configuration"),
         ),
         // Only the aggregator relays upstream requests; no response is owed.
-        Op::Answer => return,
-        Op::Cancel => {
-            if let Some(t) = target {
-                cancelled.insert(t);
-            }
+        Op::Answer { .. } => return,
+        Op::Cancel { target } => {
+            cancelled.insert(target);
             return;
         }
         Op::Attest => {
             report.probes = sandbox::attest(&settings.grant());
             response_ok(id, serde_json::to_string(report).unwrap_or_default(), None)
         }
-        Op::CallTool => {
-            let name = name.unwrap_or_default();
-            let args = args.unwrap_or_else(|| "{}".into());
+        Op::CallTool {
+            tool: name, args, ..
+        } => {
             if name == tools::echo::NAME {
                 response_ok(id, tools::echo::call(&args), None)
             } else {

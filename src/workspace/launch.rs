@@ -334,6 +334,10 @@ unsafe fn leader_main(
         if child < 0 {
             libc::_exit(EXIT_SETUP);
         }
+        // The child makes its group itself, but the pid is reported (and a stop may signal
+        // the group) at once: make it here too, so the group exists before anyone hears
+        // of it. An error means the child did it first (or has exec'd, after doing it).
+        libc::setpgid(child, child);
         // Only the shell writes the output pipes now.
         libc::close(0);
         libc::close(1);

@@ -31,7 +31,7 @@ use super::tools;
 use crate::sandbox::{self, ConfinementReport, Role};
 use crate::transport::write_interest::WriteInterest;
 use crate::workers::agent_host_start::confine_and_attest;
-use crate::workers::rpc::{Message, Op, RpcError, RpcReader};
+use crate::workers::rpc::{ListKind, Message, Op, RpcError, RpcReader};
 use crate::workers::worker_main::{flush, push, read_settings};
 
 const RPC: Token = Token(0);
@@ -445,35 +445,27 @@ impl Worker {
     }
 
     fn on_message(&mut self, msg: Message) {
-        let Message::Request {
-            id,
-            op,
-            name,
-            args,
-            target,
-            ..
-        } = msg
-        else {
+        let Message::Request { id, op } = msg else {
             return;
         };
         let reply = match op {
-            Op::ListTools => Some(response(
+            Op::List {
+                kind: ListKind::Tools,
+            } => Some(response(
                 id,
                 Some(Value::Array(tools::definitions()).to_string()),
                 None,
             )),
-            Op::ListResources | Op::ListPrompts | Op::ListResourceTemplates => {
-                Some(response(id, Some("[]".into()), None))
-            }
-            Op::Configure => Some(response(
+            Op::List { .. } => Some(response(id, Some("[]".into()), None)),
+            Op::Configure { .. } | Op::ListUpstream { .. } => Some(response(
                 id,
                 None,
                 Some(RpcError {
                     kind: "invalid_request".into(),
-                    message: "the workspace worker takes its settings on stdin only".into(),
+                    message: "the workspace worker takes its settings on stdin only and reaches no upstream server".into(),
                 }),
             )),
-            Op::ReadResource | Op::GetPrompt => Some(response(
+            Op::ReadResource { .. } | Op::GetPrompt { .. } => Some(response(
                 id,
                 None,
                 Some(RpcError {
@@ -482,14 +474,12 @@ impl Worker {
                 }),
             )),
             // Answers to upstream requests are the aggregator's; none is owed.
-            Op::Answer => None,
-            Op::Cancel => {
-                if let Some(t) = target {
-                    // A waiting call stops waiting; its task goes on.
-                    self.tasks.forget(t);
-                    if self.pending_jobs.contains(&t) {
-                        self.cancelled_jobs.insert(t);
-                    }
+            Op::Answer { .. } => None,
+            Op::Cancel { target: t } => {
+                // A waiting call stops waiting; its task goes on.
+                self.tasks.forget(t);
+                if self.pending_jobs.contains(&t) {
+                    self.cancelled_jobs.insert(t);
                 }
                 None
             }
@@ -502,7 +492,7 @@ impl Worker {
                     None,
                 ))
             }
-            Op::CallTool => self.call_tool(id, name.unwrap_or_default(), args.as_deref()),
+            Op::CallTool { tool, args, .. } => self.call_tool(id, tool, Some(&args)),
         };
         if let Some(reply) = reply {
             push(&mut self.out, &reply);

@@ -12,7 +12,9 @@ direct (the same asked with ctx.elicit, which the SDK sends to 2025 sessions onl
 decline (one the user declines), nocap (a client without the elicitation capability),
 sample (sampling), roots (roots/list), cancel (a call abandoned after 1.5 s), approve and
 deny (the `note` tool, which an ask rule holds for the human at the client: the question
-is answered yes or no), operator (the same without the elicitation capability).
+is answered yes or no), operator (the same without the elicitation capability), late (the
+`impatient` tool, whose question the user answers only after 8 s, long after the server
+answered the call without it), where (a parameter that travels as a header too).
 """
 
 import json
@@ -32,7 +34,8 @@ TOOLS = {"count": ("count", {"n": 3}), "greet": ("greet", {}), "decline": ("gree
          "nocap": ("greet", {}), "sample": ("sample", {}), "roots": ("roots", {}),
          "cancel": ("wait", {"secs": 30}), "approve": ("note", {"text": "from the client"}),
          "deny": ("note", {"text": "from the client"}),
-         "operator": ("note", {"text": "from the client"})}
+         "operator": ("note", {"text": "from the client"}),
+         "late": ("impatient", {}), "where": ("where", {"region": "Zürich west"})}
 
 
 class Seen:
@@ -53,6 +56,8 @@ class Seen:
                                       content={"approve": self.scenario == "approve"})
         if self.scenario == "decline":
             return types.ElicitResult(action="decline")
+        if self.scenario == "late":
+            await anyio.sleep(8)
         return types.ElicitResult(action="accept", content={"name": "Ada"})
 
     async def sample(self, context, params):

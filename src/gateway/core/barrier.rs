@@ -65,7 +65,13 @@ impl<R: Recorder> Core<R> {
                     let Some(call) = self.calls.take(key) else {
                         continue;
                     };
-                    if matches!(msg, rpc::Message::Request { op: Op::Answer, .. }) {
+                    if matches!(
+                        msg,
+                        rpc::Message::Request {
+                            op: Op::Answer { .. },
+                            ..
+                        }
+                    ) {
                         self.cancel_at_worker(call.worker, key);
                     }
                     let Purpose::Exchange(x) = call.purpose else {
@@ -127,7 +133,12 @@ impl<R: Recorder> Core<R> {
                         && let Some(c) = self.calls.take(call)
                     {
                         self.cancel_at_worker(c.worker, call);
-                        if let Purpose::Exchange(x) = c.purpose {
+                        if let Purpose::Exchange(mut x) = c.purpose {
+                            // It never reached the agent: nothing there to cancel.
+                            if let Some(rk) = request_id.as_deref().and_then(super::relay::key_of) {
+                                x.relay.pending.retain(|k| *k != rk);
+                                self.forget_relayed(rk);
+                            }
                             let refusal = Refusal {
                                 code: ToolErrorCode::LedgerUnavailable,
                                 message: CALL_NOT_MADE,

@@ -10,7 +10,6 @@ use super::tests::{AGENT, Harness, policy, reply, to_worker};
 use super::*;
 use crate::mcp::client_caps::ClientCaps;
 use crate::policy::PolicyConfig;
-use crate::workers::rpc::Op;
 
 const ASK_AT_CLIENT: &str = r#"
 [[policy.rules]]
@@ -77,7 +76,7 @@ fn a_legacy_client_that_can_elicit_is_asked_and_its_answer_decides() {
                         "result": {"action": "accept", "content": {"approve": true}}});
     h.send_raw(&answer.to_string());
     let (rpc_id, op, name, args) = to_worker(&h.turn()).expect("approved: sent");
-    assert_eq!((op, name.as_str()), (Op::CallTool, "echo"));
+    assert_eq!((op, name.as_str()), ("call_tool", "echo"));
     assert_eq!(serde_json::from_str::<Value>(&args).unwrap()["text"], "hi");
     h.worker_ok(rpc_id, r#"{"content":[{"type":"text","text":"hi"}]}"#);
     h.turn();
@@ -201,7 +200,7 @@ fn a_modern_approval_runs_the_call_once_with_its_own_arguments() {
     // The right retry runs the call, with who decided on its row.
     let (args, extra) = retry(json!({"text": "hi"}), &state, true);
     let (rpc_id, op, _, sent) = to_worker(&call(&mut h, args, extra)).expect("approved: runs");
-    assert_eq!(op, Op::CallTool);
+    assert_eq!(op, "call_tool");
     assert_eq!(
         sent, r#"{"text":"hi"}"#,
         "the original arguments, as judged"

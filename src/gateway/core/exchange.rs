@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::ConnRef;
 use crate::mcp::catalog::{Kind, WorkerId};
 use crate::policy::{Decision, Transport};
-use crate::workers::rpc::Op;
+use crate::workers::rpc::{Op, UpstreamCall};
 
 /// The methods that reach a server. Everything else is answered by the gateway itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,14 +32,6 @@ impl Routed {
             Routed::CallTool => "tools/call",
             Routed::ReadResource => "resources/read",
             Routed::GetPrompt => "prompts/get",
-        }
-    }
-
-    pub fn op(self) -> Op {
-        match self {
-            Routed::CallTool => Op::CallTool,
-            Routed::ReadResource => Op::ReadResource,
-            Routed::GetPrompt => Op::GetPrompt,
         }
     }
 
@@ -121,17 +113,23 @@ pub struct Exchange {
     pub request_decision: Decision,
     /// The decision of the response phase, once it ran and did not allow the answer.
     pub response_decision: Option<Decision>,
-    /// The judged arguments' text is not byte for byte what arrived (duplicate keys,
-    /// escapes, whitespace, an unwrapped `input`).
+    /// The judged arguments' text is not what arrived (duplicate keys, escapes, key
+    /// order, an unwrapped `input`); whitespace between tokens alone is no difference.
     pub arrived_differs: bool,
     /// A rewrite rule changed the arguments.
     pub rewritten: bool,
+    /// The judged arguments' text, encoded once when the call arrived and reused for the
+    /// worker's request; [`Exchange::arguments_mut`] drops it, so it never outlives them.
+    pub judged: Option<String>,
     /// What the server got, when it differs from what arrived: the ledger keeps both.
     pub forwarded: Option<String>,
     /// Who approved a held call, and when (ms since the epoch).
     pub approved: Option<(String, i64)>,
     /// What the server sends the agent during the call (see `relay.rs`).
     pub relay: super::relay::CallRelay,
+    /// Bytes of arguments this call holds in its server's `max_queued_bytes` (see
+    /// `queued_bytes.rs`); given back when the call ends.
+    pub queued_bytes: usize,
 }
 
 impl Exchange {
@@ -146,6 +144,7 @@ impl Exchange {
     }
 
     pub fn arguments_mut(&mut self) -> Option<&mut Value> {
+        self.judged = None;
         if self.routed.has_arguments() {
             self.params.get_mut("arguments")
         } else {
@@ -162,15 +161,36 @@ impl Exchange {
 
     /// The worker's `args`: toolwall's own serialization of what was judged, never the
     /// bytes that arrived.
-    pub fn forward_text(&self) -> String {
+    pub fn forward_text(&mut self) -> String {
         match self.routed {
-            Routed::CallTool => self.judged_text(),
+            Routed::CallTool => self.judged.take().unwrap_or_else(|| self.judged_text()),
             Routed::GetPrompt => {
                 let mut params = self.params.clone();
                 params["name"] = Value::String(self.target.upstream.clone());
                 params.to_string()
             }
             Routed::ReadResource => self.params.to_string(),
+        }
+    }
+
+    /// The worker's request, carrying `args` ([`Exchange::forward_text`], encoded once by
+    /// the caller), for the target's own name; `upstream` for a call at an upstream worker.
+    pub fn worker_op(&self, args: String, upstream: Option<UpstreamCall>) -> Op {
+        match self.routed {
+            Routed::CallTool => Op::CallTool {
+                tool: self.target.upstream.clone(),
+                args,
+                upstream,
+            },
+            Routed::ReadResource => Op::ReadResource {
+                params: args,
+                upstream,
+            },
+            Routed::GetPrompt => Op::GetPrompt {
+                prompt: self.target.upstream.clone(),
+                params: args,
+                upstream,
+            },
         }
     }
 

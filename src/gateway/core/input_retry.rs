@@ -10,7 +10,6 @@ use sha2::{Digest, Sha256};
 
 use super::dispatch::RequestCtx;
 use super::exchange::{Requester, Routed};
-use super::relay::ID_PREFIX;
 use super::request_state::Claims;
 use super::{Core, Recorder};
 use crate::mcp::jsonrpc;
@@ -162,7 +161,7 @@ impl<R: Recorder> Core<R> {
         );
         let responses = params.get("inputResponses").and_then(Value::as_object);
         for rk in pending {
-            let answer = responses.and_then(|r| r.get(&format!("{ID_PREFIX}{rk}")));
+            let answer = responses.and_then(|r| r.get(&self.input_key(rk)));
             match answer {
                 Some(result) => self.deliver_input(rk, result.clone()),
                 None => self.deliver_input_refused(rk),

@@ -29,6 +29,31 @@ impl<R: Recorder> Core<R> {
         self.upstreams.as_mut()
     }
 
+    /// The parameters tool `name` (as `peer` calls it) binds to `Mcp-Param-*` headers,
+    /// for the HTTP door to check a call's headers against. None for a tool the catalog
+    /// does not serve or policy hides from `peer`: the call is refused as such later, and
+    /// the door's answer must not tell more about it than a listing would.
+    pub fn header_bindings(
+        &self,
+        name: &str,
+        peer: &super::Peer,
+    ) -> &[crate::mcp::param_headers::Binding] {
+        match self.catalog.get(Kind::Tools, name) {
+            Some(e)
+                if !self.policy.hides_tool(
+                    &e.name,
+                    &e.server,
+                    &peer.principal,
+                    peer.transport,
+                    &peer.process,
+                ) =>
+            {
+                &e.header_bindings
+            }
+            _ => &[],
+        }
+    }
+
     pub(super) fn is_aggregator(&self, worker: WorkerId) -> bool {
         self.upstreams.as_ref().is_some_and(|u| u.is_worker(worker))
     }
@@ -78,6 +103,19 @@ impl<R: Recorder> Core<R> {
             .max(upstream)
     }
 
+    /// As [`Core::listings_pending`], of the workers `counted` accepts.
+    pub fn listings_pending_where(&self, counted: impl Fn(WorkerId) -> bool) -> usize {
+        let upstream = self
+            .upstreams
+            .as_ref()
+            .map_or(0, |u| u.listings_pending_where(&counted));
+        self.calls
+            .iter()
+            .filter(|(_, c)| matches!(c.purpose, Purpose::Listing { .. }) && counted(c.worker))
+            .count()
+            .max(upstream)
+    }
+
     /// A worker attested and may get work: ask it what it serves.
     pub fn on_worker_ready(&mut self, worker: WorkerId, now: Instant) {
         self.now = now;
@@ -106,22 +144,12 @@ impl<R: Recorder> Core<R> {
 
     fn list_server(&mut self, worker: WorkerId, server: &str, kinds: &[Kind]) {
         for kind in kinds {
-            let op = match kind {
-                Kind::Tools => Op::ListTools,
-                Kind::Resources => Op::ListResources,
-                Kind::Prompts => Op::ListPrompts,
-                Kind::Templates => Op::ListResourceTemplates,
-            };
             let key = self.calls.new_key();
-            // The aggregator serves many servers: the request names the one to list.
-            let name = self.is_aggregator(worker).then(|| server.to_owned());
             let msg = rpc::Message::Request {
                 id: key,
-                op,
-                name,
-                args: None,
-                target: None,
-                meta: None,
+                op: Op::List {
+                    kind: (*kind).into(),
+                },
             };
             let purpose = Purpose::Listing {
                 kind: *kind,
@@ -170,10 +198,6 @@ impl<R: Recorder> Core<R> {
         let msg = rpc::Message::Request {
             id: key,
             op: Op::Attest,
-            name: None,
-            args: None,
-            target: None,
-            meta: None,
         };
         self.internal_request(key, worker, Purpose::Attest, msg);
         true

@@ -31,12 +31,16 @@ mod exchange;
 mod input_retry;
 mod listings;
 mod observed;
+#[cfg(test)]
+mod pins_tests;
 mod pipeline;
 mod principal_share;
+mod queued_bytes;
 mod recorder;
 mod relay;
 #[cfg(test)]
 mod relay_tests;
+mod reloaded_servers;
 mod request_state;
 #[cfg(test)]
 mod tests;
@@ -221,6 +225,8 @@ pub struct Core<R: Recorder = Ledger> {
     relay: relay::RelayHub,
     /// Asks answered at the agent's client (`client_ask.rs`).
     client_asks: client_ask::ClientAsks,
+    /// Bytes of calls in flight per server (`queued_bytes.rs`).
+    queued: queued_bytes::QueuedBytes,
 }
 
 impl<R: Recorder> Core<R> {
@@ -258,6 +264,7 @@ impl<R: Recorder> Core<R> {
             upstreams: None,
             relay: relay::RelayHub::default(),
             client_asks: client_ask::ClientAsks::default(),
+            queued: Default::default(),
         }
     }
 
@@ -404,6 +411,12 @@ impl<R: Recorder> Core<R> {
     /// Swap the policy: the next message on every connection is judged by the new one, and
     /// every call held for approval is judged again (one the new policy blocks cannot be
     /// approved any more).
+    /// New `[gateway]` limits (reload). Calls in the table keep their deadlines; the new
+    /// bounds judge every call from now on.
+    pub fn set_limits(&mut self, limits: GatewayConfig) {
+        self.limits = limits;
+    }
+
     pub fn set_policy(&mut self, policy: Rc<Policy>, now: Instant) {
         self.now = now;
         self.policy = policy;

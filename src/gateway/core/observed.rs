@@ -57,4 +57,9 @@ pub struct Counters {
     pub calls_error: u64,
     pub requests_total: u64,
     pub ledger_failures: u64,
+    /// Notifications and requests from servers dropped (see `toolwall_relay_dropped_total`).
+    pub relay_dropped: u64,
+    /// Calls refused because their principal held its whole share of the calls in flight
+    /// (`gateway.max_in_flight_per_principal`); counted, not recorded one by one.
+    pub share_refusals: u64,
 }

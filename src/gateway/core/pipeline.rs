@@ -13,10 +13,9 @@ use super::calls::{Call, Purpose, Stage};
 use super::dispatch::RequestCtx;
 use super::exchange::{Exchange, Requester, Routed, Target};
 use super::{AskRoute, Core, Recorder};
-use crate::aggregator::gateway_state::UpstreamsState;
 use crate::aggregator::missing_capability;
 use crate::ledger::{CallEnd, CallStart, decision};
-use crate::mcp::catalog::split_namespaced;
+use crate::mcp::catalog::{Entry, split_namespaced};
 use crate::mcp::jsonrpc;
 use crate::mcp::tool_error::{ToolErrorCode, refusal, tool_error_result};
 use crate::policy::{Decision, Phase, Subject, Verdict};
@@ -161,13 +160,17 @@ impl<R: Recorder> Core<R> {
             response_decision: None,
             arrived_differs: false,
             rewritten: false,
+            judged: None,
             forwarded: None,
             approved: None,
             relay: Default::default(),
+            queued_bytes: 0,
         });
         // Malformed params: still a row, then a JSON-RPC error.
         let fault = match (&parsed, &target_name) {
-            (Err(_), _) | (Ok(Value::Object(_)), None) => Some(format!(
+            // Well-formed JSON a value cannot hold (a number beyond f64, say): say so.
+            (Err(e), _) => Some(format!("invalid params: {e}")),
+            (Ok(Value::Object(_)), None) => Some(format!(
                 "invalid params: {} needs a string {}",
                 routed.method(),
                 routed.target_field()
@@ -200,7 +203,10 @@ impl<R: Recorder> Core<R> {
                 Ok(e) => (e, None),
                 Err(why) => (None, Some(why)),
             },
-            _ => (self.catalog.get(routed.kind(), &name).cloned(), None),
+            _ => (
+                self.catalog.get(routed.kind(), &name).map(Entry::route),
+                None,
+            ),
         };
         // Policy, pins and the ledger know a tool or prompt by `server__name`, whatever
         // agents call it (`prefix = false`: see mcp::catalog::names).
@@ -247,7 +253,10 @@ impl<R: Recorder> Core<R> {
             Routed::ReadResource => x.target.resource = Some(name.clone()),
             Routed::GetPrompt => {}
         }
-        x.arrived_differs = x.judged_text() != raw;
+        // Spaces an agent put between tokens are no difference (mcp::compact_text).
+        let judged = x.judged_text();
+        x.arrived_differs = !crate::mcp::compact_text::same_but_whitespace(raw, &judged);
+        x.judged = Some(judged);
         if routed == Routed::CallTool
             && let Some(message) = self.upstreams.as_ref().and_then(|u| u.pin_refusal(&name))
         {
@@ -497,33 +506,42 @@ impl<R: Recorder> Core<R> {
             self.refuse(x, started, &refusal);
             return;
         }
+        // Encoded once: the worker's request, the bound below and the row's copy of what
+        // went upstream all use this text.
+        let args = x.forward_text();
         if x.arrived_differs || x.rewritten {
-            x.forwarded = Some(x.judged_text());
+            x.forwarded = Some(match x.routed {
+                Routed::CallTool => args.clone(),
+                _ => x.judged_text(),
+            });
         }
-        let op = x.routed.op();
-        let name = if self.is_aggregator(x.target.worker) {
-            UpstreamsState::request_name(op, &x.target.server, &x.target.upstream)
-        } else {
-            x.target.upstream.clone()
-        };
+        // Bytes queued toward upstream servers are bounded (`servers.max_queued_bytes`).
+        if self.is_aggregator(x.target.worker)
+            && let Err(message) = self.take_queued_bytes(&mut x, args.len())
+        {
+            let refusal = Refusal {
+                code: ToolErrorCode::Busy,
+                message: &message,
+                rule: None,
+                decision: decision::ERROR,
+            };
+            self.refuse(x, started, &refusal);
+            return;
+        }
         let key = self.calls.new_key();
         let worker = x.target.worker;
         let timeout_key = x.routed.timeout_key();
         let deadline = self.now + self.timeout(timeout_key);
-        let args = x.forward_text();
-        let meta = self
-            .is_aggregator(worker)
-            .then(|| self.call_meta(key, &x, deadline));
+        let upstream = self.is_aggregator(worker).then(|| rpc::UpstreamCall {
+            server: x.target.server.clone(),
+            meta: Box::new(self.call_meta(key, &x, deadline)),
+        });
         self.actions.push(super::Action::ToWorker {
             worker,
             call: Some(key),
             msg: rpc::Message::Request {
                 id: key,
-                op,
-                name: Some(name),
-                args: Some(args),
-                target: None,
-                meta,
+                op: x.worker_op(args, upstream),
             },
         });
         self.calls.insert(
@@ -542,13 +560,27 @@ impl<R: Recorder> Core<R> {
     /// The worker answered an exchange: build what the agent would get, then judge it.
     pub(super) fn complete_exchange(
         &mut self,
-        x: Box<Exchange>,
+        mut x: Box<Exchange>,
         started: Instant,
         ok: Option<String>,
         error: Option<rpc::RpcError>,
         facts: Option<String>,
     ) {
         if let Some(facts) = facts {
+            // What the worker dropped of the call's notifications counts in its row.
+            #[derive(serde::Deserialize)]
+            struct Dropped {
+                #[serde(default)]
+                relay_dropped: u64,
+            }
+            if let Ok(d) = serde_json::from_str::<Dropped>(&facts)
+                && d.relay_dropped > 0
+            {
+                let n = u32::try_from(d.relay_dropped).unwrap_or(u32::MAX);
+                x.relay.dropped = x.relay.dropped.saturating_add(n);
+                self.counters.relay_dropped =
+                    self.counters.relay_dropped.saturating_add(d.relay_dropped);
+            }
             self.event(
                 "tool_facts",
                 json!({"call_id": x.ledger_id, "facts": facts}),
@@ -567,6 +599,16 @@ impl<R: Recorder> Core<R> {
             }
             other => other,
         };
+        // The length and the node count decide before any tree is built: a worker's
+        // answer beyond either bound is refused, never parsed (see `answer_bound.rs`).
+        if let Some(text) = ok.as_deref()
+            && let Some(why) = self.answer_beyond_bounds(text)
+        {
+            // The row keeps what came (as bytes, within ledger.body_cap_bytes).
+            let answer = refusal_answer(x.routed, ToolErrorCode::TooLarge, &why, None);
+            self.end(x, started, decision::ERROR, &answer, Some(&why), Some(text));
+            return;
+        }
         let answer =
             match (ok, error) {
                 (Some(text), _) => match serde_json::from_str::<Value>(&text) {
@@ -604,6 +646,27 @@ impl<R: Recorder> Core<R> {
         self.respond(x, started, answer);
     }
 
+    /// Why the JSON text of a worker's answer may not be parsed, if it may not.
+    fn answer_beyond_bounds(&self, text: &str) -> Option<String> {
+        let max = self.limits.max_answer_bytes;
+        if text.len() > max {
+            return Some(format!(
+                "the answer is {} bytes, more than gateway.max_answer_bytes ({max})",
+                text.len()
+            ));
+        }
+        let nodes = self.limits.max_json_nodes;
+        crate::aggregator::json_nodes::within(text.as_bytes(), nodes)
+            .err()
+            .map(|_| {
+                crate::aggregator::json_nodes::too_many(
+                    "the answer",
+                    nodes,
+                    "gateway.max_json_nodes",
+                )
+            })
+    }
+
     /// The response phase over the whole answer (result or error, every content block),
     /// then the row's end and the answer, serialized from the judged value.
     pub(super) fn respond(&mut self, mut x: Box<Exchange>, started: Instant, mut answer: Answer) {
@@ -632,10 +695,15 @@ impl<R: Recorder> Core<R> {
                 self.refuse_by_policy_with(x, started, Phase::Response, Some(&text));
                 return;
             }
-            let before = answer.value.to_string();
-            if !policy
-                .rewrite_result(&decision, &mut answer.value)
-                .is_empty()
+            // The original text is kept only when a rewrite may change the answer: the
+            // common path serializes the answer once, in `end`.
+            let before = decision
+                .may_rewrite(Phase::Response)
+                .then(|| answer.value.to_string());
+            if let Some(before) = before
+                && !policy
+                    .rewrite_result(&decision, &mut answer.value)
+                    .is_empty()
             {
                 original = Some(before);
                 // The rewritten answer is what the agent would get: judged again, so a
@@ -732,6 +800,7 @@ impl<R: Recorder> Core<R> {
         original: Option<&str>,
     ) {
         self.end_relay(&x);
+        self.give_back_queued_bytes(&x);
         let (mut text, mut bytes) = answer.encode(&x.from.id);
         // An answer no door could carry whole is refused, and the row says so, rather than
         // cut or dropped by the door (which would leave the agent waiting and the row

@@ -23,8 +23,9 @@ impl<R: Recorder> Core<R> {
         if held < share {
             return false;
         }
-        // Not logged one by one: a flood of refusals must not become a flood of lines;
-        // `toolwall_requests_total{outcome="error"}` counts them.
+        // Not logged or recorded one by one: a flood of refusals must not become a flood
+        // of lines or rows; `toolwall_share_refusals_total` counts them.
+        self.counters.share_refusals += 1;
         let message = format!(
             "too many calls in flight for {} ({KEY} = {share}); try again when one ends",
             ctx.peer.principal
@@ -63,6 +64,7 @@ mod tests {
         assert_eq!(v["error"]["code"], super::BUSY_CODE);
         assert_eq!(v["error"]["data"]["limit"], KEY);
         assert!(v["error"]["message"].as_str().unwrap().contains(KEY), "{v}");
+        assert_eq!(h.core.counters.share_refusals, 1);
         // Another principal has a share of its own.
         h.peer.principal = "uid:1001".into();
         h.send("tools/call", echo.clone());

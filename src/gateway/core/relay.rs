@@ -38,8 +38,8 @@ use crate::mcp::log_level::LogLevel;
 use crate::mcp::token_bucket::TokenBucket;
 use crate::policy::{Phase, Subject, Verdict};
 use crate::workers::relay_wire::{
-    CALL_NOTIFICATION, CALL_REQUESTS, CallMeta, CallNotification, CallRequests, RequestAnswer,
-    required_capability,
+    CALL_NOTIFICATION, CALL_REQUESTS, CallMeta, CallNotification, CallRequests, RELAY_DROPPED,
+    RelayDropped, RequestAnswer, required_capability,
 };
 use crate::workers::rpc::{self, Op};
 
@@ -123,7 +123,16 @@ struct Relayed {
     worker_request: u64,
     method: String,
     params: Option<Value>,
+    /// The key the server gave it in its `input_required` result, if any.
+    server_key: Option<String>,
+    /// The key a modern agent was given it under (set when an `input_required` carries
+    /// it): its answer is the retry's `inputResponses` entry under this key.
+    agent_key: Option<String>,
 }
+
+/// Longest server key of an input request kept as the agent's key (a longer one: the
+/// gateway's own).
+const MAX_INPUT_KEY_BYTES: usize = 256;
 
 /// The core's relay state across calls.
 #[derive(Debug)]
@@ -132,6 +141,8 @@ pub struct RelayHub {
     relayed: HashMap<u64, Relayed>,
     unrouted: TokenBucket,
     pub unrouted_dropped: u64,
+    /// Agents' answers to relayed requests that were over (or never were): dropped.
+    pub answers_dropped: u64,
     /// Seals the `requestState` of `input_required` results (and client asks).
     pub key: Option<StateKey>,
     /// Names this gateway instance in the nonces it issues.
@@ -155,6 +166,7 @@ impl RelayHub {
             config,
             relayed: HashMap::new(),
             unrouted_dropped: 0,
+            answers_dropped: 0,
             key: None,
             instance: "0".into(),
             issued: 0,
@@ -168,7 +180,7 @@ pub fn upstream_token(key: u64) -> String {
 }
 
 /// The call or relay key in an id or token the gateway made up.
-fn key_of(text: &str) -> Option<u64> {
+pub(super) fn key_of(text: &str) -> Option<u64> {
     text.strip_prefix(ID_PREFIX)?.parse().ok()
 }
 
@@ -244,9 +256,9 @@ impl<R: Recorder> Core<R> {
     }
 
     /// The `meta` of a call's request to the aggregator.
-    pub(super) fn call_meta(&self, key: u64, x: &Exchange, deadline: Instant) -> String {
+    pub(super) fn call_meta(&self, key: u64, x: &Exchange, deadline: Instant) -> CallMeta {
         let c = &self.relay.config;
-        let meta = CallMeta {
+        CallMeta {
             progress_token: x.relay.agent_token.as_ref().map(|_| upstream_token(key)),
             client_capabilities: Some(x.relay.caps.to_value()),
             wait_ms: u64::try_from(deadline.saturating_duration_since(self.now).as_millis())
@@ -255,8 +267,33 @@ impl<R: Recorder> Core<R> {
             notification_burst: c.notification_burst,
             log_level: x.relay.log_level.map(|l| l.as_str().to_owned()),
             max_message_bytes: c.max_message_bytes,
-        };
-        serde_json::to_string(&meta).unwrap_or_default()
+            max_requests: c.max_requests_per_call,
+            param_headers: self.param_headers(x),
+            max_answer_bytes: self.limits.max_answer_bytes,
+            max_json_nodes: self.limits.max_json_nodes,
+        }
+    }
+
+    /// The `Mcp-Param-*` headers of a call's request upstream (SEP-2243): the tool's
+    /// bindings over the arguments as forwarded (after policy).
+    fn param_headers(&self, x: &Exchange) -> Vec<(String, String)> {
+        if x.routed != super::exchange::Routed::CallTool {
+            return Vec::new();
+        }
+        let server = &x.target.server;
+        let entry = [x.display_name(), x.target.upstream.clone()]
+            .iter()
+            .find_map(|k| {
+                self.catalog
+                    .get(crate::mcp::catalog::Kind::Tools, k)
+                    .filter(|e| &e.server == server && e.upstream == x.target.upstream)
+            });
+        match entry {
+            Some(e) if !e.header_bindings.is_empty() => {
+                crate::mcp::param_headers::mirrored(&e.header_bindings, x.arguments())
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// `logging/setLevel` (legacy era): the lowest level of the log messages relayed to
@@ -297,8 +334,26 @@ impl<R: Recorder> Core<R> {
     pub(super) fn on_relay_event(&mut self, worker: WorkerId, kind: &str, detail: &str) -> bool {
         match kind {
             CALL_NOTIFICATION => {
-                if let Ok(n) = serde_json::from_str::<CallNotification>(detail) {
-                    self.relay_notification(worker, n);
+                // Judged by its size before it is parsed: beyond the bounds it is dropped
+                // and counted (its call, if its envelope names one).
+                match self.relayed_detail_beyond_bounds(detail) {
+                    None => {
+                        if let Ok(n) = serde_json::from_str::<CallNotification>(detail) {
+                            self.relay_notification(worker, n);
+                        }
+                    }
+                    Some(call) => self.count_dropped(worker, call, 1),
+                }
+                true
+            }
+            RELAY_DROPPED => {
+                if let Ok(d) = serde_json::from_str::<RelayDropped>(detail) {
+                    let key = d
+                        .progress_token
+                        .as_deref()
+                        .and_then(key_of)
+                        .filter(|k| self.relay_target(worker, &d.server, *k));
+                    self.count_dropped(worker, key, d.count);
                 }
                 true
             }
@@ -309,6 +364,52 @@ impl<R: Recorder> Core<R> {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// `None` when a `call_notification` event may be parsed; else the call its envelope
+    /// names (if any), for the count. A worker bounds these already; the gateway does not
+    /// trust it to.
+    fn relayed_detail_beyond_bounds(&self, detail: &str) -> Option<Option<u64>> {
+        // The params, escaped once more inside the event, plus the envelope's few fields.
+        let slack = 4096;
+        let max_bytes = self.relay.config.max_message_bytes.saturating_mul(2) + slack;
+        let over = detail.len() > max_bytes
+            || crate::aggregator::json_nodes::within(detail.as_bytes(), self.limits.max_json_nodes)
+                .is_err();
+        if !over {
+            return None;
+        }
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            #[serde(default)]
+            call: Option<u64>,
+        }
+        Some(
+            serde_json::from_str::<Envelope>(detail)
+                .ok()
+                .and_then(|e| e.call),
+        )
+    }
+
+    /// `count` notifications dropped before the gateway saw them whole: the call's row
+    /// (when `key` is a call of `worker`'s) and the metrics count them.
+    fn count_dropped(&mut self, worker: WorkerId, key: Option<u64>, count: u64) {
+        self.counters.relay_dropped = self.counters.relay_dropped.saturating_add(count);
+        let owned = key.filter(|k| {
+            self.calls
+                .get(*k)
+                .is_some_and(|c| c.worker == worker && c.stage == Stage::AtWorker)
+        });
+        match owned
+            .and_then(|k| self.calls.get_mut(k))
+            .and_then(|c| c.exchange_mut())
+        {
+            Some(x) => {
+                let n = u32::try_from(count).unwrap_or(u32::MAX);
+                x.relay.dropped = x.relay.dropped.saturating_add(n);
+            }
+            None => self.relay.unrouted_dropped = self.relay.unrouted_dropped.saturating_add(count),
         }
     }
 
@@ -405,6 +506,7 @@ impl<R: Recorder> Core<R> {
                 .and_then(|t| serde_json::from_str::<Value>(t).ok());
             let Some(agent) = agent.filter(|_| by_token == Some(key)) else {
                 x.relay.dropped += 1;
+                self.counters.relay_dropped += 1;
                 return;
             };
             if let Some(p) = params.as_mut().and_then(Value::as_object_mut) {
@@ -421,6 +523,7 @@ impl<R: Recorder> Core<R> {
                 .and_then(LogLevel::parse);
             if level.is_none_or(|l| l < wanted) {
                 x.relay.dropped += 1;
+                self.counters.relay_dropped += 1;
                 return;
             }
         }
@@ -430,6 +533,7 @@ impl<R: Recorder> Core<R> {
             || !x.relay.bucket.take(self.now)
         {
             x.relay.dropped += 1;
+            self.counters.relay_dropped += 1;
             return;
         }
         let (verdict, rule) = self.judge_from_server(x, &n.method, &mut params);
@@ -467,6 +571,7 @@ impl<R: Recorder> Core<R> {
         }
         if !self.relay.unrouted.take(self.now) {
             self.relay.unrouted_dropped += 1;
+            self.counters.relay_dropped += 1;
             return;
         }
         let p = n.params.as_ref();
@@ -608,6 +713,8 @@ impl<R: Recorder> Core<R> {
                     worker_request: request.id,
                     method: request.method.clone(),
                     params: params.clone(),
+                    server_key: request.key.clone(),
+                    agent_key: None,
                 },
             );
             if x.relay.modern {
@@ -640,11 +747,10 @@ impl<R: Recorder> Core<R> {
             call: Some(call),
             msg: rpc::Message::Request {
                 id,
-                op: Op::Answer,
-                name: None,
-                args: serde_json::to_string(answer).ok(),
-                target: Some(call),
-                meta: None,
+                op: Op::Answer {
+                    call,
+                    answer: answer.clone(),
+                },
             },
         });
     }
@@ -672,13 +778,33 @@ impl<R: Recorder> Core<R> {
         let queued = std::mem::take(&mut x.relay.queued);
         x.relay.pending.extend(queued.iter().copied());
         let mut requests = Map::new();
-        for rk in &queued {
-            if let Some(r) = self.relay.relayed.get(rk) {
+        // The server's own keys where they are unique in this round (one server's
+        // input_required), else the gateway's: the state names the call and the round,
+        // so a key binds an answer to one request of this call only.
+        let own_key = |r: &Relayed| {
+            r.server_key
+                .as_ref()
+                .filter(|k| !k.is_empty() && k.len() <= MAX_INPUT_KEY_BYTES)
+                .filter(|k| !k.starts_with(ID_PREFIX))
+                .cloned()
+        };
+        let proposed: Vec<Option<String>> = queued
+            .iter()
+            .map(|rk| self.relay.relayed.get(rk).and_then(own_key))
+            .collect();
+        let clashing = |k: &String| proposed.iter().flatten().filter(|p| *p == k).count() > 1;
+        for (rk, own) in queued.iter().zip(proposed.iter()) {
+            if let Some(r) = self.relay.relayed.get_mut(rk) {
+                let agent_key = match own {
+                    Some(k) if !clashing(k) => k.clone(),
+                    _ => format!("{ID_PREFIX}{rk}"),
+                };
                 let mut req = json!({"method": r.method});
                 if let Some(p) = &r.params {
                     req["params"] = p.clone();
                 }
-                requests.insert(format!("{ID_PREFIX}{rk}"), req);
+                requests.insert(agent_key.clone(), req);
+                r.agent_key = Some(agent_key);
             }
         }
         let claims = Claims {
@@ -727,6 +853,11 @@ impl<R: Recorder> Core<R> {
         if self.on_client_approval(conn, rk, result) {
             return;
         }
+        if !self.relay.relayed.contains_key(&rk) {
+            // An answer to a request that is over (its call ended) or never was.
+            self.relay.answers_dropped += 1;
+            return;
+        }
         let owned = self.relay.relayed.get(&rk).is_some_and(|r| {
             self.calls
                 .get(r.call)
@@ -739,6 +870,26 @@ impl<R: Recorder> Core<R> {
         let result = result.and_then(|r| serde_json::from_str::<Value>(r).ok());
         let error = error.and_then(|e| serde_json::from_str::<Value>(e).ok());
         self.deliver_answer(rk, result, error);
+    }
+
+    /// The key a modern agent answers relayed request `rk` under.
+    pub(super) fn input_key(&self, rk: u64) -> String {
+        self.relay
+            .relayed
+            .get(&rk)
+            .and_then(|r| r.agent_key.clone())
+            .unwrap_or_else(|| format!("{ID_PREFIX}{rk}"))
+    }
+
+    /// Forget relayed request `rk` (it never left).
+    pub(super) fn forget_relayed(&mut self, rk: u64) {
+        self.relay.relayed.remove(&rk);
+    }
+
+    /// Agents' answers to relayed requests that were over (their call had ended) or never
+    /// were: dropped, never forwarded.
+    pub fn relay_answers_dropped(&self) -> u64 {
+        self.relay.answers_dropped
     }
 
     /// A modern client's input response to relayed request `rk`.
@@ -876,11 +1027,36 @@ impl<R: Recorder> Core<R> {
         }
     }
 
-    /// A call ended: forget its relayed requests, and note what was relayed.
+    /// A call ended: forget its relayed requests, and note what was relayed. A request
+    /// still waiting for the agent is void now (the server has answered its call without
+    /// it): the ledger says so, a legacy agent is told with `notifications/cancelled`, and
+    /// its answer, should it come, reaches nobody (see [`Core::relay_answers_dropped`]).
     pub(super) fn end_relay(&mut self, x: &Exchange) {
         let r = &x.relay;
         for rk in r.pending.iter().chain(&r.queued) {
-            self.relay.relayed.remove(rk);
+            let Some(relayed) = self.relay.relayed.remove(rk) else {
+                continue;
+            };
+            let agent_id = format!("{ID_PREFIX}{rk}");
+            self.relay_event(
+                x.ledger_id,
+                json!({"direction": "to_client", "method": relayed.method,
+                       "relay_id": agent_id, "decision": "forgotten",
+                       "reason": "the call ended before the client answered"}),
+            );
+            let sent = !x.relay.modern && r.pending.contains(rk);
+            if let (true, Some(conn)) = (sent, x.from.conn) {
+                let msg = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                 "params": {"requestId": agent_id,
+                                            "reason": "the server answered its call without it"}});
+                self.actions.push(Action::Relay {
+                    conn,
+                    stream: x.from.stream,
+                    call: relayed.call,
+                    bytes: msg.to_string().into_bytes(),
+                    request_id: None,
+                });
+            }
         }
         if let Some(rk) = r.client_ask {
             self.client_asks.asked.remove(&rk);

@@ -51,13 +51,11 @@ fn answers(actions: &[Action]) -> Vec<(u64, RequestAnswer)> {
             Action::ToWorker {
                 msg:
                     rpc::Message::Request {
-                        op: Op::Answer,
-                        target: Some(t),
-                        args: Some(args),
+                        op: Op::Answer { call, answer },
                         ..
                     },
                 ..
-            } => Some((*t, serde_json::from_str(args).expect("answer JSON"))),
+            } => Some((*call, answer.clone())),
             _ => None,
         })
         .collect()
@@ -532,7 +530,133 @@ fn a_failed_commit_relays_nothing() {
     );
     assert!(
         actions.iter().any(|a| matches!(a, Action::ToWorker {
-        msg: rpc::Message::Request { op: Op::Cancel, target: Some(t), .. }, .. } if *t == call)),
+        msg: rpc::Message::Request { op: Op::Cancel { target: t }, .. }, .. } if *t == call)),
         "the call the server asked in ends at the worker too"
+    );
+}
+
+/// F4: the server answered its call while a request it relayed waits for the agent. The
+/// answer goes out at once; the agent's late answer reaches nobody and is counted.
+#[test]
+fn a_final_answer_forgets_the_relayed_requests_still_open() {
+    let mut h = Harness::new("");
+    h.send(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}}}),
+    );
+    h.turn();
+    let call = call_echo(&mut h, json!({}));
+    worker_event(
+        &mut h,
+        CALL_REQUESTS,
+        json!({"call": call, "server": "local", "requests": [{"id": 4, "method": "elicitation/create", "params": {"message": "?"}}]}),
+    );
+    let r = relays(&h.turn());
+    assert_eq!(r.len(), 1);
+    let relay_id = r[0].1.clone().expect("relayed as a request");
+    // The server gives up waiting and answers its call.
+    h.worker_ok(call, r#"{"content":[{"type":"text","text":"done"}]}"#);
+    let actions = h.turn();
+    let (_, answer) = reply(&actions).expect("the final answer goes out at once");
+    assert_eq!(answer["result"]["content"][0]["text"], "done");
+    // The agent is told the request is void (the spec's notifications/cancelled).
+    let cancels: Vec<Value> = relays(&actions)
+        .into_iter()
+        .map(|(m, _)| m)
+        .filter(|m| m["method"] == "notifications/cancelled")
+        .collect();
+    assert_eq!(cancels.len(), 1, "{actions:?}");
+    assert_eq!(cancels[0]["params"]["requestId"], relay_id);
+    // A late answer reaches no worker, and is counted.
+    let late =
+        json!({"jsonrpc": "2.0", "id": relay_id, "result": {"action": "accept", "content": {}}});
+    h.send_raw(&late.to_string());
+    assert!(answers(&h.turn()).is_empty());
+    assert_eq!(h.core.relay_answers_dropped(), 1);
+    // The ledger says the request was forgotten, linked to its call.
+    let forgotten: Vec<Value> = h
+        .core
+        .records()
+        .event_details("relay")
+        .into_iter()
+        .filter(|e| e["decision"] == "forgotten")
+        .collect();
+    assert_eq!(forgotten.len(), 1, "{forgotten:?}");
+    assert_eq!(forgotten[0]["relay_id"], relay_id);
+}
+
+/// A modern agent sees a modern server's own input keys where they cannot clash, and its
+/// retry is matched by them; keys that clash (or look like the gateway's) are the
+/// gateway's own. Failed before: every key was `toolwall-N`.
+#[test]
+fn modern_agents_see_the_servers_own_input_keys() {
+    let mut h = Harness::new("");
+    modern(&mut h);
+    let meta: Value = serde_json::from_str(MODERN_META).unwrap();
+    let call = call_echo(&mut h, meta);
+    worker_event(
+        &mut h,
+        CALL_REQUESTS,
+        json!({"call": call, "server": "local", "requests": [
+            {"id": 1, "method": "elicitation/create", "params": {"message": "Name?"}, "key": "user_name"},
+            {"id": 2, "method": "elicitation/create", "params": {"message": "A?"}, "key": "twice"},
+            {"id": 3, "method": "elicitation/create", "params": {"message": "B?"}, "key": "twice"},
+            {"id": 4, "method": "elicitation/create", "params": {"message": "C?"}, "key": "toolwall-1"}]}),
+    );
+    let (_, v) = reply(&h.turn()).expect("input_required");
+    let result = v["result"].clone();
+    let keys: Vec<(String, String)> = result["inputRequests"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, r)| {
+            (
+                k.clone(),
+                r["params"]["message"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    assert!(
+        keys.contains(&("user_name".into(), "Name?".into())),
+        "{keys:?}"
+    );
+    for m in ["A?", "B?", "C?"] {
+        let (k, _) = keys.iter().find(|(_, msg)| msg == m).unwrap();
+        assert!(k.starts_with("toolwall-") && k != "toolwall-1", "{keys:?}");
+    }
+    let mut responses = serde_json::Map::new();
+    for (k, m) in &keys {
+        responses.insert(
+            k.clone(),
+            json!({"action": "accept", "content": {"name": m}}),
+        );
+    }
+    let actions = retry(
+        &mut h,
+        json!({"text": "x"}),
+        &result["requestState"],
+        json!(responses),
+    );
+    let mut got: Vec<(u64, String)> = answers(&actions)
+        .into_iter()
+        .map(|(_, a)| {
+            let name = a.result.as_ref().unwrap()["content"]["name"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            (a.id, name)
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            (1, "Name?".into()),
+            (2, "A?".into()),
+            (3, "B?".into()),
+            (4, "C?".into())
+        ],
+        "each answer reaches the request it was asked under"
     );
 }

@@ -278,12 +278,18 @@ impl Harness {
                 continue;
             };
             let items = match op {
-                Op::ListTools => json!([
+                Op::List {
+                    kind: rpc::ListKind::Tools,
+                } => json!([
                     {"name": "echo", "inputSchema": {"type": "object"}},
                     {"name": "leak", "inputSchema": {"type": "object"}}
                 ]),
-                Op::ListResources => json!([{"uri": "file:///report", "name": "report"}]),
-                Op::ListPrompts => json!([{"name": "greet"}]),
+                Op::List {
+                    kind: rpc::ListKind::Resources,
+                } => json!([{"uri": "file:///report", "name": "report"}]),
+                Op::List {
+                    kind: rpc::ListKind::Prompts,
+                } => json!([{"name": "greet"}]),
                 _ => continue,
             };
             h.worker_ok(id, &items.to_string());
@@ -355,21 +361,26 @@ impl Harness {
     }
 }
 
-/// The one worker request among `actions`: (rpc id, op, name, args).
-pub(super) fn to_worker(actions: &[Action]) -> Option<(u64, Op, String, String)> {
+/// The one call at a worker among `actions`: (rpc id, op name, target's own name, args
+/// or params).
+pub(super) fn to_worker(actions: &[Action]) -> Option<(u64, &'static str, String, String)> {
     actions.iter().find_map(|a| match a {
         Action::ToWorker {
-            msg: rpc::Message::Request {
-                id, op, name, args, ..
-            },
+            msg: rpc::Message::Request { id, op },
             call: Some(_),
             ..
-        } => Some((
-            *id,
-            *op,
-            name.clone().unwrap_or_default(),
-            args.clone().unwrap_or_default(),
-        )),
+        } => {
+            let (name, args) = match op {
+                Op::CallTool { tool, args, .. } => (tool.clone(), args.clone()),
+                Op::GetPrompt { prompt, params, .. } => (prompt.clone(), params.clone()),
+                Op::ReadResource { params, .. } => {
+                    let uri = serde_json::from_str::<Value>(params).ok()?["uri"].clone();
+                    (uri.as_str()?.to_owned(), params.clone())
+                }
+                _ => return None,
+            };
+            Some((*id, op.name(), name, args))
+        }
         _ => None,
     })
 }
@@ -396,7 +407,7 @@ fn forwarded_arguments_are_the_judged_ones_and_answers_are_reserialized() {
     );
     let actions = h.turn();
     let (rpc_id, op, name, args) = to_worker(&actions).expect("sent to the worker");
-    assert_eq!((op, name.as_str()), (Op::CallTool, "echo"));
+    assert_eq!((op, name.as_str()), ("call_tool", "echo"));
     assert_eq!(args, r#"{"text":"ok"}"#, "the worker gets what was judged");
     // An answer with newlines between tokens (a forged second message on stdio).
     h.worker_ok(
@@ -531,7 +542,7 @@ fn resources_and_prompts_get_rows_like_tool_calls() {
     let mut h = Harness::new("");
     h.send("resources/read", json!({"uri": "file:///report"}));
     let (rpc_id, op, name, _) = to_worker(&h.turn()).expect("sent");
-    assert_eq!((op, name.as_str()), (Op::ReadResource, "file:///report"));
+    assert_eq!((op, name.as_str()), ("read_resource", "file:///report"));
     h.worker_ok(
         rpc_id,
         r#"{"contents":[{"uri":"file:///report","text":"fine"}]}"#,
@@ -551,7 +562,7 @@ fn resources_and_prompts_get_rows_like_tool_calls() {
         json!({"name": "local__greet", "arguments": {"who": "x"}}),
     );
     let (rpc_id, op, _, args) = to_worker(&h.turn()).expect("sent");
-    assert_eq!(op, Op::GetPrompt);
+    assert_eq!(op, "get_prompt");
     let forwarded: Value = serde_json::from_str(&args).expect("json");
     assert_eq!(forwarded["name"], "greet", "the upstream's own name");
     h.worker_ok(rpc_id, r#"{"messages":[]}"#);
@@ -830,7 +841,7 @@ fn cancel_worker_gone_and_timeouts_end_the_row() {
         "no answer for a cancelled request"
     );
     assert!(actions.iter().any(|a| matches!(a,
-        Action::ToWorker { msg: rpc::Message::Request { op: Op::Cancel, target: Some(t), .. }, .. } if *t == rpc_id)));
+        Action::ToWorker { msg: rpc::Message::Request { op: Op::Cancel { target: t }, .. }, .. } if *t == rpc_id)));
     assert!(
         h.last_row()
             .error
@@ -896,7 +907,7 @@ fn a_tool_call_timeout_names_its_key() {
         "{message}"
     );
     assert!(actions.iter().any(|a| matches!(a,
-        Action::ToWorker { msg: rpc::Message::Request { op: Op::Cancel, target: Some(t), .. }, .. } if *t == rpc_id)));
+        Action::ToWorker { msg: rpc::Message::Request { op: Op::Cancel { target: t }, .. }, .. } if *t == rpc_id)));
 }
 
 #[test]
@@ -1138,4 +1149,32 @@ fn an_answer_larger_than_a_door_carries_is_refused_and_recorded() {
         row.original.is_some_and(|o| o.len() > 1024 * 1024),
         "the row keeps what came"
     );
+}
+
+#[test]
+fn spaces_between_tokens_keep_no_second_copy_but_other_differences_do() {
+    let mut h = Harness::new("");
+    // Python's json.dumps: a space after every ':' and ','. The compact text follows from it.
+    let spaced = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"local__echo","arguments": {"n": [1, 2], "text": "a b"}}}"#;
+    h.send_raw(spaced);
+    let (rpc_id, _, _, args) = to_worker(&h.turn()).expect("sent");
+    assert_eq!(args, r#"{"n":[1,2],"text":"a b"}"#);
+    h.worker_ok(rpc_id, r#"{"content":[]}"#);
+    h.turn();
+    let row = h.last_row();
+    assert!(
+        row.arguments.contains(r#""text": "a b""#),
+        "{}",
+        row.arguments
+    );
+    assert_eq!(row.forwarded, None, "whitespace alone is no difference");
+
+    // An escape the compact form spells otherwise is a difference: both are kept.
+    let escaped = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"local__echo","arguments":{"text":"\u0041"}}}"#;
+    h.send_raw(escaped);
+    let (rpc_id, _, _, args) = to_worker(&h.turn()).expect("sent");
+    assert_eq!(args, r#"{"text":"A"}"#);
+    h.worker_ok(rpc_id, r#"{"content":[]}"#);
+    h.turn();
+    assert_eq!(h.last_row().forwarded.as_deref(), Some(r#"{"text":"A"}"#));
 }

@@ -1,7 +1,10 @@
 //! The core's side of upstream listings: when to list a server (through the relisting
 //! schedule: one listing in flight per list, a minimum interval, floods folded and
-//! counted), handing each listing to the intake thread, applying what comes back to the
-//! catalog at once, and telling agents. Everything that decides lives in
+//! counted), staging each listing for the intake thread (the loop hands the jobs over,
+//! [`Core::take_intake_jobs`], and feeds back what the thread did, [`Core::on_intake_done`]),
+//! applying that to the catalog at once, and telling agents. Pin approvals and `pins list`
+//! read and write the pin store in the loop, which hands the rows in
+//! ([`Core::pin_approved`], [`Core::pins_json`]). Everything that decides lives in
 //! `aggregator::gateway_state` and the modules it uses; this file only connects it to the
 //! call table, the ledger staging and the agents' notifications.
 
@@ -13,7 +16,9 @@ use super::{Core, Recorder};
 use crate::aggregator::config::ServersConfig;
 use crate::aggregator::gateway_state::Applied;
 use crate::log::Level;
-use crate::mcp::catalog::{Entry, Kind, WorkerId};
+use crate::mcp::catalog::{Entry, Kind, Route, WorkerId};
+use crate::pins::intake::{Done, Job};
+use crate::pins::store::PinRecord;
 use crate::workers::rpc;
 
 impl<R: Recorder> Core<R> {
@@ -86,14 +91,45 @@ impl<R: Recorder> Core<R> {
         error: Option<rpc::RpcError>,
         facts: Option<String>,
     ) {
+        let wall_ms = self.wall_ms();
         let Some(u) = self.upstreams.as_mut() else {
             return;
         };
         let error = error.map(|e| format!("{}: {}", e.kind, e.message));
-        if let Err(applied) = u.listing_answered(server, kind, worker, ok, error, facts.as_deref())
+        if let Err(applied) =
+            u.listing_answered(server, kind, worker, ok, error, facts.as_deref(), wall_ms)
         {
             self.carry_out(applied);
         }
+    }
+
+    /// Jobs for the intake thread (listings to review, owners to record), staged since
+    /// the last call: the loop hands them over.
+    pub fn take_intake_jobs(&mut self) -> Vec<Job> {
+        self.upstreams
+            .as_mut()
+            .map(|u| u.take_jobs())
+            .unwrap_or_default()
+    }
+
+    /// The intake thread would not take `job` (gone, or its queue full).
+    pub fn intake_refused(&mut self, job: Job, now: Instant) {
+        self.now = now;
+        if let Some(u) = self.upstreams.as_mut() {
+            let applied = u.intake_refused(job);
+            self.carry_out(applied);
+        }
+    }
+
+    /// What the intake thread finished: reviewed listings go into the catalog at once.
+    pub fn on_intake_done(&mut self, done: Vec<Done>, now: Instant) {
+        self.now = now;
+        let wall_ms = self.wall_ms();
+        let Some(u) = self.upstreams.as_mut() else {
+            return;
+        };
+        let applied = u.apply_reviewed(&mut self.catalog, done, now, wall_ms);
+        self.carry_out(applied);
     }
 
     /// A listing call ended without an answer (timeout, worker gone).
@@ -104,20 +140,13 @@ impl<R: Recorder> Core<R> {
         }
     }
 
-    /// Every loop turn: apply what the intake reviewed, start relistings whose turn came.
+    /// Every loop turn: stderr counts due, relistings whose turn came.
     pub(super) fn upstream_tick(&mut self, now: Instant) {
         let Some(u) = self.upstreams.as_mut() else {
             return;
         };
         u.on_timer(now);
-        for line in u.take_logs() {
-            self.log(Level::Info, line);
-        }
-        let Some(u) = self.upstreams.as_mut() else {
-            return;
-        };
-        let applied = u.take_reviewed(&mut self.catalog, now);
-        self.carry_out(applied);
+        self.drain_upstream_logs();
         // Listings of a server whose worker is down stay pending until it is back.
         let ready: Vec<String> = self
             .upstreams
@@ -157,9 +186,7 @@ impl<R: Recorder> Core<R> {
             return;
         };
         let relist = u.on_event(worker, kind, detail, now);
-        for line in u.take_logs() {
-            self.log(Level::Info, line);
-        }
+        self.drain_upstream_logs();
         let Some(relist) = relist else {
             return;
         };
@@ -174,28 +201,33 @@ impl<R: Recorder> Core<R> {
 
     /// A reload kept the servers: new pin modes, budgets, `new_tools`, owners apply now.
     pub fn reconfigure_upstreams(&mut self, servers: &ServersConfig, now: Instant) {
+        self.now = now;
+        let wall_ms = self.wall_ms();
         let Some(u) = self.upstreams.as_mut() else {
             return;
         };
         u.reconfigure(servers, now);
-        let applied = u.recheck_owners(&mut self.catalog);
+        let applied = u.recheck_owners(&mut self.catalog, wall_ms);
         self.carry_out(applied);
     }
 
-    /// `toolwall pins approve TOOL --digest D`: exactly that definition is approved, the
-    /// tool's server is listed again, and the answer says what was approved.
-    pub fn approve_pin(
+    /// `toolwall pins approve TOOL --digest D`: the loop approved exactly that definition
+    /// in the pin store (`before` and `after`: the tool's row around the write). Its calls
+    /// are served again, the tool's server is listed again, and the answer says what was
+    /// approved.
+    pub fn pin_approved(
         &mut self,
         tool: &str,
         digest: &str,
         who: &str,
+        (before, after): (&PinRecord, &PinRecord),
         now: Instant,
     ) -> Result<String, String> {
         self.now = now;
         let Some(u) = self.upstreams.as_mut() else {
             return Err("no upstream servers are configured".into());
         };
-        let (server, what) = u.approve_pin(tool, digest, who)?;
+        let (server, what) = u.pin_approved(tool, digest, before, after);
         self.event(
             "pin",
             json!({"what": "approved", "tool": tool, "digest": digest, "by": who}),
@@ -206,14 +238,34 @@ impl<R: Recorder> Core<R> {
     }
 
     /// Where a `resources/read` of `uri` goes; `Err` says why nobody serves it.
-    pub(super) fn resource_entry(&self, uri: &str) -> Result<Option<Entry>, String> {
+    pub(super) fn resource_entry(&self, uri: &str) -> Result<Option<Route>, String> {
         match &self.upstreams {
-            Some(u) => u.resource_route(&self.catalog, uri).map(|e| e.cloned()),
-            None => Ok(self.catalog.get(Kind::Resources, uri).cloned()),
+            Some(u) => u
+                .resource_route(&self.catalog, uri)
+                .map(|e| e.map(Entry::route)),
+            None => Ok(self.catalog.get(Kind::Resources, uri).map(Entry::route)),
         }
     }
 
-    fn carry_out(&mut self, applied: Applied) {
+    /// `toolwall pins list`: the rows the loop read from the pin store, as the admin
+    /// answer.
+    pub fn pins_json(&self, rows: Result<Vec<PinRecord>, String>) -> serde_json::Value {
+        match &self.upstreams {
+            Some(u) => u.pins_json(rows),
+            None => json!({"ok": true, "pins": []}),
+        }
+    }
+
+    fn drain_upstream_logs(&mut self) {
+        let Some(u) = self.upstreams.as_mut() else {
+            return;
+        };
+        for (warn, line) in u.take_logs() {
+            self.log(if warn { Level::Warn } else { Level::Info }, line);
+        }
+    }
+
+    pub(super) fn carry_out(&mut self, applied: Applied) {
         for (warn, line) in applied.logs {
             self.log(if warn { Level::Warn } else { Level::Info }, line);
         }

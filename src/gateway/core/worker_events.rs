@@ -183,11 +183,7 @@ impl<R: Recorder> Core<R> {
             call: None,
             msg: rpc::Message::Request {
                 id,
-                op: Op::Cancel,
-                name: None,
-                args: None,
-                target: Some(target),
-                meta: None,
+                op: Op::Cancel { target },
             },
         });
     }

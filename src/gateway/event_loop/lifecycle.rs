@@ -53,13 +53,20 @@ impl Gateway {
         match result {
             Ok((policy, config)) => {
                 let now = Instant::now();
+                let mut set_change = server_set::ServerSetChange::default();
                 if config.servers != self.config.servers {
                     self.restart_changed_local_servers(&config);
-                    let same_set = config.servers.same_connections(&self.config.servers);
+                    set_change = self.apply_server_set(&config, now);
+                    crate::stdio_server::load_warnings::warn(&config);
+                    let same_remote = server_set::remote_only(&config.servers)
+                        .same_connections(&server_set::remote_only(&self.config.servers));
                     self.core.reconfigure_upstreams(&config.servers, now);
-                    if !same_set {
+                    if !same_remote {
                         crate::warn!(
-                            "reload: the set of [servers] changed; restart toolwall to reach the new ones (pin modes and refresh_secs apply now)"
+                            "reload: the url servers' connections changed; restart toolwall to reach them as configured (pin modes and refresh_secs apply now)"
+                        );
+                        set_change.need_restart.push(
+                            "the url servers as configured (their connections changed)".into(),
                         );
                     }
                     self.config.servers = config.servers.clone();
@@ -69,6 +76,9 @@ impl Gateway {
                 self.core.set_relay_config(config.relay.clone());
                 self.core.set_policy(Rc::new(policy), now);
                 let mut summary = format!("policy reloaded: {rules} rules");
+                if let Some(servers) = set_change.summary() {
+                    summary.push_str(&format!("; {servers}"));
+                }
                 // The HTTP door's settings and certificate follow; on error they stay.
                 // A secret the running workers were not started to hide (a TLS key at a new
                 // path) must not be put to use: the walls are set when a worker starts.
@@ -98,6 +108,10 @@ impl Gateway {
                         }
                     }
                 }
+                // [gateway]'s bounds follow too: in flight per connection, per principal and
+                // in all, per-turn budgets, timeouts of calls started from now on.
+                self.core.set_limits(config.gateway.clone());
+                self.config.gateway = config.gateway.clone();
                 // Budgets and deadlines of every door follow; seats already given stay.
                 self.doors
                     .budgets
@@ -295,7 +309,26 @@ impl Gateway {
         }
     }
 
+    /// Serve agents and tell systemd READY=1 once the gateway's own workers (builtin,
+    /// aggregator, workspaces) are ready and listed. Local servers do not hold it: each
+    /// starts on its own time (a hung one until its `start_timeout_secs`), shown as
+    /// starting in `status`, and its tools appear when it has listed them.
     pub(super) fn maybe_announce_ready(&mut self) {
+        let local: Vec<crate::mcp::catalog::WorkerId> = self
+            .supervisor
+            .workers
+            .iter()
+            .filter(|w| w.spec.role == Role::StdioServer)
+            .map(|w| w.id)
+            .collect();
+        let own = || {
+            self.supervisor
+                .workers
+                .iter()
+                .filter(|w| w.spec.role != Role::StdioServer)
+        };
+        let all_ready = own().all(|w| w.state == crate::workers::supervisor::WorkerState::Ready);
+        let all_settled = own().all(|w| w.settled());
         if !self.serving && self.started.elapsed() >= START_GRACE {
             crate::warn!(
                 "serving agents before every worker is ready ({} s passed)",
@@ -303,13 +336,15 @@ impl Gateway {
             );
             self.serving = true;
         }
-        if !self.serving && self.supervisor.all_settled() && !self.supervisor.all_ready() {
+        if !self.serving && all_settled && !all_ready {
             crate::warn!(
                 "serving agents while a worker is down; its tools answer worker_unavailable"
             );
             self.serving = true;
         }
-        if self.announced_ready || !self.supervisor.all_ready() || self.core.listings_pending() > 0
+        if self.announced_ready
+            || !all_ready
+            || self.core.listings_pending_where(|w| !local.contains(&w)) > 0
         {
             return;
         }
@@ -318,9 +353,20 @@ impl Gateway {
         let line = self.status_line();
         self.notify(|n| n.ready_with_status(&line));
         self.status_sent = (line, Instant::now());
+        let starting = self
+            .supervisor
+            .workers
+            .iter()
+            .filter(|w| w.spec.role == Role::StdioServer)
+            .count();
         crate::info!(
-            "ready: {} tools",
-            self.core.catalog().len(crate::mcp::catalog::Kind::Tools)
+            "ready: {} tools{}",
+            self.core.catalog().len(crate::mcp::catalog::Kind::Tools),
+            if starting > 0 {
+                format!(" ({starting} local servers add theirs as they start)")
+            } else {
+                String::new()
+            }
         );
     }
 
@@ -343,8 +389,13 @@ impl Gateway {
             stopping: self.stop_deadline.is_some(),
             calls_served: self.core.counters.calls_total,
             in_flight: self.core.in_flight_total(),
-            workers_ready: self.core.workers().iter().filter(|w| w.ready).count(),
-            workers_total: self.core.workers().len(),
+            workers_ready: self
+                .supervisor
+                .workers
+                .iter()
+                .filter(|w| w.state == crate::workers::supervisor::WorkerState::Ready)
+                .count(),
+            workers_total: self.supervisor.workers.len(),
             last_reload: self.last_reload.clone(),
         };
         systemd::status_line(&facts)

@@ -227,11 +227,21 @@ impl Gateway {
         supervisor.add(spec, id, Token(WORKER_BASE));
         // Upstream servers: url servers through the aggregator worker, each local server
         // through a host of its own (added below, with the workspaces' agent users).
-        let mut upstreams = config.servers.enabled().next().map(|_| {
+        let (pins, owners) = match config.servers.enabled().next() {
+            Some(_) => {
+                let (pins, owners) = super::pin_io::PinIo::open(
+                    &config.servers,
+                    &config.ledger.path,
+                    Arc::clone(&waker),
+                );
+                (Some(pins), Some(owners))
+            }
+            None => (None, None),
+        };
+        let mut upstreams = owners.map(|owners| {
             crate::aggregator::gateway_state::UpstreamsState::empty(
                 &config.servers,
-                &config.ledger.path,
-                Arc::clone(&waker),
+                owners,
                 Instant::now(),
             )
         });
@@ -254,6 +264,7 @@ impl Gateway {
             crate::sandbox::secrets::secret_files(supervisor.secrets()).map(|p| p.to_path_buf()),
         );
         warn_shared_filesystems(&config);
+        crate::stdio_server::load_warnings::warn(&config);
         let workspaces = crate::workspace::worker_settings(
             &config.workspaces,
             &protected,
@@ -335,6 +346,7 @@ impl Gateway {
                 .map(|p| systemd::WatchdogTimer::new(p, Instant::now())),
             status_sent: (String::new(), Instant::now()),
             http: http_door,
+            pins,
         };
         if let Some(period) = gw.watchdog.as_ref().map(systemd::WatchdogTimer::period) {
             crate::info!(

@@ -227,6 +227,7 @@ mod tests {
             worker: 1,
             json: format!("{{\"uri\":\"{uri}\",\"text\":\"{text}\"}}"),
             declares_input: false,
+            header_bindings: Vec::new(),
         }
     }
 

@@ -51,9 +51,33 @@ pub struct Entry {
     /// The tool's input schema has an `input` property: `{"input": {...}}` arguments are
     /// meant as they are, never unwrapped.
     pub declares_input: bool,
+    /// Tools: the parameters that also travel as `Mcp-Param-*` headers (`x-mcp-header`),
+    /// which the HTTP door checks against a call's arguments.
+    pub header_bindings: Vec<crate::mcp::param_headers::Binding>,
+}
+
+/// What a request needs of an entry to be routed: the entry without its definition's
+/// text (a call copies this, never the whole definition).
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub server: String,
+    pub upstream: String,
+    pub worker: WorkerId,
+    pub declares_input: bool,
 }
 
 impl Entry {
+    pub fn route(&self) -> Route {
+        Route {
+            name: self.name.clone(),
+            server: self.server.clone(),
+            upstream: self.upstream.clone(),
+            worker: self.worker,
+            declares_input: self.declares_input,
+        }
+    }
+
     /// The entry for one definition as a server sent it, namespaced (`server__name`).
     pub fn of(kind: Kind, server: &str, worker: WorkerId, item: Value) -> Option<Entry> {
         Entry::listed(kind, server, worker, item, true)
@@ -62,7 +86,8 @@ impl Entry {
     /// The entry for one definition as a server sent it: its qualified name (tools and
     /// prompts) or the URI, the key agents see (`server__name` with `prefix`, else the
     /// server's own name; a URI is never prefixed) and the JSON agents see. `None` when
-    /// it has no usable key. The one place names agents see are made.
+    /// it has no usable key, or (tools) an `x-mcp-header` annotation the spec forbids (a
+    /// client must not offer such a tool). The one place names agents see are made.
     pub fn listed(
         kind: Kind,
         server: &str,
@@ -84,6 +109,10 @@ impl Entry {
             (upstream.clone(), upstream.clone())
         };
         let declares_input = item.pointer("/inputSchema/properties/input").is_some();
+        let header_bindings = match kind {
+            Kind::Tools => crate::mcp::param_headers::bindings(item.get("inputSchema")).ok()?,
+            _ => Vec::new(),
+        };
         Some(Entry {
             name,
             key,
@@ -92,6 +121,7 @@ impl Entry {
             worker,
             json: item.to_string(),
             declares_input,
+            header_bindings,
         })
     }
 }
@@ -354,6 +384,26 @@ impl Catalog {
     /// (`owns_resources`, or remembered as its own), to the template's server when that one
     /// owns it by `owns_resources`, and otherwise to nobody.
     pub fn resource_route(&self, uri: &str, rules: &OwnerRules) -> Result<Option<&Entry>, String> {
+        // Inside a template another server served first: that server's, even while it is
+        // down at start and another lists the URI or a template of its own around it.
+        if rules.owner_of(uri).is_none()
+            && let Some(owner) = rules.template_owner(uri)
+        {
+            let owner = owner?;
+            let listed_by_owner = self
+                .resources
+                .served
+                .get(uri)
+                .is_some_and(|e| e.server == owner);
+            // The owner's template up: the rules below decide (a rival is a conflict).
+            let owner_up =
+                templates::route(uri, &self.templates, Some(&owner)).is_ok_and(|e| e.is_some());
+            if !listed_by_owner && !owner_up {
+                return Err(format!(
+                    "{uri} falls in a resource template server {owner} served first; {owner} does not serve it now, so nobody does"
+                ));
+            }
+        }
         if let Some(e) = self.resources.served.get(uri) {
             let rivals = self.template_rivals(uri, &e.server);
             if rivals.is_empty() {

@@ -19,7 +19,7 @@
 //! Pure: the catalog calls [`OwnerRules::decide`] for every URI a listing touches.
 
 use globset::{Glob, GlobBuilder, GlobMatcher};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Longest `owns_resources` pattern.
 pub const MAX_PATTERN_BYTES: usize = 1024;
@@ -41,6 +41,10 @@ pub fn compile_pattern(pattern: &str) -> Result<GlobMatcher, String> {
         .map_err(|e| format!("bad pattern {}: {e}", pattern.escape_debug()))
 }
 
+/// Templates remembered per server for [`OwnerRules::template_owner`] (each read of a
+/// concrete URI matches against all of them).
+pub const MAX_REMEMBERED_TEMPLATES: usize = 64;
+
 /// What decides a URI's server, besides who lists it.
 #[derive(Debug, Default, Clone)]
 pub struct OwnerRules {
@@ -48,6 +52,10 @@ pub struct OwnerRules {
     configured: Vec<(String, Vec<GlobMatcher>)>,
     /// Remembered owners: URI (or template) -> server.
     remembered: HashMap<String, String>,
+    /// The remembered templates alone (template -> server), at most
+    /// [`MAX_REMEMBERED_TEMPLATES`] per server: a read of a concrete URI inside one goes to
+    /// its server only, even while that server is down and another lists the URI.
+    templates: BTreeMap<String, String>,
     /// How many are remembered per server.
     per_server: HashMap<String, usize>,
     /// Every enabled server has listed its resources at least once in this run: a URI
@@ -84,6 +92,7 @@ impl OwnerRules {
         OwnerRules {
             configured,
             remembered: HashMap::new(),
+            templates: BTreeMap::new(),
             per_server: HashMap::new(),
             settled: false,
         }
@@ -93,9 +102,11 @@ impl OwnerRules {
     pub fn set_configured(&mut self, owns: &[(String, Vec<String>)]) {
         let settled = self.settled;
         let remembered = std::mem::take(&mut self.remembered);
+        let templates = std::mem::take(&mut self.templates);
         let per_server = std::mem::take(&mut self.per_server);
         *self = OwnerRules::new(owns);
         self.remembered = remembered;
+        self.templates = templates;
         self.per_server = per_server;
         self.settled = settled;
     }
@@ -105,12 +116,42 @@ impl OwnerRules {
             self.uncount(&old);
         }
         *self.per_server.entry(server.to_owned()).or_default() += 1;
+        self.templates.remove(key);
+        if key.contains('{')
+            && self.templates.values().filter(|s| *s == server).count() < MAX_REMEMBERED_TEMPLATES
+        {
+            self.templates.insert(key.to_owned(), server.to_owned());
+        }
     }
 
     pub fn forget(&mut self, key: &str) {
         if let Some(old) = self.remembered.remove(key) {
             self.uncount(&old);
         }
+        self.templates.remove(key);
+    }
+
+    /// The server whose remembered template `uri` (a concrete URI) falls in: `None` when
+    /// none does, `Err` when templates of two servers do.
+    pub fn template_owner(&self, uri: &str) -> Option<Result<String, String>> {
+        if uri.contains('{') {
+            return None;
+        }
+        let mut owner: Option<&str> = None;
+        for (template, server) in &self.templates {
+            if !super::templates::matches(template, uri) {
+                continue;
+            }
+            match owner {
+                Some(o) if o != server => {
+                    return Some(Err(format!(
+                        "{uri} falls in the templates of servers {o} and {server}, each served before; toolwall serves it from neither"
+                    )));
+                }
+                _ => owner = Some(server),
+            }
+        }
+        owner.map(|o| Ok(o.to_owned()))
     }
 
     fn uncount(&mut self, server: &str) {

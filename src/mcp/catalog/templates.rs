@@ -183,6 +183,7 @@ mod tests {
             worker: 0,
             json: String::new(),
             declares_input: false,
+            header_bindings: Vec::new(),
         }
     }
 

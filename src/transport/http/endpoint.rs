@@ -964,3 +964,24 @@ pub fn busy_response(key: &str, retry_after_secs: u64) -> HttpResponse {
 #[cfg(test)]
 #[path = "endpoint_tests.rs"]
 mod tests;
+
+/// Judge a modern `tools/call`'s `Mcp-Param-*` headers (SEP-2243) against its `arguments`,
+/// for the tool the catalog names with `bindings`: `None` when they agree (or the tool
+/// binds none), else the 400 / -32020 refusal.
+pub fn param_header_refusal(
+    call: &Call,
+    request: &Request,
+    arguments: Option<&Value>,
+    bindings: &[crate::mcp::param_headers::Binding],
+) -> Option<HttpResponse> {
+    if bindings.is_empty() || !call.era.is_modern() || call.method != "tools/call" {
+        return None;
+    }
+    let headers = request
+        .headers
+        .iter()
+        .map(|h| (h.name.as_str(), h.value.as_slice()));
+    let why = crate::mcp::param_headers::check(bindings, arguments, headers).err()?;
+    let refusal = Refusal::new(400, era::HEADER_MISMATCH, why);
+    Some(json_refusal(400, call.keep_alive, Some(&call.id), &refusal))
+}

@@ -72,6 +72,11 @@ pub struct Metrics {
     pub worker_restarts: BTreeMap<String, u64>,
     pub ledger_commit_latency: Histogram,
     pub ledger_commit_failures: u64,
+    /// Notifications from servers dropped (rate, size and queue bounds, the gateway's and
+    /// the workers'), whether or not a call was found for them.
+    pub relay_dropped: u64,
+    /// Calls refused for a principal's full share (`gateway.max_in_flight_per_principal`).
+    pub share_refusals: u64,
     /// Live legacy-era HTTP sessions.
     pub http_sessions: u64,
     /// Connections closed at a stage deadline, by (door, reason).
@@ -92,6 +97,8 @@ impl Default for Metrics {
             worker_restarts: BTreeMap::new(),
             ledger_commit_latency: Histogram::new(LEDGER_COMMIT_BUCKETS),
             ledger_commit_failures: 0,
+            relay_dropped: 0,
+            share_refusals: 0,
             http_sessions: 0,
             connections_closed: BTreeMap::new(),
             connections_refused: BTreeMap::new(),
@@ -305,6 +312,20 @@ pub fn render(m: &Metrics) -> String {
         "toolwall_ledger_commit_failures_total {}",
         m.ledger_commit_failures
     );
+    header(
+        &mut out,
+        "toolwall_relay_dropped_total",
+        "counter",
+        "Notifications and requests from servers dropped by the relay's rate, size and queue bounds (in the gateway and its workers).",
+    );
+    let _ = writeln!(out, "toolwall_relay_dropped_total {}", m.relay_dropped);
+    header(
+        &mut out,
+        "toolwall_share_refusals_total",
+        "counter",
+        "Calls refused at once because their principal held its whole share of the calls in flight (gateway.max_in_flight_per_principal); not recorded in the ledger one by one.",
+    );
+    let _ = writeln!(out, "toolwall_share_refusals_total {}", m.share_refusals);
     out
 }
 
