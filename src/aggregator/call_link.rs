@@ -16,6 +16,7 @@ use ureq::unversioned::transport::{
     ConnectionDetails, Connector, DefaultConnector, ShutdownHandle, Transport,
 };
 
+use super::call_connections::CallBoundTransport;
 use crate::workers::relay_wire::RequestAnswer;
 
 /// Answers held for a call before its thread takes them; beyond this, answers for ids the
@@ -186,7 +187,7 @@ impl CallLink {
         self.lock().upstream_id.clone()
     }
 
-    fn track(&self, socket: Weak<dyn ShutdownHandle>) {
+    pub(super) fn track(&self, socket: Weak<dyn ShutdownHandle>) {
         let cancelled = self.lock().cancelled;
         if cancelled {
             // Cancelled while connecting: this connection is not wanted either.
@@ -236,7 +237,12 @@ thread_local! {
     static CURRENT: RefCell<Option<Arc<CallLink>>> = const { RefCell::new(None) };
 }
 
-/// While alive, connections this thread opens belong to `link`.
+/// The call the current thread serves, if any.
+pub(super) fn current_link() -> Option<Arc<CallLink>> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// While alive, the requests this thread sends belong to `link`.
 pub struct Serving(());
 
 impl Serving {
@@ -252,8 +258,9 @@ impl Drop for Serving {
     }
 }
 
-/// ureq's default connector, recording each new socket's shutdown handle for the call the
-/// connecting thread serves.
+/// ureq's default connector, its connections bound to the call of the thread that uses
+/// them (see `call_connections.rs`): a cancelled call shuts down the socket its request is
+/// on, whether the connection is new or reused from the pool.
 #[derive(Debug, Default)]
 pub struct TrackingConnector {
     inner: DefaultConnector,
@@ -269,12 +276,11 @@ impl Connector<()> for TrackingConnector {
         details: &ConnectionDetails,
         chained: Option<()>,
     ) -> Result<Option<Self::Out>, ureq::Error> {
-        let Some(link) = CURRENT.with(|c| c.borrow().clone()) else {
-            return self.inner.connect(details, chained);
-        };
         let pool = Arc::clone(&details.register_shutdown);
+        let socket: Arc<Mutex<Option<Weak<dyn ShutdownHandle>>>> = Arc::new(Mutex::new(None));
+        let seen = Arc::clone(&socket);
         let register: Arc<Register> = Arc::new(move |handle: Weak<dyn ShutdownHandle>| {
-            link.track(handle.clone());
+            *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.clone());
             pool(handle)
         });
         let tracked = ConnectionDetails {
@@ -289,7 +295,11 @@ impl Connector<()> for TrackingConnector {
             run_connector: Arc::clone(&details.run_connector),
             register_shutdown: register,
         };
-        self.inner.connect(&tracked, chained)
+        let Some(transport) = self.inner.connect(&tracked, chained)? else {
+            return Ok(None);
+        };
+        let socket = socket.lock().unwrap_or_else(|p| p.into_inner()).take();
+        Ok(Some(Box::new(CallBoundTransport::new(transport, socket))))
     }
 }
 

@@ -66,8 +66,8 @@ pub struct Reply {
 pub struct Transport {
     server: String,
     agent: Agent,
-    /// For a call's own requests: no pooled connections, and each new socket is recorded
-    /// for the call, so cancelling the call closes it (see `call_link.rs`).
+    /// For a call's own requests: keep-alive connections of their own, each bound to the
+    /// call it serves, so cancelling the call closes it (see `call_connections.rs`).
     call_agent: Agent,
     uri: Uri,
     headers: Vec<(String, String)>,
@@ -114,7 +114,7 @@ impl Transport {
             PinnedResolver::new(&uri, &setup.addresses),
         );
         let call_agent = Agent::with_parts(
-            builder().max_idle_connections(0).build(),
+            builder().build(),
             TrackingConnector::default(),
             PinnedResolver::new(&uri, &setup.addresses),
         );

@@ -10,6 +10,7 @@
 
 pub mod answer_bound;
 pub mod budget;
+pub mod call_connections;
 pub mod call_link;
 pub mod call_relay;
 pub mod channel;

@@ -14,23 +14,23 @@
 
 use mio::net::UnixStream;
 use mio::{Events, Poll, Token, Waker};
-use std::collections::HashSet;
-use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::config::child_env;
 use super::link::{LinkConfig, StdioLink};
+use super::rpc_output::RpcOutput;
 use super::settings::HostSettings;
 use crate::aggregator::channel::Channel;
 use crate::aggregator::setup::UpstreamSetup;
 use crate::aggregator::upstream::EventSink;
 use crate::aggregator::worker::{AggregatorRole, ChannelFactory, Outbox};
-use crate::sandbox::{self, ConfinementReport, RPC_FD, Role};
+use crate::sandbox::{self, ConfinementReport, Role};
 use crate::transport::write_interest::WriteInterest;
+use crate::workers::agent_host_start::confine_and_attest;
 use crate::workers::rpc::{Message, Op, RpcReader};
-use crate::workers::worker_main::{flush, push, read_settings, say_ready};
+use crate::workers::worker_main::{read_settings, say_ready};
 
 const RPC: Token = Token(0);
 const WAKE: Token = Token(1);
@@ -73,32 +73,21 @@ pub fn run() -> i32 {
         }
     };
     let grant = settings.grant();
-    let probe_context = sandbox::WorkspaceProbeContext::gather(settings.agent.gateway_uid);
-    let mut report = match sandbox::confine(role, &grant, settings.sandbox_mode) {
-        Ok(r) => r,
-        Err(e) => {
-            crate::error!("worker {role} ({name}): confinement failed: {e}");
-            return 3;
-        }
+    let host = match confine_and_attest(
+        role,
+        &name,
+        &grant,
+        settings.sandbox_mode,
+        settings.agent.gateway_uid,
+    ) {
+        Ok(h) => h,
+        Err(code) => return code,
     };
-    report.probes = sandbox::attest_workspace(&grant, &probe_context);
-    // SAFETY: fd 3 is the RPC socket the gateway placed there; nothing else owns it.
-    let std_stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(RPC_FD) };
-    // The program must never inherit the RPC socket.
-    // SAFETY: fcntl on our own fd.
-    if unsafe { libc::fcntl(RPC_FD, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
-        return 4;
-    }
+    let (report, probe_context, std_stream) = (host.report, host.probe_context, host.rpc);
     if say_ready(role, &report, &std_stream).is_err() {
         return 4;
     }
-    match serve(
-        settings,
-        walls,
-        report,
-        probe_context,
-        UnixStream::from_std(std_stream),
-    ) {
+    match serve(settings, walls, report, probe_context, std_stream) {
         Ok(()) => 0,
         Err(e) => {
             crate::error!("worker {role} ({name}): {e}");
@@ -231,8 +220,12 @@ fn serve(
     walls: sandbox::ProgramWalls,
     mut report: ConfinementReport,
     probe_context: sandbox::WorkspaceProbeContext,
-    mut stream: UnixStream,
+    std_stream: std::os::unix::net::UnixStream,
 ) -> std::io::Result<()> {
+    // Written by the loop and by the pool threads that answer (see `rpc_output.rs`); the
+    // mio handle only reads.
+    let output = RpcOutput::new(std_stream.try_clone()?);
+    let mut stream = UnixStream::from_std(std_stream);
     let mut poll = Poll::new()?;
     poll.registry()
         .register(&mut stream, RPC, WriteInterest::INITIAL)?;
@@ -247,9 +240,9 @@ fn serve(
         Arc::clone(&waker),
         channel_factory(Arc::clone(&settings), walls),
     );
+    upstream.answer_directly(RpcOutput::direct(&output, &done, &waker));
     let mut reader = RpcReader::default();
-    let mut out: Vec<u8> = Vec::new();
-    let mut cancelled: HashSet<u64> = HashSet::new();
+    let mut replies: Vec<Message> = Vec::new();
     let mut events = Events::with_capacity(64);
     let mut buf_eof = false;
     loop {
@@ -265,20 +258,20 @@ fn serve(
                     op: Op::Cancel { target },
                     ..
                 })) => {
-                    // The call's link is cancelled (a legacy server is told); its late
-                    // answer is dropped below.
+                    // Marked before the call's thread can answer: its late answer is
+                    // dropped (`RpcOutput::queue`). The link is cancelled (a legacy
+                    // server is told).
+                    RpcOutput::lock(&output).cancel(target);
                     upstream.cancel(target);
-                    cancelled.insert(target);
                 }
                 Ok(Some(Message::Request { id, op: Op::Attest })) => {
                     report.probes = sandbox::attest_workspace(&grant, &probe_context);
-                    let reply = Message::Response {
+                    replies.push(Message::Response {
                         id,
                         ok: Some(serde_json::to_string(&report).unwrap_or_default()),
                         error: None,
                         facts: None,
-                    };
-                    push(&mut out, &reply);
+                    });
                 }
                 Ok(Some(Message::Request {
                     op: Op::Answer { call, answer },
@@ -286,7 +279,7 @@ fn serve(
                 })) => upstream.answer(call, answer),
                 Ok(Some(Message::Request { id, op })) => {
                     if let Some(reply) = upstream.handle(id, op) {
-                        push(&mut out, &reply);
+                        replies.push(reply);
                     }
                 }
                 Ok(Some(_)) => {}
@@ -296,17 +289,15 @@ fn serve(
                 }
             }
         }
-        let finished = std::mem::take(&mut *done.lock().unwrap_or_else(|p| p.into_inner()));
-        for msg in finished {
-            if let Message::Response { id, .. } = &msg
-                && cancelled.remove(id)
-            {
-                continue;
+        let left = {
+            let mut o = RpcOutput::lock(&output);
+            o.queue_outbox(&done);
+            for reply in replies.drain(..) {
+                o.queue(&reply);
             }
-            push(&mut out, &msg);
-        }
-        flush(&mut stream, &mut out)?;
-        write_interest.update(!out.is_empty(), |interest| {
+            o.flush()?
+        };
+        write_interest.update(left, |interest| {
             poll.registry().reregister(&mut stream, RPC, interest)
         })?;
         if buf_eof {

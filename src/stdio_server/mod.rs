@@ -19,6 +19,7 @@ pub mod hosting;
 pub mod lines;
 pub mod link;
 pub mod load_warnings;
+mod rpc_output;
 pub mod settings;
 pub mod state_dir;
 pub mod stderr_board;

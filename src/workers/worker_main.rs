@@ -257,7 +257,7 @@ pub(crate) fn push(out: &mut Vec<u8>, msg: &Message) {
     }
 }
 
-pub(crate) fn flush(stream: &mut UnixStream, out: &mut Vec<u8>) -> std::io::Result<()> {
+pub(crate) fn flush(stream: &mut impl Write, out: &mut Vec<u8>) -> std::io::Result<()> {
     let mut written = 0;
     while written < out.len() {
         match stream.write(&out[written..]) {

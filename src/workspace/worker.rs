@@ -13,7 +13,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::{Value, json};
 use std::collections::HashSet;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -28,8 +28,9 @@ use super::settings::WorkspaceWorkerSettings;
 use super::system_info::system_info;
 use super::tasks::{Exit, NEXT_ACTIONS, Stream, TaskAction, Tasks, WaitKind};
 use super::tools;
-use crate::sandbox::{self, ConfinementReport, RPC_FD, Role};
+use crate::sandbox::{self, ConfinementReport, Role};
 use crate::transport::write_interest::WriteInterest;
+use crate::workers::agent_host_start::confine_and_attest;
 use crate::workers::rpc::{ListKind, Message, Op, RpcError, RpcReader};
 use crate::workers::worker_main::{flush, push, read_settings};
 
@@ -109,22 +110,17 @@ pub fn run() -> i32 {
         }
     };
     let grant = settings.grant();
-    let probe_context = sandbox::WorkspaceProbeContext::gather(settings.agent.gateway_uid);
-    let mut report = match sandbox::confine(role, &grant, settings.sandbox_mode) {
-        Ok(r) => r,
-        Err(e) => {
-            crate::error!("worker {role} ({name}): confinement failed: {e}");
-            return 3;
-        }
+    let host = match confine_and_attest(
+        role,
+        &name,
+        &grant,
+        settings.sandbox_mode,
+        settings.agent.gateway_uid,
+    ) {
+        Ok(h) => h,
+        Err(code) => return code,
     };
-    report.probes = sandbox::attest_workspace(&grant, &probe_context);
-    // SAFETY: fd 3 is the RPC socket the gateway placed there; nothing else owns it.
-    let std_stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(RPC_FD) };
-    // Programs must never inherit the RPC socket (the leaders close it too).
-    // SAFETY: fcntl on our own fd.
-    if unsafe { libc::fcntl(RPC_FD, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
-        return 4;
-    }
+    let (report, probe_context, std_stream) = (host.report, host.probe_context, host.rpc);
     let root = match WorkspaceRoot::open(settings.root()) {
         Ok(r) => r,
         Err(e) => {
