@@ -112,9 +112,11 @@ pub struct GatewayConfig {
     /// Messages (frames, lines, HTTP requests) taken from one connection per loop turn
     /// before the other connections get theirs: a pipelined burst cannot stall the loop.
     pub max_messages_per_turn: usize,
-    /// Open agent connections of every door together (framed and HTTP; the admin socket has
-    /// its own reserve). When full, a new connection takes the place of one that has not
-    /// sent a byte yet; else it is refused with an error it can read.
+    /// Open framed agent connections (unix and vsock): the framed doors' own seats. The
+    /// HTTP door has its own (`http.max_connections`) and the admin socket its own reserve,
+    /// so no door's clients can take another's seats. When full, a new connection takes the
+    /// place of one that has not sent a byte yet; else it is refused with an error it can
+    /// read.
     pub max_connections: usize,
     /// Framed connections of one peer (unix uid, vsock cid); default half of
     /// `max_connections`.

@@ -730,3 +730,43 @@ fn a_thousand_quiet_tls_connections_cost_under_64_mib() {
     );
     assert!(cost < 64 * 1024, "1000 TLS connections cost {cost} KiB");
 }
+
+#[test]
+fn a_full_framed_door_leaves_the_http_door_its_own_seats() {
+    // One local uid (the test's) may take every framed seat; none of them is HTTP's.
+    let gw = HttpGateway::start(
+        "",
+        "[gateway]\nmax_connections = 6\nmax_connections_per_peer = 6\n[http]\nmax_connections = 4\n",
+    );
+    let token = gw.client_token("carol");
+    // Six proven framed agents (each answered a ping), so none can be displaced.
+    let mut framed: Vec<FramedClient> = (0..6)
+        .map(|_| {
+            let mut c = FramedClient::connect(&gw.sock);
+            let r = c.call("ping", json!({}));
+            assert!(r["result"].is_object(), "{r}");
+            c
+        })
+        .collect();
+    // The framed door is full: a seventh framed agent is refused in words.
+    assert_eq!(
+        framed_client_served(&gw.sock),
+        None,
+        "the framed door holds its own budget"
+    );
+    // An HTTP principal is served at once: its door's seats are its own.
+    assert_eq!(
+        http_client_served(gw.port, &token),
+        Some(()),
+        "an HTTP client is refused while framed agents fill gateway.max_connections"
+    );
+    // And the framed agents are all still there.
+    for c in framed.iter_mut() {
+        let r = c.call("ping", json!({}));
+        assert!(r["result"].is_object(), "{r}");
+    }
+    let status = gw.cli(&["status", "--json"]);
+    let s: Value = serde_json::from_slice(&status.stdout).unwrap_or(Value::Null);
+    assert_eq!(s["seats"]["framed"]["taken"], 6, "{s}");
+    assert_eq!(s["seats"]["framed"]["limit"], 6, "{s}");
+}

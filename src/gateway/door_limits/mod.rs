@@ -1,8 +1,8 @@
 //! What each door lets a connection hold, and for how long, sans-IO.
 //!
 //! - [`settings`]: the budgets and deadlines of every door, read from the config once.
-//! - [`budget`]: seats — who may hold a connection: agents (framed and HTTP together), each
-//!   door, each peer (unix uid, vsock cid) and each HTTP principal, the admin socket's own
+//! - [`budget`]: seats — who may hold a connection: each agent door (framed, HTTP) its own,
+//!   each peer (unix uid, vsock cid) and each HTTP principal, the admin socket's own
 //!   reserve, and a small pool of connections kept only to be answered and closed.
 //! - [`deadline`]: the stage a connection is in (opening, head, body, frame, idle, busy,
 //!   lingering) and the deadline that stage has; a connection past it is closed.
@@ -27,7 +27,7 @@ pub use tally::Tally;
 
 /// `toolwall status`'s line for the seats object of the admin status answer.
 pub fn seats_line(seats: &serde_json::Map<String, serde_json::Value>) -> String {
-    ["agents", "http", "admin", "lingering"]
+    ["framed", "http", "admin", "lingering"]
         .iter()
         .filter_map(|k| {
             let v = seats.get(*k)?;

@@ -89,7 +89,8 @@ pub(super) fn ensure_descriptors(config: &crate::config::Config) {
         Ok(have) if have >= wanted => {}
         Ok(have) => crate::warn!(
             "open-file limit {have} is below the {wanted} the door budgets need \
-             (gateway.max_connections + admin.max_connections + gateway.max_lingering + \
+             (gateway.max_connections + http.max_connections + admin.max_connections + \
+             gateway.max_lingering + \
              {}): raise LimitNOFILE or lower those keys",
             listeners::DESCRIPTORS_BESIDES_CONNECTIONS
         ),
@@ -140,10 +141,10 @@ impl ConnIo {
 impl Gateway {
     /// Seats taken and their limits, for `toolwall status`.
     pub fn door_seats(&self) -> serde_json::Value {
-        let (agents, http, admin, lingering) = self.doors.budgets.counts();
+        let (framed, http, admin, lingering) = self.doors.budgets.counts();
         let l = self.doors.budgets.limits();
         serde_json::json!({
-            "agents": {"taken": agents, "limit": l.agents},
+            "framed": {"taken": framed, "limit": l.framed},
             "http": {"taken": http, "limit": l.http},
             "admin": {"taken": admin, "limit": l.admin},
             "lingering": {"taken": lingering, "limit": l.lingering},
