@@ -770,3 +770,143 @@ fn a_full_framed_door_leaves_the_http_door_its_own_seats() {
     assert_eq!(s["seats"]["framed"]["taken"], 6, "{s}");
     assert_eq!(s["seats"]["framed"]["limit"], 6, "{s}");
 }
+
+/// Write `bytes` to every stream without blocking, for `secs`, as far as each is read:
+/// a client that sends all it can while the gateway takes only what its budget allows.
+fn push_all<S: Write>(streams: &mut [S], bytes: &[u8], secs: u64) -> usize {
+    let mut sent = vec![0usize; streams.len()];
+    let until = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < until {
+        let mut moved = false;
+        for (s, at) in streams.iter_mut().zip(sent.iter_mut()) {
+            while *at < bytes.len() {
+                match s.write(&bytes[*at..]) {
+                    Ok(n) if n > 0 => {
+                        *at += n;
+                        moved = true;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        if !moved {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    sent.iter().sum()
+}
+
+#[test]
+fn near_whole_frames_and_bodies_hold_a_bounded_budget() {
+    let gw = HttpGateway::start(
+        "",
+        "[gateway]\nmax_connections = 600\nmax_connections_per_peer = 600\n\
+         [http]\nmax_connections = 300\nmax_connections_per_principal = 300\n",
+    );
+    flood::allow_descriptors(4096);
+    let alice = gw.client_token("alice");
+    let bob = gw.client_token("bob");
+    let admin = gw.token("ops", "admin", "never");
+    // A large message is read whole (a grant for its size) when nobody holds the budget.
+    let big = "b".repeat(600 * 1024);
+    let mut agent = FramedClient::connect(&gw.sock);
+    let r = agent.tool("local__echo", json!({"text": big}));
+    assert_eq!(
+        r["result"]["content"][0]["text"],
+        big.as_str(),
+        "a 600 KB echo"
+    );
+    let base = rss(gw.pid());
+    // Framed: 500 connections of one uid, each a frame promising ~1 MiB and all but its
+    // last byte.
+    let mut frame = Vec::new();
+    toolwall_relay::frame::encode(&mut frame, 1, 0, "x", &vec![b' '; 1024 * 1024 - 64]).unwrap();
+    frame.pop();
+    let mut framed = flood::silent_unix(&gw.sock, 500);
+    for s in &framed {
+        s.set_nonblocking(true).unwrap();
+    }
+    let sent = push_all(&mut framed, &frame, 4);
+    let with_framed = rss(gw.pid());
+    // A normal agent (small messages need no grant) is served beside them.
+    let ((), served_framed) = until_served("a normal agent beside 500 near-whole frames", || {
+        framed_client_served(&gw.sock)
+    });
+    flood::report(
+        "framed 500 near-whole 1 MiB frames",
+        base,
+        with_framed,
+        Some(served_framed),
+    );
+    let framed_cost = with_framed.now_kib.saturating_sub(base.now_kib);
+    eprintln!(
+        "MEMORY 500 near-whole frames ({} MiB sent): {framed_cost} KiB",
+        sent >> 20
+    );
+    assert!(
+        framed_cost < 48 * 1024,
+        "500 near-whole frames held {framed_cost} KiB"
+    );
+    // HTTP: 250 connections of alice, each a head accepted and 1 MiB - 1 of its body.
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {alice}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: local__echo\r\n\
+         Content-Length: {}\r\n\r\n",
+        gw.port,
+        1024 * 1024
+    );
+    let mut request = head.into_bytes();
+    request.extend(std::iter::repeat_n(b' ', 1024 * 1024 - 1));
+    let mut http = flood::silent_tcp(gw.port, 250);
+    for s in &http {
+        s.set_nonblocking(true).unwrap();
+    }
+    push_all(&mut http, &request, 4);
+    let with_http = rss(gw.pid());
+    // Another principal's large body is read and answered: alice holds only her share.
+    let ((), served_bob) = until_served("bob's 600 KB call beside alice's flood", || {
+        let stream = TcpStream::connect(("127.0.0.1", gw.port)).ok()?;
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut h = common::http::Http::over(stream);
+        let session = open_session(&mut h, gw.port, Some(&bob));
+        let r = h.call(&echo_in_session(gw.port, 2, &session, &big).bearer(&bob));
+        (r.status == 200 && result_text(&r.json()) == big).then_some(())
+    });
+    flood::report(
+        "http 250 near-whole 1 MiB bodies of one principal",
+        with_framed,
+        with_http,
+        Some(served_bob),
+    );
+    let http_cost = with_http.now_kib.saturating_sub(with_framed.now_kib);
+    eprintln!("MEMORY 250 near-whole bodies: {http_cost} KiB");
+    assert!(
+        http_cost < 48 * 1024,
+        "250 near-whole bodies held {http_cost} KiB"
+    );
+    let m = metrics(&gw, &admin);
+    assert!(
+        metric(&m, "toolwall_partial_pauses_total{door=\"framed\"}") > 0,
+        "framed pauses are counted: {m}"
+    );
+    assert!(
+        metric(&m, "toolwall_partial_pauses_total{door=\"http\"}") > 0,
+        "http pauses are counted: {m}"
+    );
+    // Once they go, every grant comes back.
+    drop(framed);
+    drop(http);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let m = metrics(&gw, &admin);
+        if metric(&m, "toolwall_partial_bytes ") == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "grants never came back: {m}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -8,6 +8,8 @@
 //!   lingering) and the deadline that stage has; a connection past it is closed.
 //! - [`finish`]: when a connection ends, and whether it lingers first (half-closed, its
 //!   input read and dropped for a bounded time, so the client reads the refusal it was sent).
+//! - [`partial`]: bytes held for messages not yet whole, beyond each connection's small
+//!   allowance: a global budget and each peer's share; without a grant, reading pauses.
 //! - [`tally`]: closes and refusals by door and reason, for `/metrics`.
 //!
 //! The loop keeps one [`ConnGuard`] per connection and asks these modules; nothing here
@@ -16,12 +18,14 @@
 pub mod budget;
 pub mod deadline;
 pub mod finish;
+pub mod partial;
 pub mod settings;
 pub mod tally;
 
 pub use budget::{Budgets, Full, Seat};
 pub use deadline::{Check, ConnGuard, Expiry, Facts, Stage};
 pub use finish::{Finish, FinishFacts};
+pub use partial::{Grant, Hold, PartialBudget, PartialLimits};
 pub use settings::{Door, DoorLimits};
 pub use tally::Tally;
 

@@ -11,7 +11,9 @@ use std::net::Shutdown;
 use std::time::{Duration, Instant};
 
 use super::{ConnIo, Gateway};
-use crate::gateway::door_limits::{Budgets, DoorLimits, Full, Tally};
+use crate::gateway::door_limits::{
+    Budgets, Door, DoorLimits, Full, Grant, Hold, PartialBudget, PartialLimits, Tally,
+};
 use crate::gateway::listeners;
 use crate::mcp::jsonrpc;
 use crate::transport::framed;
@@ -37,6 +39,8 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 /// Budgets, tallies and the sweep timer.
 pub struct DoorState {
     pub budgets: Budgets,
+    /// Bytes held for messages not yet whole, beyond each connection's small allowance.
+    pub partial: PartialBudget,
     pub tally: Tally,
     /// The next sweep of every connection's deadlines: armed by the first accept.
     pub check_at: Option<Instant>,
@@ -51,9 +55,10 @@ pub struct DoorState {
 }
 
 impl DoorState {
-    pub fn new(limits: DoorLimits) -> DoorState {
+    pub fn new(limits: DoorLimits, partial: PartialLimits) -> DoorState {
         DoorState {
             budgets: Budgets::new(limits),
+            partial: PartialBudget::new(partial),
             tally: Tally::default(),
             check_at: None,
             accept_retry: Vec::new(),
@@ -69,6 +74,70 @@ impl DoorState {
         }
     }
 
+    /// Give back a connection's grant once the message it was for is no longer arriving
+    /// (`need`: what the message at the head of its buffer needs in all, if known).
+    pub(super) fn release_spent(
+        &mut self,
+        door: Door,
+        need: Option<usize>,
+        grant: &mut Option<Hold>,
+    ) {
+        let to_grant = need.map_or(0, |n| self.partial.to_grant(door, n));
+        if grant.as_ref().is_some_and(|h| h.bytes() != to_grant)
+            && let Some(hold) = grant.take()
+        {
+            self.partial.release(hold);
+            // Connections waiting for a grant try again at once.
+            self.yielded = true;
+        }
+    }
+
+    /// How much a connection may hold before its next read: its small allowance, or a
+    /// grant for the large message arriving, asked for here.
+    pub(super) fn room_for(
+        &mut self,
+        door: Door,
+        key: &str,
+        need: Option<usize>,
+        grant: &mut Option<Hold>,
+        awaiting: &mut bool,
+        now: Instant,
+    ) -> Room {
+        self.release_spent(door, need, grant);
+        let to_grant = need.map_or(0, |n| self.partial.to_grant(door, n));
+        if to_grant == 0 {
+            *awaiting = false;
+            return Room::Small(self.partial.limits().small(door));
+        }
+        if let Some(hold) = grant {
+            return Room::Granted(hold.bytes());
+        }
+        match self.partial.grant(door, key, to_grant) {
+            Grant::Given(hold) => {
+                *awaiting = false;
+                *grant = Some(hold);
+                Room::Granted(to_grant)
+            }
+            Grant::Wait => {
+                if !*awaiting {
+                    *awaiting = true;
+                    self.partial.count_pause(door);
+                    let held = self.partial.held();
+                    self.note("partial_wait", now, |more| {
+                        format!(
+                            "a {} message of {key} waits for room ({to_grant} bytes; {held} held in \
+                             messages not yet whole: gateway.max_partial_bytes, \
+                             gateway.max_partial_bytes_per_peer) ({more} more since)",
+                            door.as_str()
+                        )
+                    });
+                }
+                Room::Wait
+            }
+            Grant::Never => Room::Never(to_grant),
+        }
+    }
+
     /// Log a refusal or a close, at most once per `LOG_EVERY` per kind.
     fn note(&mut self, kind: &'static str, now: Instant, line: impl FnOnce(u64) -> String) {
         let entry = self.logged.entry(kind).or_insert((now - LOG_EVERY, 0));
@@ -78,6 +147,18 @@ impl DoorState {
             *entry = (now, 0);
         }
     }
+}
+
+/// What a connection may read into before its next read.
+pub(super) enum Room {
+    /// Its small allowance (bytes the buffer may hold).
+    Small(usize),
+    /// A grant for the message arriving (its whole size).
+    Granted(usize),
+    /// No room until a grant is given back: reading pauses.
+    Wait,
+    /// The message (of this size) is larger than any grant: it can never be read.
+    Never(usize),
 }
 
 /// Make the descriptor limit room for every seat the budgets grant; say which keys to

@@ -54,6 +54,9 @@ impl Gateway {
             .unwrap_or_default();
         m.connections_closed = self.doors.tally.closed.clone();
         m.connections_refused = self.doors.tally.refused.clone();
+        m.partial_bytes = self.doors.partial.held() as u64;
+        m.partial_pauses = self.doors.partial.paused.clone();
+        m.partial_refusals = self.doors.partial.refused.clone();
         m
     }
 }

@@ -83,6 +83,12 @@ pub struct Metrics {
     pub connections_closed: BTreeMap<(&'static str, &'static str), u64>,
     /// Connections refused at a limit, or displaced to make room, by (door, reason).
     pub connections_refused: BTreeMap<(&'static str, &'static str), u64>,
+    /// Bytes granted now to messages not yet whole (`gateway.max_partial_bytes`).
+    pub partial_bytes: u64,
+    /// Times a connection's reading paused for want of such a grant, by door.
+    pub partial_pauses: BTreeMap<&'static str, u64>,
+    /// Messages refused as larger than any grant, by door.
+    pub partial_refusals: BTreeMap<&'static str, u64>,
 }
 
 impl Default for Metrics {
@@ -102,6 +108,9 @@ impl Default for Metrics {
             http_sessions: 0,
             connections_closed: BTreeMap::new(),
             connections_refused: BTreeMap::new(),
+            partial_bytes: 0,
+            partial_pauses: BTreeMap::new(),
+            partial_refusals: BTreeMap::new(),
         }
     }
 }
@@ -273,6 +282,30 @@ pub fn render(m: &Metrics) -> String {
                 escape(door),
                 escape(reason)
             );
+        }
+    }
+    header(
+        &mut out,
+        "toolwall_partial_bytes",
+        "gauge",
+        "Bytes granted to messages not yet whole (gateway.max_partial_bytes).",
+    );
+    let _ = writeln!(out, "toolwall_partial_bytes {}", m.partial_bytes);
+    for (name, help, counts) in [
+        (
+            "toolwall_partial_pauses_total",
+            "Times reading from a connection paused until room for a large message was free, by door.",
+            &m.partial_pauses,
+        ),
+        (
+            "toolwall_partial_refusals_total",
+            "Messages refused as larger than gateway.max_partial_bytes_per_peer allows, by door.",
+            &m.partial_refusals,
+        ),
+    ] {
+        header(&mut out, name, "counter", help);
+        for (door, n) in counts {
+            let _ = writeln!(out, "{name}{{door=\"{}\"}} {n}", escape(door));
         }
     }
     header(
