@@ -132,6 +132,10 @@ pub struct GatewayConfig {
     /// A framed message up to this size is read without asking `max_partial_bytes`: what
     /// each framed connection may hold on its own.
     pub small_message_bytes: usize,
+    /// Window of `list` events: the first listing of a principal and method in a window
+    /// is recorded as it comes, the others counted into one `list_summary` event when the
+    /// window ends. 0 records every listing.
+    pub list_event_secs: u64,
     /// Seconds from accept to a framed connection's first byte; a silent one is closed.
     pub accept_timeout_secs: u64,
     /// Seconds a framed connection may sit with nothing in flight and nothing read or
@@ -201,6 +205,7 @@ impl Default for GatewayConfig {
             max_partial_bytes: DEFAULT_MAX_PARTIAL_BYTES,
             max_partial_bytes_per_peer: None,
             small_message_bytes: 16 * 1024,
+            list_event_secs: 60,
             accept_timeout_secs: 10,
             idle_timeout_secs: 3600,
             write_stall_secs: 60,
@@ -355,6 +360,7 @@ impl Config {
             ("gateway.idle_timeout_secs", g.idle_timeout_secs),
             ("gateway.write_stall_secs", g.write_stall_secs),
             ("admin.timeout_secs", self.admin.timeout_secs),
+            ("gateway.list_event_secs", g.list_event_secs),
         ] {
             if value > MAX_TIMEOUT_SECS {
                 return Err(ConfigError(format!(

@@ -910,3 +910,60 @@ fn near_whole_frames_and_bodies_hold_a_bounded_budget() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[test]
+fn a_listing_flood_writes_a_bounded_number_of_ledger_rows() {
+    let mut gw = HttpGateway::start("", "");
+    let admin = gw.token("ops", "admin", "never");
+    let mut agent = FramedClient::connect(&gw.sock);
+    // 600 listings, pipelined 50 at a time, then a call: its row is written as ever.
+    for batch in 0..12 {
+        let sids: Vec<u32> = (0..50)
+            .map(|i| agent.request(json!(batch * 50 + i), "tools/list", Some(json!({}))))
+            .collect();
+        let mut answered = 0;
+        while answered < sids.len() {
+            let r = agent.recv().expect("a listing answered");
+            if sids.contains(&r.stream) {
+                assert!(r.body["result"]["tools"].is_array(), "{}", r.body);
+                answered += 1;
+            }
+        }
+    }
+    let r = agent.tool("local__echo", json!({"text": "a call after the flood"}));
+    assert_eq!(r["result"]["content"][0]["text"], "a call after the flood");
+    let rows = gw.wait_rows("the call's row", |rows| {
+        rows.iter()
+            .any(|r| r["tool_name"] == "echo" && r["decision"] == "allowed")
+    });
+    assert_eq!(rows.len(), 1, "one row per call");
+    let listed = gw.events("list");
+    assert!(
+        listed.len() <= 2,
+        "600 listings wrote {} list rows",
+        listed.len()
+    );
+    let m = metrics(&gw, &admin);
+    assert_eq!(
+        metric(&m, "toolwall_list_events_coalesced_total"),
+        599,
+        "{m}"
+    );
+    // The counted listings are recorded as one summary (at the latest when it stops).
+    drop(agent);
+    assert!(gw.terminate().success());
+    let summaries = gw.events("list_summary");
+    let counted: u64 = summaries
+        .iter()
+        .filter_map(|e| {
+            let d: Value = match &e["detail"] {
+                Value::String(text) => serde_json::from_str(text).ok()?,
+                other => other.clone(),
+            };
+            (d["method"] == "tools/list")
+                .then(|| d["count"].as_u64())
+                .flatten()
+        })
+        .sum();
+    assert_eq!(counted, 599, "{summaries:?}");
+}

@@ -89,6 +89,8 @@ pub struct Metrics {
     pub partial_pauses: BTreeMap<&'static str, u64>,
     /// Messages refused as larger than any grant, by door.
     pub partial_refusals: BTreeMap<&'static str, u64>,
+    /// Listings counted into a `list_summary` event rather than recorded one by one.
+    pub list_coalesced: u64,
 }
 
 impl Default for Metrics {
@@ -111,6 +113,7 @@ impl Default for Metrics {
             partial_bytes: 0,
             partial_pauses: BTreeMap::new(),
             partial_refusals: BTreeMap::new(),
+            list_coalesced: 0,
         }
     }
 }
@@ -308,6 +311,17 @@ pub fn render(m: &Metrics) -> String {
             let _ = writeln!(out, "{name}{{door=\"{}\"}} {n}", escape(door));
         }
     }
+    header(
+        &mut out,
+        "toolwall_list_events_coalesced_total",
+        "counter",
+        "Listings counted into a list_summary ledger event rather than recorded one by one.",
+    );
+    let _ = writeln!(
+        out,
+        "toolwall_list_events_coalesced_total {}",
+        m.list_coalesced
+    );
     header(
         &mut out,
         "toolwall_http_sessions",
