@@ -801,7 +801,9 @@ fn near_whole_frames_and_bodies_hold_a_bounded_budget() {
     let gw = HttpGateway::start(
         "",
         "[gateway]\nmax_connections = 600\nmax_connections_per_peer = 600\n\
-         [http]\nmax_connections = 300\nmax_connections_per_principal = 300\n",
+         frame_timeout_secs = 12\n\
+         [http]\nmax_connections = 300\nmax_connections_per_principal = 300\n\
+         body_timeout_secs = 12\n",
     );
     flood::allow_descriptors(4096);
     let alice = gw.client_token("alice");
@@ -894,9 +896,26 @@ fn near_whole_frames_and_bodies_hold_a_bounded_budget() {
         metric(&m, "toolwall_partial_pauses_total{door=\"http\"}") > 0,
         "http pauses are counted: {m}"
     );
-    // Once they go, every grant comes back.
-    drop(framed);
-    drop(http);
+    // Frames and bodies that never finish are cut off at their deadline, waiting or not.
+    for s in &framed {
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+    }
+    for s in &http {
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+    }
+    let ends = wait_all_end(framed);
+    assert!(
+        ends.iter().all(|e| *e != Ended::Open),
+        "near-whole frames are cut off at gateway.frame_timeout_secs"
+    );
+    let ends = wait_all_end(http);
+    assert!(
+        ends.iter().all(|e| *e != Ended::Open),
+        "near-whole bodies are cut off at http.body_timeout_secs"
+    );
+    // Once they are gone, every grant has come back.
     let deadline = std::time::Instant::now() + PATIENCE;
     loop {
         let m = metrics(&gw, &admin);
