@@ -65,6 +65,19 @@ impl Hold {
     }
 }
 
+/// What a connection may read into before its next read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// Its small allowance (bytes the buffer may hold).
+    Small(usize),
+    /// A grant for the message arriving (its whole size).
+    Granted(usize),
+    /// No room until a grant is given back: reading pauses.
+    Wait,
+    /// The message (of this size) is larger than any grant: it can never be read.
+    Never(usize),
+}
+
 /// The answer to a request for a grant.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Grant {
@@ -144,6 +157,64 @@ impl PartialBudget {
         })
     }
 
+    /// Give back a connection's grant once the message it was for is no longer the one
+    /// arriving (`need`: what the message at the head of its buffer needs in all, if
+    /// known). Returns whether one was given back (waiting connections may try again).
+    pub fn release_spent(
+        &mut self,
+        door: Door,
+        need: Option<usize>,
+        grant: &mut Option<Hold>,
+    ) -> bool {
+        let to_grant = need.map_or(0, |n| self.to_grant(door, n));
+        match grant.take_if(|h| h.bytes != to_grant) {
+            Some(hold) => {
+                self.release(hold);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How much a connection of `door` and `key` may hold before its next read: its small
+    /// allowance, or the grant for the large message arriving (`need`), asked for here and
+    /// kept in `grant`. A new wait sets `awaiting` and is counted once. Also returns
+    /// whether a spent grant was given back.
+    pub fn room(
+        &mut self,
+        door: Door,
+        key: &str,
+        need: Option<usize>,
+        grant: &mut Option<Hold>,
+        awaiting: &mut bool,
+    ) -> (Room, bool) {
+        let released = self.release_spent(door, need, grant);
+        let to_grant = need.map_or(0, |n| self.to_grant(door, n));
+        if to_grant == 0 {
+            *awaiting = false;
+            return (Room::Small(self.limits.small(door)), released);
+        }
+        if let Some(hold) = grant {
+            return (Room::Granted(hold.bytes), released);
+        }
+        let room = match self.grant(door, key, to_grant) {
+            Grant::Given(hold) => {
+                *awaiting = false;
+                *grant = Some(hold);
+                Room::Granted(to_grant)
+            }
+            Grant::Wait => {
+                if !*awaiting {
+                    *awaiting = true;
+                    self.count_pause(door);
+                }
+                Room::Wait
+            }
+            Grant::Never => Room::Never(to_grant),
+        };
+        (room, released)
+    }
+
     /// A connection of `door` began waiting for a grant.
     pub fn count_pause(&mut self, door: Door) {
         *self.paused.entry(door.as_str()).or_insert(0) += 1;
@@ -214,6 +285,57 @@ mod tests {
         }
         assert_eq!(b.held(), 0);
         assert!(b.per_key.is_empty(), "no entry outlives its grants");
+    }
+
+    #[test]
+    fn a_connection_reads_small_waits_once_and_reads_its_grant_whole() {
+        let mut b = budget(100, 60);
+        let (mut g1, mut w1) = (None, false);
+        let (mut g2, mut w2) = (None, false);
+        // Small, or its length not known yet: the allowance.
+        assert_eq!(
+            b.room(Door::Framed, "uid:1", None, &mut g1, &mut w1),
+            (Room::Small(16), false)
+        );
+        assert_eq!(
+            b.room(Door::Framed, "uid:1", Some(10), &mut g1, &mut w1).0,
+            Room::Small(16)
+        );
+        // A large frame: a grant for all of it, kept while it arrives.
+        assert_eq!(
+            b.room(Door::Framed, "uid:1", Some(50), &mut g1, &mut w1).0,
+            Room::Granted(50)
+        );
+        assert_eq!(
+            b.room(Door::Framed, "uid:1", Some(50), &mut g1, &mut w1).0,
+            Room::Granted(50)
+        );
+        // The same peer's next one waits (past its share), counted once however often asked.
+        for _ in 0..3 {
+            assert_eq!(
+                b.room(Door::Framed, "uid:1", Some(40), &mut g2, &mut w2).0,
+                Room::Wait
+            );
+        }
+        assert!(w2);
+        assert_eq!(b.paused.get("framed"), Some(&1));
+        // The first is handed over: its grant goes back, and the waiter is given room.
+        assert_eq!(
+            b.room(Door::Framed, "uid:1", None, &mut g1, &mut w1),
+            (Room::Small(16), true)
+        );
+        assert!(g1.is_none());
+        assert_eq!(
+            b.room(Door::Framed, "uid:1", Some(40), &mut g2, &mut w2).0,
+            Room::Granted(40)
+        );
+        assert!(!w2);
+        assert_eq!(
+            b.room(Door::Framed, "uid:9", Some(70), &mut g1, &mut w1).0,
+            Room::Never(70)
+        );
+        assert!(b.release_spent(Door::Framed, None, &mut g2));
+        assert_eq!(b.held(), 0);
     }
 
     #[test]

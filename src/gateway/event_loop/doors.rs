@@ -11,8 +11,9 @@ use std::net::Shutdown;
 use std::time::{Duration, Instant};
 
 use super::{ConnIo, Gateway};
+pub(super) use crate::gateway::door_limits::partial::Room;
 use crate::gateway::door_limits::{
-    Budgets, Door, DoorLimits, Full, Grant, Hold, PartialBudget, PartialLimits, Tally,
+    Budgets, Door, DoorLimits, Full, Hold, PartialBudget, PartialLimits, Tally,
 };
 use crate::gateway::listeners;
 use crate::mcp::jsonrpc;
@@ -82,18 +83,14 @@ impl DoorState {
         need: Option<usize>,
         grant: &mut Option<Hold>,
     ) {
-        let to_grant = need.map_or(0, |n| self.partial.to_grant(door, n));
-        if grant.as_ref().is_some_and(|h| h.bytes() != to_grant)
-            && let Some(hold) = grant.take()
-        {
-            self.partial.release(hold);
+        if self.partial.release_spent(door, need, grant) {
             // Connections waiting for a grant try again at once.
             self.yielded = true;
         }
     }
 
-    /// How much a connection may hold before its next read: its small allowance, or a
-    /// grant for the large message arriving, asked for here.
+    /// How much a connection may hold before its next read (see [`PartialBudget::room`]);
+    /// a new wait is logged (at most once per `LOG_EVERY`).
     pub(super) fn room_for(
         &mut self,
         door: Door,
@@ -103,39 +100,25 @@ impl DoorState {
         awaiting: &mut bool,
         now: Instant,
     ) -> Room {
-        self.release_spent(door, need, grant);
-        let to_grant = need.map_or(0, |n| self.partial.to_grant(door, n));
-        if to_grant == 0 {
-            *awaiting = false;
-            return Room::Small(self.partial.limits().small(door));
+        let was_awaiting = *awaiting;
+        let (room, released) = self.partial.room(door, key, need, grant, awaiting);
+        if released {
+            self.yielded = true;
         }
-        if let Some(hold) = grant {
-            return Room::Granted(hold.bytes());
+        if let Room::Wait = room
+            && !was_awaiting
+        {
+            let held = self.partial.held();
+            self.note("partial_wait", now, |more| {
+                format!(
+                    "a {} message of {key} waits for room ({held} bytes held in messages not \
+                     yet whole: gateway.max_partial_bytes, gateway.max_partial_bytes_per_peer) \
+                     ({more} more since)",
+                    door.as_str()
+                )
+            });
         }
-        match self.partial.grant(door, key, to_grant) {
-            Grant::Given(hold) => {
-                *awaiting = false;
-                *grant = Some(hold);
-                Room::Granted(to_grant)
-            }
-            Grant::Wait => {
-                if !*awaiting {
-                    *awaiting = true;
-                    self.partial.count_pause(door);
-                    let held = self.partial.held();
-                    self.note("partial_wait", now, |more| {
-                        format!(
-                            "a {} message of {key} waits for room ({to_grant} bytes; {held} held in \
-                             messages not yet whole: gateway.max_partial_bytes, \
-                             gateway.max_partial_bytes_per_peer) ({more} more since)",
-                            door.as_str()
-                        )
-                    });
-                }
-                Room::Wait
-            }
-            Grant::Never => Room::Never(to_grant),
-        }
+        room
     }
 
     /// Log a refusal or a close, at most once per `LOG_EVERY` per kind.
@@ -147,18 +130,6 @@ impl DoorState {
             *entry = (now, 0);
         }
     }
-}
-
-/// What a connection may read into before its next read.
-pub(super) enum Room {
-    /// Its small allowance (bytes the buffer may hold).
-    Small(usize),
-    /// A grant for the message arriving (its whole size).
-    Granted(usize),
-    /// No room until a grant is given back: reading pauses.
-    Wait,
-    /// The message (of this size) is larger than any grant: it can never be read.
-    Never(usize),
 }
 
 /// Make the descriptor limit room for every seat the budgets grant; say which keys to
