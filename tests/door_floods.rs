@@ -986,3 +986,69 @@ fn a_listing_flood_writes_a_bounded_number_of_ledger_rows() {
         .sum();
     assert_eq!(counted, 599, "{summaries:?}");
 }
+
+/// A framed agent of another uid: one 600 KB echo from a child process running as `who`;
+/// true when the echo came back whole.
+const LARGE_ECHO_PY: &str = r#"
+import json, socket, struct, sys
+text = "u" * (600 * 1024)
+msg = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                  "params": {"name": "local__echo", "arguments": {"text": text}}}).encode()
+name = b"other"
+body = struct.pack(">HBBIHHI", 0x4D43, 1, 16, 1, 0, len(name), len(msg)) + name + msg
+s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+s.sendall(struct.pack(">I", len(body)) + body)
+def exact(n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c: sys.exit("closed")
+        b += c
+    return b
+while True:
+    total = struct.unpack(">I", exact(4))[0]
+    frame = exact(total)
+    sid, name_len = struct.unpack(">I", frame[4:8])[0], struct.unpack(">H", frame[10:12])[0]
+    if sid == 1:
+        reply = json.loads(frame[16 + name_len:])
+        print("ECHO", len(reply["result"]["content"][0]["text"]))
+        break
+"#;
+
+#[test]
+fn another_uid_reads_its_large_frame_beside_a_flood_of_near_whole_ones() {
+    let gw = HttpGateway::start(
+        "",
+        // The flood's uid could take the whole budget but for its share.
+        "[gateway]\nmax_connections = 600\nmax_connections_per_peer = 600\n\
+         max_partial_bytes = 8388608\nmax_partial_bytes_per_peer = 4194304\n",
+    );
+    let other = common::agent_user();
+    std::fs::set_permissions(
+        &gw.sock,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    common::searchable_above(&gw.sock);
+    // This uid: 400 frames promising ~1 MiB, all but the last byte sent.
+    let mut frame = Vec::new();
+    toolwall_relay::frame::encode(&mut frame, 1, 0, "x", &vec![b' '; 1024 * 1024 - 64]).unwrap();
+    frame.pop();
+    let mut flood = flood::silent_unix(&gw.sock, 400);
+    for s in &flood {
+        s.set_nonblocking(true).unwrap();
+    }
+    push_all(&mut flood, &frame, 3);
+    // The other uid's share is its own: its 600 KB frame is read and answered.
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(["-c", LARGE_ECHO_PY, gw.sock.to_str().unwrap()]);
+    common::run_as(&mut cmd, &other);
+    let out = cmd.output().expect("python3");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("ECHO {}", 600 * 1024)),
+        "another uid's large frame beside a flood: {said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(flood);
+}
