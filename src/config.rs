@@ -112,13 +112,30 @@ pub struct GatewayConfig {
     /// Messages (frames, lines, HTTP requests) taken from one connection per loop turn
     /// before the other connections get theirs: a pipelined burst cannot stall the loop.
     pub max_messages_per_turn: usize,
-    /// Open agent connections of every door together (framed and HTTP; the admin socket has
-    /// its own reserve). When full, a new connection takes the place of one that has not
-    /// sent a byte yet; else it is refused with an error it can read.
+    /// Open framed agent connections (unix and vsock): the framed doors' own seats. The
+    /// HTTP door has its own (`http.max_connections`) and the admin socket its own reserve,
+    /// so no door's clients can take another's seats. When full, a new connection takes the
+    /// place of one that has not sent a byte yet; else it is refused with an error it can
+    /// read.
     pub max_connections: usize,
     /// Framed connections of one peer (unix uid, vsock cid); default half of
     /// `max_connections`.
     pub max_connections_per_peer: Option<usize>,
+    /// Bytes all connections together may hold for messages not yet whole beyond what each
+    /// holds without asking (a frame still arriving, an HTTP body still coming); a larger
+    /// message waits for room before more of it is read.
+    pub max_partial_bytes: usize,
+    /// The share of `max_partial_bytes` one peer (unix uid, vsock cid, HTTP principal) may
+    /// hold; default a quarter of it, never less than the largest message (a whole frame,
+    /// an HTTP head and body).
+    pub max_partial_bytes_per_peer: Option<usize>,
+    /// A framed message up to this size is read without asking `max_partial_bytes`: what
+    /// each framed connection may hold on its own.
+    pub small_message_bytes: usize,
+    /// Window of `list` events: the first listing of a principal and method in a window
+    /// is recorded as it comes, the others counted into one `list_summary` event when the
+    /// window ends. 0 records every listing.
+    pub list_event_secs: u64,
     /// Seconds from accept to a framed connection's first byte; a silent one is closed.
     pub accept_timeout_secs: u64,
     /// Seconds a framed connection may sit with nothing in flight and nothing read or
@@ -145,6 +162,10 @@ pub struct GatewayConfig {
     /// message dropped and counted.
     pub max_json_nodes: usize,
 }
+
+/// `gateway.max_partial_bytes` unless set: with 1,000 connections on each door holding
+/// their small message, under 64 MiB in all.
+pub const DEFAULT_MAX_PARTIAL_BYTES: usize = 24 * 1024 * 1024;
 
 /// The most `gateway.max_answer_bytes` may be: a frame's payload with a full name.
 pub const MAX_ANSWER_BYTES: usize = toolwall_relay::frame::MAX_TOTAL
@@ -181,6 +202,10 @@ impl Default for GatewayConfig {
             max_messages_per_turn: 32,
             max_connections: 1024,
             max_connections_per_peer: None,
+            max_partial_bytes: DEFAULT_MAX_PARTIAL_BYTES,
+            max_partial_bytes_per_peer: None,
+            small_message_bytes: 16 * 1024,
+            list_event_secs: 60,
             accept_timeout_secs: 10,
             idle_timeout_secs: 3600,
             write_stall_secs: 60,
@@ -335,6 +360,7 @@ impl Config {
             ("gateway.idle_timeout_secs", g.idle_timeout_secs),
             ("gateway.write_stall_secs", g.write_stall_secs),
             ("admin.timeout_secs", self.admin.timeout_secs),
+            ("gateway.list_event_secs", g.list_event_secs),
         ] {
             if value > MAX_TIMEOUT_SECS {
                 return Err(ConfigError(format!(
@@ -376,6 +402,30 @@ impl Config {
                 "{origin}: builtin.threads must be at most {MAX_POOL_THREADS}"
             )));
         }
+        // Every message a door accepts must fit a grant, or it could never be read.
+        let largest = self.largest_message();
+        for (key, value) in [
+            ("gateway.max_partial_bytes", Some(g.max_partial_bytes)),
+            (
+                "gateway.max_partial_bytes_per_peer",
+                g.max_partial_bytes_per_peer,
+            ),
+        ] {
+            if let Some(v) = value
+                && v < largest
+            {
+                return Err(ConfigError(format!(
+                    "{origin}: {key} is {v}, below the largest message a door accepts \
+                     ({largest} bytes: a whole frame, or http.max_head_bytes + \
+                     http.max_body_bytes)"
+                )));
+            }
+        }
+        if g.small_message_bytes < 1024 || g.small_message_bytes > 1024 * 1024 {
+            return Err(ConfigError(format!(
+                "{origin}: gateway.small_message_bytes must be between 1024 and 1048576"
+            )));
+        }
         self.builtin
             .http
             .validate()
@@ -388,6 +438,22 @@ impl Config {
             .validate()
             .map_err(|e| ConfigError(format!("{origin}: {e}")))?;
         Ok(())
+    }
+
+    /// The largest message a connection may have to hold whole: a frame with its prefix,
+    /// or an HTTP head and body.
+    pub fn largest_message(&self) -> usize {
+        (toolwall_relay::frame::PREFIX_LEN + toolwall_relay::frame::MAX_TOTAL)
+            .max(self.http.max_head_bytes + self.http.max_body_bytes + 1)
+    }
+
+    /// `gateway.max_partial_bytes_per_peer`, or its default: a quarter of
+    /// `max_partial_bytes`, at least the largest message, at most the total.
+    pub fn partial_bytes_per_peer(&self) -> usize {
+        let g = &self.gateway;
+        g.max_partial_bytes_per_peer
+            .unwrap_or_else(|| (g.max_partial_bytes / 4).max(self.largest_message()))
+            .min(g.max_partial_bytes)
     }
 
     /// The directory state lives in: the ledger's directory.
@@ -430,6 +496,27 @@ mod tests {
         let err = Config::from_toml("[listen]\nunix = \"/x\"\nbogus = 1\n", "t.toml").unwrap_err();
         assert!(err.0.contains("bogus"), "{err}");
         assert!(err.0.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn partial_budgets_must_hold_the_largest_message() {
+        let err = Config::from_toml("[gateway]\nmax_partial_bytes = 65536\n", "t").unwrap_err();
+        assert!(
+            err.0.contains("gateway.max_partial_bytes is 65536"),
+            "{err}"
+        );
+        let err =
+            Config::from_toml("[gateway]\nmax_partial_bytes_per_peer = 1000\n", "t").unwrap_err();
+        assert!(err.0.contains("max_partial_bytes_per_peer"), "{err}");
+        let c = Config::from_toml(
+            "[gateway]\nmax_partial_bytes = 4194304\n[http]\nmax_body_bytes = 2097152\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.partial_bytes_per_peer(), 2097152 + 16 * 1024 + 1);
+        let c = Config::default();
+        assert_eq!(c.partial_bytes_per_peer(), DEFAULT_MAX_PARTIAL_BYTES / 4);
+        assert!(Config::from_toml("[gateway]\nsmall_message_bytes = 10\n", "t").is_err());
     }
 
     #[test]

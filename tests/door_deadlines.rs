@@ -148,5 +148,5 @@ fn the_admin_socket_has_its_own_reserve_and_deadline() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("seats: agents "), "{text}");
+    assert!(text.contains("seats: framed "), "{text}");
 }

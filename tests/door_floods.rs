@@ -730,3 +730,325 @@ fn a_thousand_quiet_tls_connections_cost_under_64_mib() {
     );
     assert!(cost < 64 * 1024, "1000 TLS connections cost {cost} KiB");
 }
+
+#[test]
+fn a_full_framed_door_leaves_the_http_door_its_own_seats() {
+    // One local uid (the test's) may take every framed seat; none of them is HTTP's.
+    let gw = HttpGateway::start(
+        "",
+        "[gateway]\nmax_connections = 6\nmax_connections_per_peer = 6\n[http]\nmax_connections = 4\n",
+    );
+    let token = gw.client_token("carol");
+    // Six proven framed agents (each answered a ping), so none can be displaced.
+    let mut framed: Vec<FramedClient> = (0..6)
+        .map(|_| {
+            let mut c = FramedClient::connect(&gw.sock);
+            let r = c.call("ping", json!({}));
+            assert!(r["result"].is_object(), "{r}");
+            c
+        })
+        .collect();
+    // The framed door is full: a seventh framed agent is refused in words.
+    assert_eq!(
+        framed_client_served(&gw.sock),
+        None,
+        "the framed door holds its own budget"
+    );
+    // An HTTP principal is served at once: its door's seats are its own.
+    assert_eq!(
+        http_client_served(gw.port, &token),
+        Some(()),
+        "an HTTP client is refused while framed agents fill gateway.max_connections"
+    );
+    // And the framed agents are all still there.
+    for c in framed.iter_mut() {
+        let r = c.call("ping", json!({}));
+        assert!(r["result"].is_object(), "{r}");
+    }
+    let status = gw.cli(&["status", "--json"]);
+    let s: Value = serde_json::from_slice(&status.stdout).unwrap_or(Value::Null);
+    assert_eq!(s["seats"]["framed"]["taken"], 6, "{s}");
+    assert_eq!(s["seats"]["framed"]["limit"], 6, "{s}");
+}
+
+/// Write `bytes` to every stream without blocking, for `secs`, as far as each is read:
+/// a client that sends all it can while the gateway takes only what its budget allows.
+fn push_all<S: Write>(streams: &mut [S], bytes: &[u8], secs: u64) -> usize {
+    let mut sent = vec![0usize; streams.len()];
+    let until = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < until {
+        let mut moved = false;
+        for (s, at) in streams.iter_mut().zip(sent.iter_mut()) {
+            while *at < bytes.len() {
+                match s.write(&bytes[*at..]) {
+                    Ok(n) if n > 0 => {
+                        *at += n;
+                        moved = true;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        if !moved {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    sent.iter().sum()
+}
+
+#[test]
+fn near_whole_frames_and_bodies_hold_a_bounded_budget() {
+    let gw = HttpGateway::start(
+        "",
+        "[gateway]\nmax_connections = 600\nmax_connections_per_peer = 600\n\
+         frame_timeout_secs = 12\n\
+         [http]\nmax_connections = 300\nmax_connections_per_principal = 300\n\
+         body_timeout_secs = 12\n",
+    );
+    flood::allow_descriptors(4096);
+    let alice = gw.client_token("alice");
+    let bob = gw.client_token("bob");
+    let admin = gw.token("ops", "admin", "never");
+    // A large message is read whole (a grant for its size) when nobody holds the budget.
+    let big = "b".repeat(600 * 1024);
+    let mut agent = FramedClient::connect(&gw.sock);
+    let r = agent.tool("local__echo", json!({"text": big}));
+    assert_eq!(
+        r["result"]["content"][0]["text"],
+        big.as_str(),
+        "a 600 KB echo"
+    );
+    let base = rss(gw.pid());
+    // Framed: 500 connections of one uid, each a frame promising ~1 MiB and all but its
+    // last byte.
+    let mut frame = Vec::new();
+    toolwall_relay::frame::encode(&mut frame, 1, 0, "x", &vec![b' '; 1024 * 1024 - 64]).unwrap();
+    frame.pop();
+    let mut framed = flood::silent_unix(&gw.sock, 500);
+    for s in &framed {
+        s.set_nonblocking(true).unwrap();
+    }
+    let sent = push_all(&mut framed, &frame, 4);
+    let with_framed = rss(gw.pid());
+    // A normal agent (small messages need no grant) is served beside them.
+    let ((), served_framed) = until_served("a normal agent beside 500 near-whole frames", || {
+        framed_client_served(&gw.sock)
+    });
+    flood::report(
+        "framed 500 near-whole 1 MiB frames",
+        base,
+        with_framed,
+        Some(served_framed),
+    );
+    let framed_cost = with_framed.now_kib.saturating_sub(base.now_kib);
+    eprintln!(
+        "MEMORY 500 near-whole frames ({} MiB sent): {framed_cost} KiB",
+        sent >> 20
+    );
+    assert!(
+        framed_cost < 48 * 1024,
+        "500 near-whole frames held {framed_cost} KiB"
+    );
+    // HTTP: 250 connections of alice, each a head accepted and 1 MiB - 1 of its body.
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {alice}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: local__echo\r\n\
+         Content-Length: {}\r\n\r\n",
+        gw.port,
+        1024 * 1024
+    );
+    let mut request = head.into_bytes();
+    request.extend(std::iter::repeat_n(b' ', 1024 * 1024 - 1));
+    let mut http = flood::silent_tcp(gw.port, 250);
+    for s in &http {
+        s.set_nonblocking(true).unwrap();
+    }
+    push_all(&mut http, &request, 4);
+    let with_http = rss(gw.pid());
+    // Another principal's large body is read and answered: alice holds only her share.
+    let ((), served_bob) = until_served("bob's 600 KB call beside alice's flood", || {
+        let stream = TcpStream::connect(("127.0.0.1", gw.port)).ok()?;
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut h = common::http::Http::over(stream);
+        let session = open_session(&mut h, gw.port, Some(&bob));
+        let r = h.call(&echo_in_session(gw.port, 2, &session, &big).bearer(&bob));
+        (r.status == 200 && result_text(&r.json()) == big).then_some(())
+    });
+    flood::report(
+        "http 250 near-whole 1 MiB bodies of one principal",
+        with_framed,
+        with_http,
+        Some(served_bob),
+    );
+    let http_cost = with_http.now_kib.saturating_sub(with_framed.now_kib);
+    eprintln!("MEMORY 250 near-whole bodies: {http_cost} KiB");
+    assert!(
+        http_cost < 48 * 1024,
+        "250 near-whole bodies held {http_cost} KiB"
+    );
+    let m = metrics(&gw, &admin);
+    assert!(
+        metric(&m, "toolwall_partial_pauses_total{door=\"framed\"}") > 0,
+        "framed pauses are counted: {m}"
+    );
+    assert!(
+        metric(&m, "toolwall_partial_pauses_total{door=\"http\"}") > 0,
+        "http pauses are counted: {m}"
+    );
+    // Frames and bodies that never finish are cut off at their deadline, waiting or not.
+    for s in &framed {
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+    }
+    for s in &http {
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+    }
+    let ends = wait_all_end(framed);
+    assert!(
+        ends.iter().all(|e| *e != Ended::Open),
+        "near-whole frames are cut off at gateway.frame_timeout_secs"
+    );
+    let ends = wait_all_end(http);
+    assert!(
+        ends.iter().all(|e| *e != Ended::Open),
+        "near-whole bodies are cut off at http.body_timeout_secs"
+    );
+    // Once they are gone, every grant has come back.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let m = metrics(&gw, &admin);
+        if metric(&m, "toolwall_partial_bytes ") == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "grants never came back: {m}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_listing_flood_writes_a_bounded_number_of_ledger_rows() {
+    let mut gw = HttpGateway::start("", "");
+    let admin = gw.token("ops", "admin", "never");
+    let mut agent = FramedClient::connect(&gw.sock);
+    // 600 listings, pipelined 50 at a time, then a call: its row is written as ever.
+    for batch in 0..12 {
+        let sids: Vec<u32> = (0..50)
+            .map(|i| agent.request(json!(batch * 50 + i), "tools/list", Some(json!({}))))
+            .collect();
+        let mut answered = 0;
+        while answered < sids.len() {
+            let r = agent.recv().expect("a listing answered");
+            if sids.contains(&r.stream) {
+                assert!(r.body["result"]["tools"].is_array(), "{}", r.body);
+                answered += 1;
+            }
+        }
+    }
+    let r = agent.tool("local__echo", json!({"text": "a call after the flood"}));
+    assert_eq!(r["result"]["content"][0]["text"], "a call after the flood");
+    let rows = gw.wait_rows("the call's row", |rows| {
+        rows.iter()
+            .any(|r| r["tool_name"] == "echo" && r["decision"] == "allowed")
+    });
+    assert_eq!(rows.len(), 1, "one row per call");
+    let listed = gw.events("list");
+    assert!(
+        listed.len() <= 2,
+        "600 listings wrote {} list rows",
+        listed.len()
+    );
+    let m = metrics(&gw, &admin);
+    assert_eq!(
+        metric(&m, "toolwall_list_events_coalesced_total"),
+        599,
+        "{m}"
+    );
+    // The counted listings are recorded as one summary (at the latest when it stops).
+    drop(agent);
+    assert!(gw.terminate().success());
+    let summaries = gw.events("list_summary");
+    let counted: u64 = summaries
+        .iter()
+        .filter_map(|e| {
+            let d: Value = match &e["detail"] {
+                Value::String(text) => serde_json::from_str(text).ok()?,
+                other => other.clone(),
+            };
+            (d["method"] == "tools/list")
+                .then(|| d["count"].as_u64())
+                .flatten()
+        })
+        .sum();
+    assert_eq!(counted, 599, "{summaries:?}");
+}
+
+/// A framed agent of another uid: one 600 KB echo from a child process running as `who`;
+/// true when the echo came back whole.
+const LARGE_ECHO_PY: &str = r#"
+import json, socket, struct, sys
+text = "u" * (600 * 1024)
+msg = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                  "params": {"name": "local__echo", "arguments": {"text": text}}}).encode()
+name = b"other"
+body = struct.pack(">HBBIHHI", 0x4D43, 1, 16, 1, 0, len(name), len(msg)) + name + msg
+s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+s.sendall(struct.pack(">I", len(body)) + body)
+def exact(n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c: sys.exit("closed")
+        b += c
+    return b
+while True:
+    total = struct.unpack(">I", exact(4))[0]
+    frame = exact(total)
+    sid, name_len = struct.unpack(">I", frame[4:8])[0], struct.unpack(">H", frame[10:12])[0]
+    if sid == 1:
+        reply = json.loads(frame[16 + name_len:])
+        print("ECHO", len(reply["result"]["content"][0]["text"]))
+        break
+"#;
+
+#[test]
+fn another_uid_reads_its_large_frame_beside_a_flood_of_near_whole_ones() {
+    let gw = HttpGateway::start(
+        "",
+        // The flood's uid could take the whole budget but for its share.
+        "[gateway]\nmax_connections = 600\nmax_connections_per_peer = 600\n\
+         max_partial_bytes = 8388608\nmax_partial_bytes_per_peer = 4194304\n",
+    );
+    let other = common::agent_user();
+    std::fs::set_permissions(
+        &gw.sock,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    common::searchable_above(&gw.sock);
+    // This uid: 400 frames promising ~1 MiB, all but the last byte sent.
+    let mut frame = Vec::new();
+    toolwall_relay::frame::encode(&mut frame, 1, 0, "x", &vec![b' '; 1024 * 1024 - 64]).unwrap();
+    frame.pop();
+    let mut flood = flood::silent_unix(&gw.sock, 400);
+    for s in &flood {
+        s.set_nonblocking(true).unwrap();
+    }
+    push_all(&mut flood, &frame, 3);
+    // The other uid's share is its own: its 600 KB frame is read and answered.
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(["-c", LARGE_ECHO_PY, gw.sock.to_str().unwrap()]);
+    common::run_as(&mut cmd, &other);
+    let out = cmd.output().expect("python3");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("ECHO {}", 600 * 1024)),
+        "another uid's large frame beside a flood: {said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(flood);
+}

@@ -217,7 +217,7 @@ fn good_calls_are_all_answered_among_hostile_clients_and_memory_comes_back() {
         let status = gw.admin(json!({"op": "status"}));
         let s = status["seats"].clone();
         // The good clients' connections closed with their threads too.
-        if s["lingering"]["taken"] == 0 && s["http"]["taken"] == 0 && s["agents"]["taken"] == 0 {
+        if s["lingering"]["taken"] == 0 && s["http"]["taken"] == 0 && s["framed"]["taken"] == 0 {
             break s;
         }
         assert!(Instant::now() < deadline, "seats never came back: {s}");

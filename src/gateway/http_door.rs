@@ -29,8 +29,9 @@ use crate::transport::http::{
     RequestLimits, RequestReader, TlsSession, load_server_config,
 };
 
-/// Read-buffer capacity an idle connection may keep between requests.
-const KEEP_READ_BUFFER: usize = 64 * 1024;
+/// Read-buffer capacity a connection may keep once a request is consumed: one read. A
+/// large body's memory goes back as soon as it is handed over.
+const KEEP_READ_BUFFER: usize = 16 * 1024;
 
 /// How often idle sessions are swept.
 const SESSION_SWEEP: Duration = Duration::from_secs(60);
@@ -252,6 +253,18 @@ impl HttpDoor {
             _ => head,
         };
         cap.saturating_sub(buffered(h))
+    }
+
+    /// A body with a grant for its whole size: room for all of it (and one pipelined head)
+    /// at once, rather than doubling chunk after chunk (up to twice the memory).
+    pub fn reserve_body(&self, h: &mut HttpConn) {
+        if h.tls.is_some() {
+            return;
+        }
+        let cap = self.read_room(h) + h.plain.len();
+        if h.plain.capacity() < cap {
+            h.plain.reserve_exact(cap - h.plain.len());
+        }
     }
 
     /// Parse and act on buffered requests until one goes to the core, more bytes are
@@ -747,6 +760,14 @@ impl HttpDoor {
 }
 
 impl HttpConn {
+    /// Bytes the request whose body is arriving occupies in all (head and body).
+    pub fn body_need(&self) -> Option<usize> {
+        self.reader
+            .current()
+            .filter(|_| self.reader.in_body())
+            .map(|r| r.consumed)
+    }
+
     /// A request is with the core.
     pub fn is_waiting(&self) -> bool {
         self.pending.is_some()

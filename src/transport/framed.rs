@@ -69,21 +69,54 @@ impl FramedInbound {
     /// Room for the next read. The buffer never holds more than one maximal frame plus
     /// one read chunk, and gives memory back once a large frame is consumed.
     pub fn spare(&mut self) -> &mut [u8] {
+        self.spare_within(usize::MAX)
+    }
+
+    /// Room for the next read, the buffer holding at most `cap` bytes (what the
+    /// connection may hold: its small allowance, or a grant for the frame arriving). Empty
+    /// when the buffer is at `cap`. A buffer left with nothing unread keeps no more than
+    /// the first read chunk: a large frame's memory goes back once it is consumed.
+    pub fn spare_within(&mut self, cap: usize) -> &mut [u8] {
         if self.start > 0 {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
-        if self.end == 0 && self.buf.len() > 4 * READ_CHUNK {
+        if self.end == 0 && self.buf.capacity() > MIN_READ_CHUNK {
             self.buf = Vec::new();
             self.chunk = MIN_READ_CHUNK;
         }
         self.chunk = self.chunk.clamp(MIN_READ_CHUNK, READ_CHUNK);
-        let want = (self.end + self.chunk).min(PREFIX_LEN + MAX_TOTAL + READ_CHUNK);
+        let cap = cap.min(PREFIX_LEN + MAX_TOTAL + READ_CHUNK);
+        let want = (self.end + self.chunk).min(cap);
         if self.buf.len() < want {
+            // A frame larger than a read chunk: room for exactly what it needs (within
+            // the cap), once, rather than doubling (twice the memory) chunk after chunk.
+            if let Some(need) = self.needed().filter(|n| *n > READ_CHUNK) {
+                let target = need.min(cap);
+                if self.buf.capacity() < target {
+                    self.buf.reserve_exact(target - self.buf.len());
+                }
+            }
             self.buf.resize(want, 0);
         }
-        &mut self.buf[self.end..want]
+        let end = self.end.min(want);
+        &mut self.buf[end..want.max(end)]
+    }
+
+    /// Bytes the frame at the head of the buffer needs in all (its prefix included), once
+    /// its length prefix has arrived; None before, and for a meta line or an unframeable
+    /// length (which the decoder refuses).
+    pub fn needed(&self) -> Option<usize> {
+        let rest = &self.buf[self.start..self.end];
+        let prefix: [u8; PREFIX_LEN] = rest.get(..PREFIX_LEN)?.try_into().ok()?;
+        let total = u32::from_be_bytes(prefix) as usize;
+        (total <= MAX_TOTAL).then_some(PREFIX_LEN + total)
+    }
+
+    /// Bytes the buffer holds (allocated), for its memory bound.
+    pub fn held(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// After a read of `n` bytes into the last `spare()`.
@@ -295,10 +328,48 @@ mod tests {
         assert!(inb.has_partial());
         feed(&mut inb, &f[100_000..]);
         assert!(matches!(inb.next_inbound(), Some(Inbound::Message { .. })));
-        // Consumed: the next spare() compacts.
+        // Consumed: the next spare() compacts and gives the large buffer back.
         let _ = inb.spare();
         assert_eq!(inb.end, 0);
-        assert!(inb.buf.len() <= READ_CHUNK);
+        assert!(inb.buf.capacity() <= MIN_READ_CHUNK);
+    }
+
+    #[test]
+    fn a_cap_bounds_the_buffer_and_a_grant_is_taken_at_once() {
+        let mut inb = FramedInbound::new();
+        let f = frame(1, 0, &vec![b' '; 300_000]);
+        // Only the small allowance: the frame stops at the cap.
+        let mut fed = 0;
+        loop {
+            let spare = inb.spare_within(16 * 1024);
+            if spare.is_empty() {
+                break;
+            }
+            let n = spare.len().min(f.len() - fed);
+            spare[..n].copy_from_slice(&f[fed..fed + n]);
+            inb.filled(n);
+            fed += n;
+        }
+        assert_eq!(fed, 16 * 1024);
+        assert_eq!(inb.needed(), Some(f.len()));
+        assert!(inb.next_inbound().is_none());
+        // A grant for the whole frame: one allocation of that size.
+        while fed < f.len() {
+            let spare = inb.spare_within(f.len());
+            assert!(!spare.is_empty());
+            let n = spare.len().min(f.len() - fed);
+            spare[..n].copy_from_slice(&f[fed..fed + n]);
+            inb.filled(n);
+            fed += n;
+        }
+        assert!(inb.held() <= f.len() + MIN_READ_CHUNK, "{}", inb.held());
+        assert!(
+            inb.spare_within(f.len()).is_empty(),
+            "nothing read past the frame"
+        );
+        assert!(matches!(inb.next_inbound(), Some(Inbound::Message { .. })));
+        let _ = inb.spare_within(16 * 1024);
+        assert!(inb.held() <= MIN_READ_CHUNK);
     }
 
     #[test]

@@ -292,10 +292,20 @@ impl<R: Recorder> Core<R> {
                             process,
                         )
                 });
-        self.event(
-            "list",
-            json!({"method": method, "principal": ctx.peer.principal, "transport": ctx.peer.transport.as_str()}),
-        );
+        // The first listing of a window is recorded; the rest are counted into one
+        // `list_summary` when the window ends (`gateway.list_event_secs`).
+        let now = self.now;
+        let wall_ms = self.wall_ms();
+        match self.list_events.on_list(
+            now,
+            wall_ms,
+            &ctx.peer.principal,
+            ctx.peer.transport.as_str(),
+            method,
+        ) {
+            Some(detail) => self.event("list", detail),
+            None => self.counters.list_coalesced += 1,
+        }
         self.answer(ctx, method, &result);
     }
 

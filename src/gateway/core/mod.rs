@@ -29,6 +29,7 @@ mod client_ask_tests;
 mod dispatch;
 mod exchange;
 mod input_retry;
+mod list_events;
 mod listings;
 mod observed;
 #[cfg(test)]
@@ -217,6 +218,8 @@ pub struct Core<R: Recorder = Ledger> {
     now: Instant,
     pub counters: Counters,
     pub observed: Observed,
+    /// `list` events, coalesced per principal and method (`gateway.list_event_secs`).
+    pub list_events: list_events::ListEvents,
     /// Tools per page of `tools/list` (and resources, prompts).
     pub page_size: usize,
     /// The aggregator worker and its upstream servers, when any is configured.
@@ -239,6 +242,7 @@ impl<R: Recorder> Core<R> {
         wall_ms: i64,
     ) -> Core<R> {
         Core {
+            list_events: list_events::ListEvents::new(limits.list_event_secs),
             limits,
             policy,
             policy_generation: 1,
@@ -375,6 +379,10 @@ impl<R: Recorder> Core<R> {
     /// Stop taking new work: every request from now on is refused as "stopping".
     pub fn set_stopping(&mut self) {
         self.stopping = true;
+        // Listings counted in open windows are recorded before the gateway's last rows.
+        for detail in self.list_events.flush(self.wall_ms()) {
+            self.event("list_summary", detail);
+        }
     }
 
     /// Answer every call still in flight with the stopping error (after the drain).
@@ -414,6 +422,7 @@ impl<R: Recorder> Core<R> {
     /// New `[gateway]` limits (reload). Calls in the table keep their deadlines; the new
     /// bounds judge every call from now on.
     pub fn set_limits(&mut self, limits: GatewayConfig) {
+        self.list_events.set_every(limits.list_event_secs);
         self.limits = limits;
     }
 
@@ -432,11 +441,17 @@ impl<R: Recorder> Core<R> {
             .upstreams
             .as_ref()
             .and_then(UpstreamsState::next_deadline);
-        call.into_iter().chain(refresh).min()
+        call.into_iter()
+            .chain(refresh)
+            .chain(self.list_events.next_deadline())
+            .min()
     }
 
     pub fn on_timers(&mut self, now: Instant) {
         self.now = now;
+        for detail in self.list_events.due(now, self.wall_ms()) {
+            self.event("list_summary", detail);
+        }
         if self.upstreams.as_mut().is_some_and(|u| u.refresh_due(now)) {
             self.refresh_upstreams(now);
         }

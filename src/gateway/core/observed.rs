@@ -62,4 +62,7 @@ pub struct Counters {
     /// Calls refused because their principal held its whole share of the calls in flight
     /// (`gateway.max_in_flight_per_principal`); counted, not recorded one by one.
     pub share_refusals: u64,
+    /// Listings counted into a `list_summary` event rather than recorded one by one
+    /// (`gateway.list_event_secs`).
+    pub list_coalesced: u64,
 }

@@ -1,6 +1,7 @@
-//! Seats: who may hold a connection. An agent connection takes a seat of the agents'
-//! budget, of its door's, and of its peer's (unix uid, vsock cid) or, on HTTP once a head
-//! named one, of its principal's; an admin connection one of the admin reserve, which agents
+//! Seats: who may hold a connection. An agent connection takes a seat of its door's budget
+//! (framed and HTTP each have their own, so one door's clients never take the other's
+//! seats) and of its peer's (unix uid, vsock cid) or, on HTTP once a head named one, of its
+//! principal's; an admin connection one of the admin reserve, which agents
 //! never touch; a connection kept only to be answered and closed, one of the lingering pool.
 //! Every count is bounded by its limit; a seat given back is counted down exactly once.
 
@@ -49,8 +50,8 @@ impl Seat {
 /// Which limit a connection ran into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Full {
-    /// Every agent seat is taken (`gateway.max_connections`).
-    Agents,
+    /// The framed doors (unix, vsock) are full (`gateway.max_connections`).
+    FramedDoor,
     /// The HTTP door is full (`http.max_connections`).
     HttpDoor,
     /// This peer holds its share (`gateway.max_connections_per_peer`).
@@ -67,7 +68,7 @@ impl Full {
     /// The config key of the limit, as refusals and logs name it.
     pub fn key(self) -> &'static str {
         match self {
-            Full::Agents => "gateway.max_connections",
+            Full::FramedDoor => "gateway.max_connections",
             Full::HttpDoor => "http.max_connections",
             Full::Peer => "gateway.max_connections_per_peer",
             Full::Principal => "http.max_connections_per_principal",
@@ -79,8 +80,7 @@ impl Full {
     /// The `reason` label of `toolwall_connections_refused_total`.
     pub fn reason(self) -> &'static str {
         match self {
-            Full::Agents => "agents_full",
-            Full::HttpDoor => "door_full",
+            Full::FramedDoor | Full::HttpDoor => "door_full",
             Full::Peer => "peer_full",
             Full::Principal => "principal_full",
             Full::Admin => "admin_full",
@@ -92,7 +92,7 @@ impl Full {
 #[derive(Debug)]
 pub struct Budgets {
     limits: DoorLimits,
-    agents: usize,
+    framed: usize,
     http: usize,
     admin: usize,
     lingering: usize,
@@ -105,7 +105,7 @@ impl Budgets {
     pub fn new(limits: DoorLimits) -> Budgets {
         Budgets {
             limits,
-            agents: 0,
+            framed: 0,
             http: 0,
             admin: 0,
             lingering: 0,
@@ -139,11 +139,11 @@ impl Budgets {
     /// A seat for an agent connection of `door`; `key` is the peer (framed) or, for HTTP,
     /// None until a head names a principal ([`Budgets::bind`]).
     pub fn admit_agent(&mut self, door: Door, key: Option<&str>) -> Result<Seat, Full> {
-        if self.agents >= self.limits.agents {
-            return Err(Full::Agents);
-        }
-        if door == Door::Http && self.http >= self.limits.http {
-            return Err(Full::HttpDoor);
+        match door {
+            Door::Http if self.http >= self.limits.http => return Err(Full::HttpDoor),
+            Door::Http => {}
+            _ if self.framed >= self.limits.framed => return Err(Full::FramedDoor),
+            _ => {}
         }
         if let Some(k) = key
             && self.key_count(door, k) >= self.key_limit(door)
@@ -154,9 +154,10 @@ impl Budgets {
                 Full::Peer
             });
         }
-        self.agents += 1;
         if door == Door::Http {
             self.http += 1;
+        } else {
+            self.framed += 1;
         }
         if let Some(k) = key {
             *self.per_key.entry((door, k.to_owned())).or_insert(0) += 1;
@@ -228,9 +229,10 @@ impl Budgets {
     pub fn release(&mut self, seat: Seat) {
         match seat.pool {
             Pool::Agent => {
-                self.agents -= 1;
                 if seat.door == Door::Http {
                     self.http -= 1;
+                } else {
+                    self.framed -= 1;
                 }
                 if let Some(k) = seat.key {
                     self.count_down(seat.door, k);
@@ -241,9 +243,9 @@ impl Budgets {
         }
     }
 
-    /// Seats taken: (agents, http, admin, lingering).
+    /// Seats taken: (framed, http, admin, lingering).
     pub fn counts(&self) -> (usize, usize, usize, usize) {
-        (self.agents, self.http, self.admin, self.lingering)
+        (self.framed, self.http, self.admin, self.lingering)
     }
 }
 
@@ -272,7 +274,7 @@ mod tests {
         seats.push(b.admit_agent(Door::Framed, Some("cid:3")).unwrap());
         assert_eq!(
             b.admit_agent(Door::Framed, Some("uid:4")),
-            Err(Full::Agents)
+            Err(Full::FramedDoor)
         );
         // The operator's reserve is apart.
         let admin = b.admit_admin().unwrap();
@@ -309,6 +311,30 @@ mod tests {
     }
 
     #[test]
+    fn each_door_has_its_own_seats() {
+        let mut b = budgets(
+            "[gateway]\nmax_connections = 2\nmax_connections_per_peer = 2\n[http]\nmax_connections = 2\n",
+        );
+        let framed: Vec<Seat> = (0..2)
+            .map(|_| b.admit_agent(Door::Framed, Some("uid:1")).unwrap())
+            .collect();
+        assert_eq!(
+            b.admit_agent(Door::Framed, Some("uid:2")),
+            Err(Full::FramedDoor)
+        );
+        // A full framed door leaves every HTTP seat free, and the other way round.
+        let http: Vec<Seat> = (0..2)
+            .map(|_| b.admit_agent(Door::Http, None).unwrap())
+            .collect();
+        assert_eq!(b.admit_agent(Door::Http, None), Err(Full::HttpDoor));
+        assert_eq!(b.counts(), (2, 2, 0, 0));
+        for s in framed.into_iter().chain(http) {
+            b.release(s);
+        }
+        assert_eq!(b.counts(), (0, 0, 0, 0));
+    }
+
+    #[test]
     fn admin_and_lingering_pools_are_bounded() {
         let mut b = budgets("[admin]\nmax_connections = 1\n[gateway]\nmax_lingering = 1\n");
         let a = b.admit_admin().unwrap();
@@ -319,7 +345,7 @@ mod tests {
         b.release(l);
         assert_eq!(b.counts(), (0, 0, 0, 0));
         for f in [
-            Full::Agents,
+            Full::FramedDoor,
             Full::HttpDoor,
             Full::Peer,
             Full::Principal,

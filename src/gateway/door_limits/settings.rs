@@ -52,16 +52,17 @@ pub struct StageTimeouts {
 /// The budgets and deadlines of every door.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DoorLimits {
-    /// Agent connections of every door together (`gateway.max_connections`).
-    pub agents: usize,
+    /// Framed connections (unix and vsock), the framed doors' own seats
+    /// (`gateway.max_connections`).
+    pub framed: usize,
     /// Framed connections of one peer: a unix uid or a vsock cid
     /// (`gateway.max_connections_per_peer`).
     pub framed_per_peer: usize,
-    /// HTTP connections (`http.max_connections`).
+    /// HTTP connections, the HTTP door's own seats (`http.max_connections`).
     pub http: usize,
     /// HTTP connections of one principal (`http.max_connections_per_principal`).
     pub http_per_principal: usize,
-    /// Admin connections, kept apart from the agents' (`admin.max_connections`).
+    /// Admin connections, kept apart from the agents' doors (`admin.max_connections`).
     pub admin: usize,
     /// Connections kept only to answer them and close: a refusal, an error answer before
     /// the close (`gateway.max_lingering`).
@@ -87,7 +88,7 @@ impl DoorLimits {
         let h = &config.http;
         let a = &config.admin;
         DoorLimits {
-            agents: g.max_connections,
+            framed: g.max_connections,
             framed_per_peer: g.connections_per_peer(),
             http: h.max_connections,
             http_per_principal: h.connections_per_principal(),
@@ -136,7 +137,7 @@ impl DoorLimits {
 
     /// File descriptors the doors may hold at once, all budgets full.
     pub fn max_descriptors(&self) -> usize {
-        self.agents + self.admin + self.lingering
+        self.framed + self.http + self.admin + self.lingering
     }
 }
 
@@ -147,8 +148,8 @@ mod tests {
     #[test]
     fn defaults_give_every_door_its_own_limits() {
         let l = DoorLimits::from_config(&Config::default());
-        assert_eq!(l.agents, 1024);
-        assert_eq!(l.framed_per_peer, 512, "half the agents' budget");
+        assert_eq!(l.framed, 1024);
+        assert_eq!(l.framed_per_peer, 512, "half the framed door");
         assert_eq!(l.http, 256);
         assert_eq!(l.http_per_principal, 128, "half the door");
         assert_eq!(l.admin, 8);

@@ -38,6 +38,10 @@ pub(super) struct Conn {
     /// Set when the stream became unframeable or a write failed: close now.
     pub(super) broken: bool,
     pub(super) partial_since: Option<Instant>,
+    /// A grant of `gateway.max_partial_bytes` for the large message arriving.
+    pub(super) grant: Option<crate::gateway::door_limits::Hold>,
+    /// Reading waits for such a grant (counted once per wait).
+    pub(super) awaiting_grant: bool,
     /// Reading stopped by a bound (in-flight, queued output); resume when it clears.
     pub(super) paused: bool,
     /// Registered writable only while output waits.
@@ -122,6 +126,8 @@ impl Gateway {
             eof_reported: false,
             broken: false,
             partial_since: None,
+            grant: None,
+            awaiting_grant: false,
             paused: false,
             write_interest: WriteInterest::default(),
             guard,
@@ -303,6 +309,10 @@ impl Gateway {
         let Some(mut c) = self.conns[slot].take() else {
             return;
         };
+        if let Some(hold) = c.grant.take() {
+            self.doors.partial.release(hold);
+            self.doors.yielded = true;
+        }
         match &mut c.io {
             ConnIo::Unix(s) => {
                 let _ = self.poll.registry().deregister(s);

@@ -11,7 +11,10 @@ use std::net::Shutdown;
 use std::time::{Duration, Instant};
 
 use super::{ConnIo, Gateway};
-use crate::gateway::door_limits::{Budgets, DoorLimits, Full, Tally};
+pub(super) use crate::gateway::door_limits::partial::Room;
+use crate::gateway::door_limits::{
+    Budgets, Door, DoorLimits, Full, Hold, PartialBudget, PartialLimits, Tally,
+};
 use crate::gateway::listeners;
 use crate::mcp::jsonrpc;
 use crate::transport::framed;
@@ -37,6 +40,8 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 /// Budgets, tallies and the sweep timer.
 pub struct DoorState {
     pub budgets: Budgets,
+    /// Bytes held for messages not yet whole, beyond each connection's small allowance.
+    pub partial: PartialBudget,
     pub tally: Tally,
     /// The next sweep of every connection's deadlines: armed by the first accept.
     pub check_at: Option<Instant>,
@@ -51,9 +56,10 @@ pub struct DoorState {
 }
 
 impl DoorState {
-    pub fn new(limits: DoorLimits) -> DoorState {
+    pub fn new(limits: DoorLimits, partial: PartialLimits) -> DoorState {
         DoorState {
             budgets: Budgets::new(limits),
+            partial: PartialBudget::new(partial),
             tally: Tally::default(),
             check_at: None,
             accept_retry: Vec::new(),
@@ -67,6 +73,52 @@ impl DoorState {
         if self.check_at.is_none_or(|t| t > at) {
             self.check_at = Some(at);
         }
+    }
+
+    /// Give back a connection's grant once the message it was for is no longer arriving
+    /// (`need`: what the message at the head of its buffer needs in all, if known).
+    pub(super) fn release_spent(
+        &mut self,
+        door: Door,
+        need: Option<usize>,
+        grant: &mut Option<Hold>,
+    ) {
+        if self.partial.release_spent(door, need, grant) {
+            // Connections waiting for a grant try again at once.
+            self.yielded = true;
+        }
+    }
+
+    /// How much a connection may hold before its next read (see [`PartialBudget::room`]);
+    /// a new wait is logged (at most once per `LOG_EVERY`).
+    pub(super) fn room_for(
+        &mut self,
+        door: Door,
+        key: &str,
+        need: Option<usize>,
+        grant: &mut Option<Hold>,
+        awaiting: &mut bool,
+        now: Instant,
+    ) -> Room {
+        let was_awaiting = *awaiting;
+        let (room, released) = self.partial.room(door, key, need, grant, awaiting);
+        if released {
+            self.yielded = true;
+        }
+        if let Room::Wait = room
+            && !was_awaiting
+        {
+            let held = self.partial.held();
+            self.note("partial_wait", now, |more| {
+                format!(
+                    "a {} message of {key} waits for room ({held} bytes held in messages not \
+                     yet whole: gateway.max_partial_bytes, gateway.max_partial_bytes_per_peer) \
+                     ({more} more since)",
+                    door.as_str()
+                )
+            });
+        }
+        room
     }
 
     /// Log a refusal or a close, at most once per `LOG_EVERY` per kind.
@@ -89,7 +141,8 @@ pub(super) fn ensure_descriptors(config: &crate::config::Config) {
         Ok(have) if have >= wanted => {}
         Ok(have) => crate::warn!(
             "open-file limit {have} is below the {wanted} the door budgets need \
-             (gateway.max_connections + admin.max_connections + gateway.max_lingering + \
+             (gateway.max_connections + http.max_connections + admin.max_connections + \
+             gateway.max_lingering + \
              {}): raise LimitNOFILE or lower those keys",
             listeners::DESCRIPTORS_BESIDES_CONNECTIONS
         ),
@@ -140,10 +193,10 @@ impl ConnIo {
 impl Gateway {
     /// Seats taken and their limits, for `toolwall status`.
     pub fn door_seats(&self) -> serde_json::Value {
-        let (agents, http, admin, lingering) = self.doors.budgets.counts();
+        let (framed, http, admin, lingering) = self.doors.budgets.counts();
         let l = self.doors.budgets.limits();
         serde_json::json!({
-            "agents": {"taken": agents, "limit": l.agents},
+            "framed": {"taken": framed, "limit": l.framed},
             "http": {"taken": http, "limit": l.http},
             "admin": {"taken": admin, "limit": l.admin},
             "lingering": {"taken": lingering, "limit": l.lingering},

@@ -36,6 +36,11 @@ impl Gateway {
             let Some(Some(c)) = self.conns.get_mut(slot) else {
                 return;
             };
+            // The large frame a grant was for has been handed over: give it back.
+            if let Wire::Framed(inb) = &c.wire {
+                self.doors
+                    .release_spent(Door::Framed, inb.needed(), &mut c.grant);
+            }
             if !self.serving {
                 c.paused = true;
                 return;
@@ -152,7 +157,37 @@ impl Gateway {
             if inb.is_closed() {
                 return;
             }
-            let spare = inb.spare();
+            // Room: the small allowance, or a grant for the whole frame arriving; without
+            // one, reading pauses (the kernel holds the rest) until a grant is given back.
+            let cap = match self.doors.room_for(
+                Door::Framed,
+                &c.peer.principal,
+                inb.needed(),
+                &mut c.grant,
+                &mut c.awaiting_grant,
+                now,
+            ) {
+                doors::Room::Small(cap) | doors::Room::Granted(cap) => cap,
+                doors::Room::Wait => {
+                    c.paused = true;
+                    return;
+                }
+                doors::Room::Never(size) => {
+                    crate::warn!(
+                        "closing {} connection of {}: a frame of {size} bytes is larger than \
+                         gateway.max_partial_bytes_per_peer allows",
+                        c.peer.transport.as_str(),
+                        c.peer.principal
+                    );
+                    c.broken = true;
+                    return;
+                }
+            };
+            let spare = inb.spare_within(cap);
+            if spare.is_empty() {
+                c.paused = true;
+                return;
+            }
             match c.io.read(spare) {
                 Ok(0) => {
                     inb.filled(0);

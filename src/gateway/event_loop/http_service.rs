@@ -22,6 +22,9 @@ impl Gateway {
                 };
                 let queued = c.queued();
                 let Wire::Http(h) = &mut c.wire else { return };
+                // The body a grant was for has been handed over: give it back.
+                self.doors
+                    .release_spent(Door::Http, h.body_need(), &mut c.grant);
                 // The peer hung up while its call waits and its bytes are not read (a
                 // bound, or pipelined bytes filling the room): it is gone all the same.
                 if c.hung_up && h.is_waiting() && !c.read_closed {
@@ -54,6 +57,32 @@ impl Gateway {
                         Step::Waiting if h.is_waiting() => {}
                         Step::Waiting => break None,
                         other => break Some(other),
+                    }
+                    // A large body reads into a grant for its whole size; without one,
+                    // reading pauses (the kernel holds the rest) until one is given back.
+                    match self.doors.room_for(
+                        Door::Http,
+                        h.principal().unwrap_or(""),
+                        h.body_need(),
+                        &mut c.grant,
+                        &mut c.awaiting_grant,
+                        now,
+                    ) {
+                        doors::Room::Wait => {
+                            c.paused = true;
+                            break None;
+                        }
+                        doors::Room::Never(size) => {
+                            crate::warn!(
+                                "closing http connection of {}: a request of {size} bytes is \
+                                 larger than gateway.max_partial_bytes_per_peer allows",
+                                c.peer.principal
+                            );
+                            c.broken = true;
+                            break None;
+                        }
+                        doors::Room::Granted(_) => door.reserve_body(h),
+                        doors::Room::Small(_) => {}
                     }
                     let room = door.read_room(h).min(16 * 1024);
                     if c.read_closed || c.broken || h.closing || room == 0 {

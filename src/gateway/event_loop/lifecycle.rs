@@ -116,6 +116,9 @@ impl Gateway {
                 self.doors
                     .budgets
                     .set_limits(DoorLimits::from_config(&config));
+                self.doors.partial.set_limits(
+                    crate::gateway::door_limits::PartialLimits::from_config(&config),
+                );
                 crate::info!("{summary}");
                 self.core.event(
                     "reload",

@@ -36,6 +36,7 @@ impl Gateway {
         m.ledger_commit_failures = self.core.counters.ledger_failures;
         m.relay_dropped = self.core.counters.relay_dropped;
         m.share_refusals = self.core.counters.share_refusals;
+        m.list_coalesced = self.core.counters.list_coalesced;
         m.in_flight = self.core.in_flight_total() as u64;
         for c in self.conns.iter().flatten() {
             if !matches!(c.wire, Wire::Admin(_)) {
@@ -54,6 +55,9 @@ impl Gateway {
             .unwrap_or_default();
         m.connections_closed = self.doors.tally.closed.clone();
         m.connections_refused = self.doors.tally.refused.clone();
+        m.partial_bytes = self.doors.partial.held() as u64;
+        m.partial_pauses = self.doors.partial.paused.clone();
+        m.partial_refusals = self.doors.partial.refused.clone();
         m
     }
 }

@@ -316,6 +316,7 @@ impl Gateway {
         }
 
         let door_limits = DoorLimits::from_config(&config);
+        let partial_limits = crate::gateway::door_limits::PartialLimits::from_config(&config);
         let mut gw = Gateway {
             poll,
             config,
@@ -328,7 +329,7 @@ impl Gateway {
             listeners: listeners_out,
             admin,
             signals,
-            doors: doors::DoorState::new(door_limits),
+            doors: doors::DoorState::new(door_limits, partial_limits),
             to_flush: Vec::new(),
             stdio: None,
             stdio_slot: None,

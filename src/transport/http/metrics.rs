@@ -83,6 +83,14 @@ pub struct Metrics {
     pub connections_closed: BTreeMap<(&'static str, &'static str), u64>,
     /// Connections refused at a limit, or displaced to make room, by (door, reason).
     pub connections_refused: BTreeMap<(&'static str, &'static str), u64>,
+    /// Bytes granted now to messages not yet whole (`gateway.max_partial_bytes`).
+    pub partial_bytes: u64,
+    /// Times a connection's reading paused for want of such a grant, by door.
+    pub partial_pauses: BTreeMap<&'static str, u64>,
+    /// Messages refused as larger than any grant, by door.
+    pub partial_refusals: BTreeMap<&'static str, u64>,
+    /// Listings counted into a `list_summary` event rather than recorded one by one.
+    pub list_coalesced: u64,
 }
 
 impl Default for Metrics {
@@ -102,6 +110,10 @@ impl Default for Metrics {
             http_sessions: 0,
             connections_closed: BTreeMap::new(),
             connections_refused: BTreeMap::new(),
+            partial_bytes: 0,
+            partial_pauses: BTreeMap::new(),
+            partial_refusals: BTreeMap::new(),
+            list_coalesced: 0,
         }
     }
 }
@@ -275,6 +287,41 @@ pub fn render(m: &Metrics) -> String {
             );
         }
     }
+    header(
+        &mut out,
+        "toolwall_partial_bytes",
+        "gauge",
+        "Bytes granted to messages not yet whole (gateway.max_partial_bytes).",
+    );
+    let _ = writeln!(out, "toolwall_partial_bytes {}", m.partial_bytes);
+    for (name, help, counts) in [
+        (
+            "toolwall_partial_pauses_total",
+            "Times reading from a connection paused until room for a large message was free, by door.",
+            &m.partial_pauses,
+        ),
+        (
+            "toolwall_partial_refusals_total",
+            "Messages refused as larger than gateway.max_partial_bytes_per_peer allows, by door.",
+            &m.partial_refusals,
+        ),
+    ] {
+        header(&mut out, name, "counter", help);
+        for (door, n) in counts {
+            let _ = writeln!(out, "{name}{{door=\"{}\"}} {n}", escape(door));
+        }
+    }
+    header(
+        &mut out,
+        "toolwall_list_events_coalesced_total",
+        "counter",
+        "Listings counted into a list_summary ledger event rather than recorded one by one.",
+    );
+    let _ = writeln!(
+        out,
+        "toolwall_list_events_coalesced_total {}",
+        m.list_coalesced
+    );
     header(
         &mut out,
         "toolwall_http_sessions",

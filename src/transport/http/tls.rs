@@ -165,7 +165,7 @@ impl TlsSession {
         let n = n.min(self.plain_in.len());
         self.plain_in.drain(..n);
         // A large body decrypted once is not kept for the rest of the connection.
-        if self.plain_in.is_empty() && self.plain_in.capacity() > 64 * 1024 {
+        if self.plain_in.is_empty() && self.plain_in.capacity() > 16 * 1024 {
             self.plain_in = Vec::new();
         }
     }

@@ -198,7 +198,7 @@ impl Gateway {
             Ok(seat) => Ok(seat),
             Err(full) => {
                 let among = match full {
-                    Full::Agents => None,
+                    Full::FramedDoor => Some((Door::Framed, None)),
                     Full::HttpDoor => Some((Door::Http, None)),
                     _ => Some((door, key)),
                 };
@@ -258,7 +258,11 @@ impl Gateway {
                 .as_ref()
                 .is_some_and(|c| unproven(c) && !c.broken && c.guard.lingering_since.is_none());
             if still_silent {
-                self.retire(slot, Some(Full::Agents), now);
+                let full = match self.conns[slot].as_ref().map(|c| c.guard.door) {
+                    Some(Door::Http) => Full::HttpDoor,
+                    _ => Full::FramedDoor,
+                };
+                self.retire(slot, Some(full), now);
                 return true;
             }
         }

@@ -40,8 +40,11 @@ impl Gateway {
                 }
                 Wire::Http(h) => h.stage(),
                 Wire::Framed(_) if !c.guard.read_any => Stage::Opening,
+                // Waiting for room for its large frame (`gateway.max_partial_bytes`) is
+                // still being late: the frame deadline runs, so a sender that never
+                // finishes cannot keep its seat.
                 Wire::Framed(_) => match c.partial_since {
-                    Some(since) if !c.paused => Stage::Partial { since },
+                    Some(since) if !c.paused || c.awaiting_grant => Stage::Partial { since },
                     _ if self.core.in_flight(conn) > 0 => Stage::Busy,
                     _ if c.guard.close_when_drained => Stage::Closing,
                     _ => Stage::Idle {
