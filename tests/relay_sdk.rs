@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::http::HttpGateway;
+use common::http::{HttpGateway, Req, modern};
 use common::{BIN, PATIENCE, query_json};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -390,6 +390,25 @@ fn a_server_that_stops_waiting_answers_at_once() {
         !decisions.iter().any(|(d, _)| *d == "to_server"),
         "the late answer reached the server: {events:?}"
     );
+    // The late answer is counted where an operator looks: /metrics.
+    let admin = gw.token("ops", "admin", "never");
+    let deadline = Instant::now() + PATIENCE;
+    let late = loop {
+        let r = gw
+            .http()
+            .call(&Req::new("GET", "/metrics", gw.port).bearer(&admin));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let late = r
+            .text()
+            .lines()
+            .find_map(|l| l.strip_prefix("toolwall_relay_late_answers_dropped_total "))
+            .and_then(|n| n.trim().parse::<u64>().ok());
+        if late.is_some_and(|n| n >= 1) || Instant::now() > deadline {
+            break late;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(late, Some(1), "one late answer, counted once in /metrics");
 }
 
 /// SEP-2243: a tool parameter annotated `x-mcp-header` travels as `Mcp-Param-Region` from
@@ -409,6 +428,28 @@ fn parameters_bound_to_headers_reach_the_server() {
             assert_eq!(out["is_error"], false, "{mode} {server}: {out}");
             assert_eq!(texts(&out), "region Zürich west", "{mode} {server}: {out}");
         }
+    }
+    // A tool whose annotation the spec forbids is not offered, and the log says so once
+    // per server, escaped (failed before: no line at all).
+    let listed = gw
+        .http()
+        .call(&modern(gw.port, 1, "tools/list", serde_json::json!({}), None).bearer(&token))
+        .json();
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"sdk__where"), "{names:?}");
+    assert!(!names.iter().any(|n| n.ends_with("misbound")), "{names:?}");
+    let log = gw.log();
+    for server in ["sdk", "old"] {
+        let said = format!("server {server}: tool \"misbound\" is not served");
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(&said)).collect();
+        assert_eq!(lines.len(), 1, "{said}: {log}");
+        assert!(lines[0].contains("x-mcp-header"), "{}", lines[0]);
+        assert!(!lines[0].contains('\u{1b}'), "{}", lines[0]);
     }
 }
 

@@ -281,6 +281,7 @@ impl Upstream {
             "era": st.era.as_ref().map(Era::describe),
             "last_error": st.last_error,
             "list_changed": {"tools": st.changes.tools, "resources": st.changes.resources, "prompts": st.changes.prompts},
+            "offers": {"completions": st.changes.completions, "subscribe": st.changes.subscribe},
         });
         if let (Some(Value::Object(more)), Value::Object(d)) = (
             self.transport.as_ref().and_then(Channel::describe),

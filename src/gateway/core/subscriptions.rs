@@ -1,0 +1,100 @@
+//! Resource subscriptions of agent sessions. An agent's `resources/subscribe` crosses the
+//! pipeline to the URI's owner; once the server accepted it, the session holds the URI
+//! (with the server that owns it), and a `notifications/resources/updated` of that server
+//! for that URI reaches the sessions that hold it, and no one else. An unsubscribe the
+//! server accepted drops the URI; a session's subscriptions end with the session. Each
+//! session holds at most `relay.max_subscriptions_per_session` URIs.
+//!
+//! toolwall keeps one session with each server for all agents: it forwards every
+//! subscribe, and forwards an unsubscribe only when no other session still holds the URI
+//! (otherwise the server would stop telling the others); that unsubscribe is answered by
+//! toolwall itself, after the same request phase and row.
+
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+use super::exchange::{Exchange, Routed};
+use super::{Action, ConnRef, Core, Recorder};
+use crate::mcp::jsonrpc;
+
+/// The URIs one session is subscribed to, with the server that owns each.
+pub type SessionSubscriptions = BTreeMap<String, String>;
+
+pub const UPDATED: &str = "notifications/resources/updated";
+
+impl<R: Recorder> Core<R> {
+    /// Why `conn` may not subscribe to one more URI, if it may not.
+    pub(super) fn subscription_refusal(&self, conn: ConnRef, uri: &str) -> Option<String> {
+        let held = self.sessions.get(&conn)?;
+        let max = self.relay.config.max_subscriptions_per_session;
+        (held.subscribed.len() >= max && !held.subscribed.contains_key(uri)).then(|| {
+            format!(
+                "this session holds {max} resource subscriptions already \
+                 (relay.max_subscriptions_per_session); unsubscribe from one first"
+            )
+        })
+    }
+
+    /// Another session than `conn` holds `uri` of `server`.
+    pub(super) fn subscribed_elsewhere(
+        &self,
+        conn: Option<ConnRef>,
+        uri: &str,
+        server: &str,
+    ) -> bool {
+        self.sessions.iter().any(|(c, s)| {
+            Some(*c) != conn && s.subscribed.get(uri).is_some_and(|owner| owner == server)
+        })
+    }
+
+    /// The server accepted `x` (a subscribe or unsubscribe): the session's table follows.
+    pub(super) fn subscription_answered(&mut self, x: &Exchange) {
+        let (Some(conn), Some(uri)) = (x.from.conn, x.target.resource.as_deref()) else {
+            return;
+        };
+        let max = self.relay.config.max_subscriptions_per_session;
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        match x.routed {
+            Routed::Subscribe => {
+                if session.subscribed.len() < max || session.subscribed.contains_key(uri) {
+                    session
+                        .subscribed
+                        .insert(uri.to_owned(), x.target.server.clone());
+                }
+            }
+            Routed::Unsubscribe => {
+                session.subscribed.remove(uri);
+            }
+            _ => {}
+        }
+    }
+
+    /// A server's `notifications/resources/updated`: to the sessions subscribed to its
+    /// URI at that server; nobody else hears of it.
+    pub(super) fn relay_resource_updated(&mut self, server: &str, params: Option<&Value>) {
+        let Some(uri) = params.and_then(|p| p.get("uri")).and_then(Value::as_str) else {
+            self.counters.relay_dropped += 1;
+            return;
+        };
+        let conns: Vec<ConnRef> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.subscribed.get(uri).is_some_and(|owner| owner == server))
+            .map(|(c, _)| *c)
+            .collect();
+        if conns.is_empty() {
+            self.counters.relay_dropped += 1;
+            return;
+        }
+        // Only the URI travels: whatever else the server put in is not the agent's to read.
+        let bytes = jsonrpc::notification(UPDATED, &json!({"uri": uri}));
+        for conn in conns {
+            self.actions.push(Action::Notify {
+                conn,
+                bytes: bytes.clone(),
+            });
+        }
+    }
+}
