@@ -390,25 +390,67 @@ fn a_server_that_stops_waiting_answers_at_once() {
         !decisions.iter().any(|(d, _)| *d == "to_server"),
         "the late answer reached the server: {events:?}"
     );
-    // The late answer is counted where an operator looks: /metrics.
-    let admin = gw.token("ops", "admin", "never");
-    let deadline = Instant::now() + PATIENCE;
-    let late = loop {
+    // The SDK client drops its answer once told the request was cancelled; an agent that
+    // answers anyway (here a framed one) is dropped and counted where an operator looks.
+    let metrics = |gw: &HttpGateway| {
+        let admin = gw.token("ops", "admin", "never");
         let r = gw
             .http()
             .call(&Req::new("GET", "/metrics", gw.port).bearer(&admin));
         assert_eq!(r.status, 200, "{}", r.text());
-        let late = r
-            .text()
+        r.text()
             .lines()
             .find_map(|l| l.strip_prefix("toolwall_relay_late_answers_dropped_total "))
-            .and_then(|n| n.trim().parse::<u64>().ok());
-        if late.is_some_and(|n| n >= 1) || Instant::now() > deadline {
-            break late;
+            .and_then(|n| n.trim().parse::<u64>().ok())
+    };
+    let before = metrics(&gw);
+    let mut agent = gw.connect();
+    agent.call(
+        "initialize",
+        serde_json::json!({"protocolVersion": "2025-11-25",
+                           "capabilities": {"elicitation": {}},
+                           "clientInfo": {"name": "late", "version": "1"}}),
+    );
+    let sid = agent.request(
+        serde_json::json!(7),
+        "tools/call",
+        Some(serde_json::json!({"name": "old__impatient", "arguments": {}})),
+    );
+    let mut asked = None;
+    let answer = loop {
+        let m = agent.recv().expect("the call's messages");
+        if m.body["method"] == "elicitation/create" {
+            asked = Some(m.body["id"].clone());
+        } else if m.stream == sid && m.body["id"] == 7 {
+            break m.body;
+        }
+    };
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "gave up",
+        "{answer}"
+    );
+    let asked = asked.expect("the server's question reached the agent");
+    let late = serde_json::json!({"jsonrpc": "2.0", "id": asked,
+                                  "result": {"action": "accept", "content": {"name": "Ada"}}});
+    agent.send_frame(
+        0,
+        toolwall_relay::frame::FLAG_NOTIFICATION,
+        late.to_string().as_bytes(),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    let counted = loop {
+        let now = metrics(&gw);
+        if now > before || Instant::now() > deadline {
+            break now;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert_eq!(late, Some(1), "one late answer, counted once in /metrics");
+    assert_eq!(before, Some(0), "the SDK client sent no late answer");
+    assert_eq!(
+        counted,
+        Some(1),
+        "one late answer, counted once in /metrics"
+    );
 }
 
 /// SEP-2243: a tool parameter annotated `x-mcp-header` travels as `Mcp-Param-Region` from
@@ -623,4 +665,140 @@ discover_timeout_ms = 60000
             }
         }
     }
+}
+
+/// `completion/complete` and resource subscriptions through toolwall, to a 2026-07-28
+/// server (`sdk`: toolwall turns an agent's subscribe into its listening stream's
+/// resourceSubscriptions) and a legacy one (`old`: forwarded as they are). The completion
+/// comes from the official SDK client over HTTP: toolwall declares `completions` because
+/// the server does, and the prompt reaches the server under its own name (the fixture
+/// completes `greet` only). The subscription comes from a framed agent (the framed door
+/// carries notifications; it declares `resources.subscribe`, the HTTP door does not):
+/// the update reaches it, and stops after its unsubscribe. Each request has its row.
+/// Failed before: method not found.
+#[test]
+fn completions_and_subscriptions_reach_the_owning_server() {
+    let fixture = Fixture::start();
+    for (server, era) in [("sdk", "auto"), ("old", "legacy")] {
+        // One server per gateway: the two would contest test://watched.
+        let servers = format!(
+            "[servers.{server}]\nurl = \"http://127.0.0.1:{}/mcp\"\npin = \"off\"\nera = \"{era}\"\n",
+            fixture.port
+        );
+        let gw = HttpGateway::start("", &servers);
+        let token = gw.client_token("alice");
+        let url = format!("http://127.0.0.1:{}/mcp", gw.port);
+        let out = client(&["http", &url, &token, "legacy", server, "complete"]);
+        assert_eq!(out["completions_declared"], true, "{server}: {out}");
+        assert_eq!(out["subscribe_declared"], false, "{server}: {out}");
+        assert_eq!(
+            out["completions"],
+            serde_json::json!(["Ada", "Alan"]),
+            "{server}: {out}"
+        );
+
+        let mut agent = gw.connect();
+        let init = agent.call(
+            "initialize",
+            serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                               "clientInfo": {"name": "watcher", "version": "1"}}),
+        );
+        assert_eq!(
+            init["result"]["capabilities"]["resources"]["subscribe"], true,
+            "{server}: {init}"
+        );
+        let watched = serde_json::json!({"uri": "test://watched"});
+        let r = agent.call("resources/subscribe", watched.clone());
+        assert_eq!(r["result"], serde_json::json!({}), "{server}: {r}");
+        // Touch the resource until its update comes (a 2026-07-28 server hears of the
+        // subscription when toolwall opens its listening stream again).
+        let mut updates = Vec::new();
+        let touch = serde_json::json!({"name": format!("{server}__touch"),
+                                       "arguments": {"uri": "test://watched"}});
+        let touch_and_collect = |agent: &mut common::FramedClient, updates: &mut Vec<Value>| {
+            let sid = agent.request(
+                serde_json::json!("touch"),
+                "tools/call",
+                Some(touch.clone()),
+            );
+            loop {
+                let m = agent.recv().expect("frames");
+                if m.body["method"] == "notifications/resources/updated" {
+                    updates.push(m.body["params"].clone());
+                } else if m.stream == sid && m.body["id"] == "touch" {
+                    assert_eq!(m.body["result"]["isError"], false, "{}", m.body);
+                    break;
+                }
+            }
+        };
+        let deadline = Instant::now() + PATIENCE;
+        while updates.is_empty() && Instant::now() < deadline {
+            touch_and_collect(&mut agent, &mut updates);
+            std::thread::sleep(Duration::from_millis(300));
+            // A ping flushes an update that came after the touch's answer.
+            let sid = agent.request(serde_json::json!("ping"), "ping", None);
+            loop {
+                let m = agent.recv().expect("frames");
+                if m.body["method"] == "notifications/resources/updated" {
+                    updates.push(m.body["params"].clone());
+                } else if m.stream == sid {
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            updates.first(),
+            Some(&serde_json::json!({"uri": "test://watched"})),
+            "{server}: no update reached the subscribed agent"
+        );
+        let r = agent.call("resources/unsubscribe", watched.clone());
+        assert_eq!(r["result"], serde_json::json!({}), "{server}: {r}");
+        let mut after = Vec::new();
+        touch_and_collect(&mut agent, &mut after);
+        std::thread::sleep(Duration::from_millis(1500));
+        agent.call("ping", serde_json::json!({}));
+        touch_and_collect(&mut agent, &mut after);
+        assert!(
+            after.is_empty(),
+            "{server}: updates after unsubscribe: {after:?}"
+        );
+
+        let rows = gw.wait_rows("the completion and subscription rows", |rows| {
+            [
+                "completion/complete",
+                "resources/subscribe",
+                "resources/unsubscribe",
+            ]
+            .iter()
+            .all(|m| rows.iter().any(|r| r["method"] == *m))
+        });
+        for r in rows.iter().filter(|r| r["method"] != "tools/call") {
+            assert_eq!(r["server_name"], server, "{r}");
+            assert_eq!(r["decision"], "allowed", "{r}");
+        }
+        let completion = rows
+            .iter()
+            .find(|r| r["method"] == "completion/complete")
+            .unwrap();
+        assert_eq!(completion["tool_name"], "greet", "{completion}");
+        let subscribe = rows
+            .iter()
+            .find(|r| r["method"] == "resources/subscribe")
+            .unwrap();
+        assert_eq!(subscribe["tool_name"], "test://watched", "{subscribe}");
+    }
+    // The legacy server got the subscribe and unsubscribe themselves; the modern one has
+    // no such method (its subscription travelled in the listening stream).
+    let asked: Vec<String> = fixture
+        .records()
+        .iter()
+        .filter_map(|r| r["tool"].as_str().map(str::to_owned))
+        .filter(|t| t.ends_with("subscribe"))
+        .collect();
+    assert_eq!(
+        asked,
+        ["subscribe", "unsubscribe"],
+        "{:?}",
+        fixture.records()
+    );
 }

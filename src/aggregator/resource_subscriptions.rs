@@ -71,7 +71,12 @@ mod tests {
         };
         assert_eq!(sub(&mut set, "test://a"), Ok(true));
         assert_eq!(sub(&mut set, "test://a"), Ok(false));
-        let un = apply(&mut set, "s", "resources/unsubscribe", &json!({"uri": "test://a"}));
+        let un = apply(
+            &mut set,
+            "s",
+            "resources/unsubscribe",
+            &json!({"uri": "test://a"}),
+        );
         assert_eq!(un, Ok(true));
         assert!(set.is_empty());
         assert!(apply(&mut set, "s", "resources/subscribe", &json!({})).is_err());

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use super::budget::ListingBudget;
 use super::call_link::{CancelHook, NoAnswer};
 use super::call_relay::{self, CallContext};
-use super::resource_subscriptions;
 use super::channel::Channel;
 use super::config::EraChoice;
 use super::drop_tally::DropTally;
@@ -38,6 +37,7 @@ use super::listing_pages::PageCollector;
 use super::message::{
     answer_body, list_changed_kind, notification_body, refusal_body, request_body,
 };
+use super::resource_subscriptions;
 use super::scrub::Scrubber;
 use super::setup::{Limits, UpstreamSetup};
 use crate::mcp::catalog::Kind;
@@ -1107,8 +1107,7 @@ impl Upstream {
             if !matches!(st.era, Some(Era::Modern { .. })) {
                 return None;
             }
-            match resource_subscriptions::apply(&mut st.subscriptions, &self.name, method, params)
-            {
+            match resource_subscriptions::apply(&mut st.subscriptions, &self.name, method, params) {
                 Ok(changed) => {
                     st.subscriptions_changed |= changed;
                     changed

@@ -207,7 +207,9 @@ impl<R: Recorder> Core<R> {
                 );
                 let list_changed = ctx.peer.transport != Transport::Http;
                 let mut result = protocol::initialize_result(version, list_changed);
-                self.offers.declare(&mut result["capabilities"], true);
+                // Updates of subscribed resources need a standing stream (not on HTTP).
+                self.offers
+                    .declare(&mut result["capabilities"], list_changed);
                 let result = result.to_string();
                 self.answer(ctx, method, &result);
             }

@@ -5,6 +5,11 @@
 //! server accepted drops the URI; a session's subscriptions end with the session. Each
 //! session holds at most `relay.max_subscriptions_per_session` URIs.
 //!
+//! The framed and stdio doors carry the updates as notifications (and declare
+//! `resources.subscribe` when a server offers it). The HTTP door has no standing stream
+//! for a legacy session, so there an update travels only on the SSE stream of a call of
+//! that session in flight, and the capability is not declared (as `listChanged` is not).
+//!
 //! toolwall keeps one session with each server for all agents: it forwards every
 //! subscribe, and forwards an unsubscribe only when no other session still holds the URI
 //! (otherwise the server would stop telling the others); that unsubscribe is answered by
@@ -57,12 +62,12 @@ impl<R: Recorder> Core<R> {
             return;
         };
         match x.routed {
-            Routed::Subscribe => {
-                if session.subscribed.len() < max || session.subscribed.contains_key(uri) {
-                    session
-                        .subscribed
-                        .insert(uri.to_owned(), x.target.server.clone());
-                }
+            Routed::Subscribe
+                if session.subscribed.len() < max || session.subscribed.contains_key(uri) =>
+            {
+                session
+                    .subscribed
+                    .insert(uri.to_owned(), x.target.server.clone());
             }
             Routed::Unsubscribe => {
                 session.subscribed.remove(uri);
@@ -91,10 +96,35 @@ impl<R: Recorder> Core<R> {
         // Only the URI travels: whatever else the server put in is not the agent's to read.
         let bytes = jsonrpc::notification(UPDATED, &json!({"uri": uri}));
         for conn in conns {
-            self.actions.push(Action::Notify {
-                conn,
-                bytes: bytes.clone(),
-            });
+            // On the HTTP door no standing stream carries notifications: the stream of a
+            // legacy call of that session in flight does, if there is one. Elsewhere the
+            // connection itself.
+            let in_call = self
+                .calls
+                .keys_where(|c| {
+                    c.exchange()
+                        .is_some_and(|x| x.from.conn == Some(conn) && !x.relay.modern)
+                })
+                .first()
+                .copied()
+                .and_then(|k| {
+                    let x = self.calls.get(k)?.exchange()?;
+                    Some((k, x.from.stream))
+                });
+            let action = match in_call {
+                Some((call, stream)) => Action::Relay {
+                    conn,
+                    stream,
+                    call,
+                    bytes: bytes.clone(),
+                    request_id: None,
+                },
+                None => Action::Notify {
+                    conn,
+                    bytes: bytes.clone(),
+                },
+            };
+            self.actions.push(action);
         }
     }
 }
