@@ -665,6 +665,26 @@ discover_timeout_ms = 60000
             }
         }
     }
+    // Each count call's progress travelled with the call itself (its facts count the
+    // three), not through the server's shared queue, where another thread drained it and
+    // the call's answer could overtake it: under load the agent then got no progress at
+    // all (the call had ended). Failed before: the facts counted no progress.
+    let progress_counts: Vec<u64> = query_json(
+        &gw.ledger(),
+        "SELECT e.detail FROM events e JOIN tool_calls c \
+         ON c.id = json_extract(e.detail, '$.call_id') \
+         WHERE e.kind = 'tool_facts' AND c.tool_name = 'count'",
+    )
+    .iter()
+    .map(|r| {
+        let detail: Value = serde_json::from_str(r["detail"].as_str().unwrap()).unwrap();
+        let facts: Value = serde_json::from_str(detail["facts"].as_str().unwrap()).unwrap();
+        facts["notifications"]["notifications/progress"]
+            .as_u64()
+            .unwrap_or(0)
+    })
+    .collect();
+    assert_eq!(progress_counts, [3, 3, 3, 3], "progress per count call");
 }
 
 /// `completion/complete` and resource subscriptions through toolwall, to a 2026-07-28
