@@ -771,6 +771,17 @@ fn completions_and_subscriptions_reach_the_owning_server() {
             Some(&serde_json::json!({"uri": "test://watched"})),
             "{server}: no update reached the subscribed agent"
         );
+        // A second session subscribes too; the first one's unsubscribe is answered by
+        // toolwall (the server's one subscription still serves the second), and from
+        // then on the updates reach the second session only.
+        let mut other = gw.connect();
+        other.call(
+            "initialize",
+            serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                               "clientInfo": {"name": "other", "version": "1"}}),
+        );
+        let r = other.call("resources/subscribe", watched.clone());
+        assert_eq!(r["result"], serde_json::json!({}), "{server}: {r}");
         let r = agent.call("resources/unsubscribe", watched.clone());
         assert_eq!(r["result"], serde_json::json!({}), "{server}: {r}");
         let mut after = Vec::new();
@@ -782,6 +793,13 @@ fn completions_and_subscriptions_reach_the_owning_server() {
             after.is_empty(),
             "{server}: updates after unsubscribe: {after:?}"
         );
+        // The second session goes without unsubscribing: toolwall unsubscribes for it.
+        drop(other);
+        let deadline = Instant::now() + PATIENCE;
+        while gw.events("subscription_released").is_empty() {
+            assert!(Instant::now() < deadline, "{server}: nothing released");
+            std::thread::sleep(Duration::from_millis(50));
+        }
 
         let rows = gw.wait_rows("the completion and subscription rows", |rows| {
             [
@@ -807,17 +825,25 @@ fn completions_and_subscriptions_reach_the_owning_server() {
             .unwrap();
         assert_eq!(subscribe["tool_name"], "test://watched", "{subscribe}");
     }
-    // The legacy server got the subscribe and unsubscribe themselves; the modern one has
-    // no such method (its subscription travelled in the listening stream).
-    let asked: Vec<String> = fixture
-        .records()
-        .iter()
-        .filter_map(|r| r["tool"].as_str().map(str::to_owned))
-        .filter(|t| t.ends_with("subscribe"))
-        .collect();
+    // The legacy server got each session's subscribe and one unsubscribe, when the last
+    // session holding the URI went; the modern one has no such method (its subscription
+    // travelled in the listening stream).
+    let deadline = Instant::now() + PATIENCE;
+    let asked = loop {
+        let asked: Vec<String> = fixture
+            .records()
+            .iter()
+            .filter_map(|r| r["tool"].as_str().map(str::to_owned))
+            .filter(|t| t.ends_with("subscribe"))
+            .collect();
+        if asked.len() >= 3 || Instant::now() > deadline {
+            break asked;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(
         asked,
-        ["subscribe", "unsubscribe"],
+        ["subscribe", "subscribe", "unsubscribe"],
         "{:?}",
         fixture.records()
     );

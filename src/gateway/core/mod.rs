@@ -361,6 +361,7 @@ impl<R: Recorder> Core<R> {
     /// answered; calls held for approval end now (nobody is left to act on a decision).
     pub fn on_disconnect(&mut self, conn: ConnRef, peer: &Peer, now: Instant) {
         self.now = now;
+        self.release_subscriptions(conn);
         self.sessions.remove(&conn);
         self.calls.detach(conn);
         self.drop_held_asks(None);

@@ -20,16 +20,29 @@ use std::collections::BTreeMap;
 
 use super::exchange::{Exchange, Routed};
 use super::{Action, ConnRef, Core, Recorder};
+use crate::mcp::catalog::WorkerId;
 use crate::mcp::jsonrpc;
+use crate::workers::relay_wire::CallMeta;
+use crate::workers::rpc::{self, Op, UpstreamCall};
 
-/// The URIs one session is subscribed to, with the server that owns each.
-pub type SessionSubscriptions = BTreeMap<String, String>;
+/// The URIs one session is subscribed to, with the server that owns each and its worker.
+pub type SessionSubscriptions = BTreeMap<String, (String, WorkerId)>;
+
+/// Longest URI a session may subscribe to: the table holds what it is given, and a URI a
+/// template matches can be as long as a request.
+pub const MAX_SUBSCRIBED_URI_BYTES: usize = 2048;
 
 pub const UPDATED: &str = "notifications/resources/updated";
 
 impl<R: Recorder> Core<R> {
     /// Why `conn` may not subscribe to one more URI, if it may not.
     pub(super) fn subscription_refusal(&self, conn: ConnRef, uri: &str) -> Option<String> {
+        if uri.len() > MAX_SUBSCRIBED_URI_BYTES {
+            return Some(format!(
+                "a subscribed URI may be at most {MAX_SUBSCRIBED_URI_BYTES} bytes; this one is {}",
+                uri.len()
+            ));
+        }
         let held = self.sessions.get(&conn)?;
         let max = self.relay.config.max_subscriptions_per_session;
         (held.subscribed.len() >= max && !held.subscribed.contains_key(uri)).then(|| {
@@ -48,7 +61,10 @@ impl<R: Recorder> Core<R> {
         server: &str,
     ) -> bool {
         self.sessions.iter().any(|(c, s)| {
-            Some(*c) != conn && s.subscribed.get(uri).is_some_and(|owner| owner == server)
+            Some(*c) != conn
+                && s.subscribed
+                    .get(uri)
+                    .is_some_and(|(owner, _)| owner == server)
         })
     }
 
@@ -67,7 +83,7 @@ impl<R: Recorder> Core<R> {
             {
                 session
                     .subscribed
-                    .insert(uri.to_owned(), x.target.server.clone());
+                    .insert(uri.to_owned(), (x.target.server.clone(), x.target.worker));
             }
             Routed::Unsubscribe => {
                 session.subscribed.remove(uri);
@@ -86,7 +102,11 @@ impl<R: Recorder> Core<R> {
         let conns: Vec<ConnRef> = self
             .sessions
             .iter()
-            .filter(|(_, s)| s.subscribed.get(uri).is_some_and(|owner| owner == server))
+            .filter(|(_, s)| {
+                s.subscribed
+                    .get(uri)
+                    .is_some_and(|(owner, _)| owner == server)
+            })
             .map(|(c, _)| *c)
             .collect();
         if conns.is_empty() {
@@ -125,6 +145,48 @@ impl<R: Recorder> Core<R> {
                 },
             };
             self.actions.push(action);
+        }
+    }
+
+    /// `conn` is going: a URI it held that no other session holds is unsubscribed at its
+    /// server, so the server stops sending its updates (and a 2026-07-28 server's watched
+    /// set shrinks). toolwall's own request: no agent waits for it, its answer is dropped.
+    pub(super) fn release_subscriptions(&mut self, conn: ConnRef) {
+        let Some(held) = self.sessions.get(&conn).map(|s| s.subscribed.clone()) else {
+            return;
+        };
+        for (uri, (server, worker)) in held {
+            if self.subscribed_elsewhere(Some(conn), &uri, &server) || !self.is_aggregator(worker) {
+                continue;
+            }
+            let c = &self.relay.config;
+            let meta = CallMeta {
+                max_message_bytes: c.max_message_bytes,
+                max_answer_bytes: self.limits.max_answer_bytes,
+                max_json_nodes: self.limits.max_json_nodes,
+                ..CallMeta::default()
+            };
+            let key = self.calls.new_key();
+            self.event(
+                "subscription_released",
+                json!({"server": server, "uri": uri,
+                       "reason": "the last session subscribed to it is gone"}),
+            );
+            self.actions.push(Action::ToWorker {
+                worker,
+                call: None,
+                msg: rpc::Message::Request {
+                    id: key,
+                    op: Op::Forward {
+                        method: "resources/unsubscribe".into(),
+                        params: json!({ "uri": uri }).to_string(),
+                        upstream: Some(UpstreamCall {
+                            server,
+                            meta: Box::new(meta),
+                        }),
+                    },
+                },
+            });
         }
     }
 }
