@@ -1563,3 +1563,54 @@ fn health_is_503_while_draining() {
     assert_eq!(draining.status, 503, "{}", draining.text());
     assert_eq!(draining.json()["mcp_enabled"], true);
 }
+
+/// A modern `tools/call` that names its tool twice (`params.name` repeated) is refused,
+/// whatever `Mcp-Name` says or whether it is sent: the header check and the pipeline read
+/// one body, never two readings of it. Nothing runs and no row is written.
+#[test]
+fn a_repeated_params_name_is_refused_before_any_check_or_call() {
+    let gw = HttpGateway::start("", "");
+    let token = gw.client_token("alice");
+    let mut http = gw.http();
+    let body = |id: u64| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"local__nothing","arguments":{{"text":"twice"}},"name":"local__echo","_meta":{{"io.modelcontextprotocol/protocolVersion":"{MODERN}","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
+        )
+        .into_bytes()
+    };
+    for (id, name, version) in [
+        (1, None, true),
+        (2, Some("local__echo"), true),
+        (3, Some("local__nothing"), true),
+        (4, None, false),
+    ] {
+        let mut req = Req::post_mcp(gw.port, &json!({}))
+            .body(body(id))
+            .bearer(&token)
+            .header("Mcp-Method", "tools/call");
+        if version {
+            req = req.header("MCP-Protocol-Version", MODERN);
+        }
+        if let Some(n) = name {
+            req = req.header("Mcp-Name", n);
+        }
+        let r = http.call(&req);
+        assert_eq!(r.status, 400, "{id}: {}", r.text());
+        assert_eq!(r.error_code(), Some(-32602), "{id}: {}", r.text());
+        assert!(r.text().contains("repeats a key"), "{id}: {}", r.text());
+    }
+    // The same call said once is served: the refusal was the repeat.
+    let r = http.call(
+        &modern(
+            gw.port,
+            5,
+            "tools/call",
+            json!({"name": "local__echo", "arguments": {"text": "once"}}),
+            Some("local__echo"),
+        )
+        .bearer(&token),
+    );
+    assert_eq!(result_text(&r.json()), "once", "{}", r.text());
+    let rows = gw.tool_calls();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+}

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::http::HttpGateway;
+use common::http::{HttpGateway, Req, modern};
 use common::{BIN, PATIENCE, query_json};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -390,6 +390,67 @@ fn a_server_that_stops_waiting_answers_at_once() {
         !decisions.iter().any(|(d, _)| *d == "to_server"),
         "the late answer reached the server: {events:?}"
     );
+    // The SDK client drops its answer once told the request was cancelled; an agent that
+    // answers anyway (here a framed one) is dropped and counted where an operator looks.
+    let metrics = |gw: &HttpGateway| {
+        let admin = gw.token("ops", "admin", "never");
+        let r = gw
+            .http()
+            .call(&Req::new("GET", "/metrics", gw.port).bearer(&admin));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.text()
+            .lines()
+            .find_map(|l| l.strip_prefix("toolwall_relay_late_answers_dropped_total "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+    };
+    let before = metrics(&gw);
+    let mut agent = gw.connect();
+    agent.call(
+        "initialize",
+        serde_json::json!({"protocolVersion": "2025-11-25",
+                           "capabilities": {"elicitation": {}},
+                           "clientInfo": {"name": "late", "version": "1"}}),
+    );
+    let sid = agent.request(
+        serde_json::json!(7),
+        "tools/call",
+        Some(serde_json::json!({"name": "old__impatient", "arguments": {}})),
+    );
+    let mut asked = None;
+    let answer = loop {
+        let m = agent.recv().expect("the call's messages");
+        if m.body["method"] == "elicitation/create" {
+            asked = Some(m.body["id"].clone());
+        } else if m.stream == sid && m.body["id"] == 7 {
+            break m.body;
+        }
+    };
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "gave up",
+        "{answer}"
+    );
+    let asked = asked.expect("the server's question reached the agent");
+    let late = serde_json::json!({"jsonrpc": "2.0", "id": asked,
+                                  "result": {"action": "accept", "content": {"name": "Ada"}}});
+    agent.send_frame(
+        0,
+        toolwall_relay::frame::FLAG_NOTIFICATION,
+        late.to_string().as_bytes(),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    let counted = loop {
+        let now = metrics(&gw);
+        if now > before || Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(before, Some(0), "the SDK client sent no late answer");
+    assert_eq!(
+        counted,
+        Some(1),
+        "one late answer, counted once in /metrics"
+    );
 }
 
 /// SEP-2243: a tool parameter annotated `x-mcp-header` travels as `Mcp-Param-Region` from
@@ -409,6 +470,28 @@ fn parameters_bound_to_headers_reach_the_server() {
             assert_eq!(out["is_error"], false, "{mode} {server}: {out}");
             assert_eq!(texts(&out), "region Zürich west", "{mode} {server}: {out}");
         }
+    }
+    // A tool whose annotation the spec forbids is not offered, and the log says so once
+    // per server, escaped (failed before: no line at all).
+    let listed = gw
+        .http()
+        .call(&modern(gw.port, 1, "tools/list", serde_json::json!({}), None).bearer(&token))
+        .json();
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"sdk__where"), "{names:?}");
+    assert!(!names.iter().any(|n| n.ends_with("misbound")), "{names:?}");
+    let log = gw.log();
+    for server in ["sdk", "old"] {
+        let said = format!("server {server}: tool \"misbound\" is not served");
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(&said)).collect();
+        assert_eq!(lines.len(), 1, "{said}: {log}");
+        assert!(lines[0].contains("x-mcp-header"), "{}", lines[0]);
+        assert!(!lines[0].contains('\u{1b}'), "{}", lines[0]);
     }
 }
 
@@ -582,4 +665,186 @@ discover_timeout_ms = 60000
             }
         }
     }
+    // Each count call's progress travelled with the call itself (its facts count the
+    // three), not through the server's shared queue, where another thread drained it and
+    // the call's answer could overtake it: under load the agent then got no progress at
+    // all (the call had ended). Failed before: the facts counted no progress.
+    let progress_counts: Vec<u64> = query_json(
+        &gw.ledger(),
+        "SELECT e.detail FROM events e JOIN tool_calls c \
+         ON c.id = json_extract(e.detail, '$.call_id') \
+         WHERE e.kind = 'tool_facts' AND c.tool_name = 'count'",
+    )
+    .iter()
+    .map(|r| {
+        let detail: Value = serde_json::from_str(r["detail"].as_str().unwrap()).unwrap();
+        let facts: Value = serde_json::from_str(detail["facts"].as_str().unwrap()).unwrap();
+        facts["notifications"]["notifications/progress"]
+            .as_u64()
+            .unwrap_or(0)
+    })
+    .collect();
+    assert_eq!(progress_counts, [3, 3, 3, 3], "progress per count call");
+}
+
+/// `completion/complete` and resource subscriptions through toolwall, to a 2026-07-28
+/// server (`sdk`: toolwall turns an agent's subscribe into its listening stream's
+/// resourceSubscriptions) and a legacy one (`old`: forwarded as they are). The completion
+/// comes from the official SDK client over HTTP: toolwall declares `completions` because
+/// the server does, and the prompt reaches the server under its own name (the fixture
+/// completes `greet` only). The subscription comes from a framed agent (the framed door
+/// carries notifications; it declares `resources.subscribe`, the HTTP door does not):
+/// the update reaches it, and stops after its unsubscribe. Each request has its row.
+/// Failed before: method not found.
+#[test]
+fn completions_and_subscriptions_reach_the_owning_server() {
+    let fixture = Fixture::start();
+    for (server, era) in [("sdk", "auto"), ("old", "legacy")] {
+        // One server per gateway: the two would contest test://watched.
+        let servers = format!(
+            "[servers.{server}]\nurl = \"http://127.0.0.1:{}/mcp\"\npin = \"off\"\nera = \"{era}\"\n",
+            fixture.port
+        );
+        let gw = HttpGateway::start("", &servers);
+        let token = gw.client_token("alice");
+        let url = format!("http://127.0.0.1:{}/mcp", gw.port);
+        let out = client(&["http", &url, &token, "legacy", server, "complete"]);
+        assert_eq!(out["completions_declared"], true, "{server}: {out}");
+        assert_eq!(out["subscribe_declared"], false, "{server}: {out}");
+        assert_eq!(
+            out["completions"],
+            serde_json::json!(["Ada", "Alan"]),
+            "{server}: {out}"
+        );
+
+        let mut agent = gw.connect();
+        let init = agent.call(
+            "initialize",
+            serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                               "clientInfo": {"name": "watcher", "version": "1"}}),
+        );
+        assert_eq!(
+            init["result"]["capabilities"]["resources"]["subscribe"], true,
+            "{server}: {init}"
+        );
+        let watched = serde_json::json!({"uri": "test://watched"});
+        let r = agent.call("resources/subscribe", watched.clone());
+        assert_eq!(r["result"], serde_json::json!({}), "{server}: {r}");
+        // Touch the resource until its update comes (a 2026-07-28 server hears of the
+        // subscription when toolwall opens its listening stream again).
+        let mut updates = Vec::new();
+        let touch = serde_json::json!({"name": format!("{server}__touch"),
+                                       "arguments": {"uri": "test://watched"}});
+        let touch_and_collect = |agent: &mut common::FramedClient, updates: &mut Vec<Value>| {
+            let sid = agent.request(
+                serde_json::json!("touch"),
+                "tools/call",
+                Some(touch.clone()),
+            );
+            loop {
+                let m = agent.recv().expect("frames");
+                if m.body["method"] == "notifications/resources/updated" {
+                    updates.push(m.body["params"].clone());
+                } else if m.stream == sid && m.body["id"] == "touch" {
+                    assert_eq!(m.body["result"]["isError"], false, "{}", m.body);
+                    break;
+                }
+            }
+        };
+        let deadline = Instant::now() + PATIENCE;
+        while updates.is_empty() && Instant::now() < deadline {
+            touch_and_collect(&mut agent, &mut updates);
+            std::thread::sleep(Duration::from_millis(300));
+            // A ping flushes an update that came after the touch's answer.
+            let sid = agent.request(serde_json::json!("ping"), "ping", None);
+            loop {
+                let m = agent.recv().expect("frames");
+                if m.body["method"] == "notifications/resources/updated" {
+                    updates.push(m.body["params"].clone());
+                } else if m.stream == sid {
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            updates.first(),
+            Some(&serde_json::json!({"uri": "test://watched"})),
+            "{server}: no update reached the subscribed agent"
+        );
+        // A second session subscribes too; the first one's unsubscribe is answered by
+        // toolwall (the server's one subscription still serves the second), and from
+        // then on the updates reach the second session only.
+        let mut other = gw.connect();
+        other.call(
+            "initialize",
+            serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                               "clientInfo": {"name": "other", "version": "1"}}),
+        );
+        let r = other.call("resources/subscribe", watched.clone());
+        assert_eq!(r["result"], serde_json::json!({}), "{server}: {r}");
+        let r = agent.call("resources/unsubscribe", watched.clone());
+        assert_eq!(r["result"], serde_json::json!({}), "{server}: {r}");
+        let mut after = Vec::new();
+        touch_and_collect(&mut agent, &mut after);
+        std::thread::sleep(Duration::from_millis(1500));
+        agent.call("ping", serde_json::json!({}));
+        touch_and_collect(&mut agent, &mut after);
+        assert!(
+            after.is_empty(),
+            "{server}: updates after unsubscribe: {after:?}"
+        );
+        // The second session goes without unsubscribing: toolwall unsubscribes for it.
+        drop(other);
+        let deadline = Instant::now() + PATIENCE;
+        while gw.events("subscription_released").is_empty() {
+            assert!(Instant::now() < deadline, "{server}: nothing released");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+
+        let rows = gw.wait_rows("the completion and subscription rows", |rows| {
+            [
+                "completion/complete",
+                "resources/subscribe",
+                "resources/unsubscribe",
+            ]
+            .iter()
+            .all(|m| rows.iter().any(|r| r["method"] == *m))
+        });
+        for r in rows.iter().filter(|r| r["method"] != "tools/call") {
+            assert_eq!(r["server_name"], server, "{r}");
+            assert_eq!(r["decision"], "allowed", "{r}");
+        }
+        let completion = rows
+            .iter()
+            .find(|r| r["method"] == "completion/complete")
+            .unwrap();
+        assert_eq!(completion["tool_name"], "greet", "{completion}");
+        let subscribe = rows
+            .iter()
+            .find(|r| r["method"] == "resources/subscribe")
+            .unwrap();
+        assert_eq!(subscribe["tool_name"], "test://watched", "{subscribe}");
+    }
+    // The legacy server got each session's subscribe and one unsubscribe, when the last
+    // session holding the URI went; the modern one has no such method (its subscription
+    // travelled in the listening stream).
+    let deadline = Instant::now() + PATIENCE;
+    let asked = loop {
+        let asked: Vec<String> = fixture
+            .records()
+            .iter()
+            .filter_map(|r| r["tool"].as_str().map(str::to_owned))
+            .filter(|t| t.ends_with("subscribe"))
+            .collect();
+        if asked.len() >= 3 || Instant::now() > deadline {
+            break asked;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        asked,
+        ["subscribe", "subscribe", "unsubscribe"],
+        "{:?}",
+        fixture.records()
+    );
 }

@@ -49,7 +49,10 @@ const DEFAULT_RATE: (u32, u32) = (20, 50);
 
 /// The notifications relayed to the agent; others are only counted.
 pub fn relayed_notification(method: &str) -> bool {
-    matches!(method, "notifications/progress" | "notifications/message")
+    matches!(
+        method,
+        "notifications/progress" | "notifications/message" | "notifications/resources/updated"
+    )
 }
 
 /// One call's relay state on the worker side.

@@ -64,11 +64,17 @@ pub struct ListChanges {
     pub tools: bool,
     pub resources: bool,
     pub prompts: bool,
+    /// The server answers `completion/complete` (capability `completions`).
+    pub completions: bool,
+    /// The server takes `resources/subscribe` (capability `resources.subscribe`).
+    pub subscribe: bool,
 }
 
 impl ListChanges {
+    /// Whether the server sends anything on a listening stream toolwall wants: list
+    /// changes, or updates of subscribed resources.
     pub fn any(&self) -> bool {
-        self.tools || self.resources || self.prompts
+        self.tools || self.resources || self.prompts || self.subscribe
     }
 
     /// From a `capabilities` object (initialize result or server/discover).
@@ -83,6 +89,14 @@ impl ListChanges {
             tools: flag("tools"),
             resources: flag("resources"),
             prompts: flag("prompts"),
+            completions: caps
+                .and_then(|c| c.get("completions"))
+                .is_some_and(Value::is_object),
+            subscribe: caps
+                .and_then(|c| c.get("resources"))
+                .and_then(|r| r.get("subscribe"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
         }
     }
 }
@@ -366,7 +380,9 @@ mod tests {
                 changes: ListChanges {
                     tools: true,
                     resources: false,
-                    prompts: false
+                    prompts: false,
+                    completions: false,
+                    subscribe: false,
                 }
             }
         );

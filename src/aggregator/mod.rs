@@ -28,6 +28,7 @@ pub mod missing_capability;
 pub mod owner_candidates;
 pub mod prepare;
 pub mod relist;
+pub mod resource_subscriptions;
 pub mod scrub;
 pub mod setup;
 pub mod spec;

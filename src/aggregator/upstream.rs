@@ -37,6 +37,7 @@ use super::listing_pages::PageCollector;
 use super::message::{
     answer_body, list_changed_kind, notification_body, refusal_body, request_body,
 };
+use super::resource_subscriptions;
 use super::scrub::Scrubber;
 use super::setup::{Limits, UpstreamSetup};
 use crate::mcp::catalog::Kind;
@@ -115,6 +116,10 @@ struct ConnState {
     check: bool,
     /// How many times the server came up.
     ups: u64,
+    /// A modern server's watched resource URIs (see `resource_subscriptions.rs`).
+    subscriptions: std::collections::BTreeSet<String>,
+    /// The URIs changed since the listening stream last opened.
+    subscriptions_changed: bool,
 }
 
 /// Notifications met while serving one request, by method (progress and log messages
@@ -232,6 +237,8 @@ impl Upstream {
                 refused_while_down: false,
                 check: false,
                 ups: 0,
+                subscriptions: Default::default(),
+                subscriptions_changed: false,
             }),
             changed: Condvar::new(),
             renewing: Mutex::new(()),
@@ -281,6 +288,7 @@ impl Upstream {
             "era": st.era.as_ref().map(Era::describe),
             "last_error": st.last_error,
             "list_changed": {"tools": st.changes.tools, "resources": st.changes.resources, "prompts": st.changes.prompts},
+            "offers": {"completions": st.changes.completions, "subscribe": st.changes.subscribe},
         });
         if let (Some(Value::Object(more)), Value::Object(d)) = (
             self.transport.as_ref().and_then(Channel::describe),
@@ -1074,8 +1082,44 @@ impl Upstream {
         params: Value,
         ctx: Option<&mut CallContext>,
     ) -> Result<String, UpstreamError> {
+        if let Some(answer) = self.modern_subscription(method, &params) {
+            return answer;
+        }
         let mut notices = Notices::default();
         self.request_in(method, Params::Value(params), &mut notices, ctx)
+    }
+
+    /// `resources/subscribe` or `unsubscribe` to a modern server over HTTP: the URI joins
+    /// or leaves the set its listening stream carries (see `resource_subscriptions.rs`);
+    /// None for any other request, era or channel (forwarded as it is).
+    fn modern_subscription(
+        &self,
+        method: &str,
+        params: &Value,
+    ) -> Option<Result<String, UpstreamError>> {
+        if !resource_subscriptions::converted(method)
+            || self.transport.as_ref().is_none_or(Channel::always_listens)
+        {
+            return None;
+        }
+        let changed = {
+            let mut st = self.lock();
+            if !matches!(st.era, Some(Era::Modern { .. })) {
+                return None;
+            }
+            match resource_subscriptions::apply(&mut st.subscriptions, &self.name, method, params) {
+                Ok(changed) => {
+                    st.subscriptions_changed |= changed;
+                    changed
+                }
+                Err(e) => return Some(Err(e)),
+            }
+        };
+        if changed {
+            // A watcher waiting without a stream opens one now.
+            self.changed.notify_all();
+        }
+        Some(Ok("{}".to_owned()))
     }
 
     // ---- the watcher ------------------------------------------------------------------
@@ -1132,24 +1176,43 @@ impl Upstream {
         let mut stream_works = true;
         let mut pause = MIN_RETRY;
         loop {
-            let (era, generation, changes) = {
+            let (era, generation, changes, watching) = {
                 let st = self.lock();
                 match (&st.era, st.phase) {
-                    (Some(era), Phase::Up) => (era.clone(), st.generation, st.changes),
+                    (Some(era), Phase::Up) => (
+                        era.clone(),
+                        st.generation,
+                        st.changes,
+                        !st.subscriptions.is_empty(),
+                    ),
                     _ => return,
                 }
             };
             let listens = self.transport.as_ref().is_some_and(Channel::always_listens);
-            if !((changes.any() || listens) && stream_works) {
-                if self.wait_for_check(Duration::from_secs(3600)) {
+            // A modern server's updates come only for URIs named in the stream: it is
+            // opened for them when some are watched.
+            let wanted = match era {
+                Era::Modern { .. } => {
+                    changes.tools || changes.resources || changes.prompts || watching
+                }
+                Era::Legacy { .. } => changes.any(),
+            };
+            if !((wanted || listens) && stream_works) {
+                if self.wait_for_check_or_watch(Duration::from_secs(3600)) {
                     return;
                 }
                 continue;
             }
-            match self.listen(&era, changes) {
+            // A modern server that takes subscriptions: the stream is opened again with the
+            // set of the moment after a short quiet (a change applies within it).
+            let rechecks = matches!(era, Era::Modern { .. }) && (changes.subscribe || watching);
+            match self.listen(&era, changes, rechecks) {
                 Ok(()) => {
                     pause = MIN_RETRY;
                     std::thread::sleep(MIN_RETRY);
+                }
+                Err(e) if rechecks && e.code == UpstreamErrorCode::Timeout => {
+                    pause = MIN_RETRY;
                 }
                 Err(e)
                     if e.status == Some(404)
@@ -1192,7 +1255,7 @@ impl Upstream {
         }
     }
 
-    fn listen(&self, era: &Era, changes: ListChanges) -> Result<(), UpstreamError> {
+    fn listen(&self, era: &Era, changes: ListChanges, rechecks: bool) -> Result<(), UpstreamError> {
         let transport = self.transport()?;
         // Progress and log messages on the listening stream belong to no call here; the
         // gateway finds a call by progress token, or logs them. Bounded per stream.
@@ -1249,20 +1312,54 @@ impl Upstream {
             }
             Era::Modern { .. } => {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let params = params_for(
-                    Some(era),
-                    Some(json!({"notifications": {
-                        "toolsListChanged": changes.tools,
-                        "resourcesListChanged": changes.resources,
-                        "promptsListChanged": changes.prompts,
-                    }})),
-                );
+                let mut wanted = json!({
+                    "toolsListChanged": changes.tools,
+                    "resourcesListChanged": changes.resources,
+                    "promptsListChanged": changes.prompts,
+                });
+                let watched: Vec<String> = {
+                    let mut st = self.lock();
+                    st.subscriptions_changed = false;
+                    st.subscriptions.iter().cloned().collect()
+                };
+                if !watched.is_empty() {
+                    wanted["resourceSubscriptions"] = json!(watched);
+                }
+                let params = params_for(Some(era), Some(json!({ "notifications": wanted })));
                 let text = params.as_ref().map(Value::to_string);
                 let headers = protocol_headers(Some(era), "subscriptions/listen", params.as_ref());
                 let body = request_body(id, "subscriptions/listen", text.as_deref());
-                transport.listen(&headers, Some(&body), LISTEN_IDLE, &mut on_notice)
+                let idle = if rechecks {
+                    resource_subscriptions::SUBSCRIPTION_RECHECK
+                } else {
+                    LISTEN_IDLE
+                };
+                transport.listen(&headers, Some(&body), idle, &mut on_notice)
             }
         }
+    }
+
+    /// Like [`Upstream::wait_for_check`], and also returns (false) when the watched
+    /// resource URIs changed.
+    fn wait_for_check_or_watch(&self, d: Duration) -> bool {
+        let deadline = Instant::now() + d;
+        let mut st = self.lock();
+        while !st.check && !st.subscriptions_changed {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        if st.check {
+            st.check = false;
+            return true;
+        }
+        false
     }
 
     /// Sleep `d`, or less when a request asked for a check. True when one did.

@@ -51,9 +51,22 @@ pub type ChannelFactory = Arc<
 /// What a server's thread does for one request.
 enum Work {
     List(Kind, ListingBudget),
-    CallTool { tool: String, args: String },
-    ReadResource { params: String },
-    GetPrompt { prompt: String, params: String },
+    CallTool {
+        tool: String,
+        args: String,
+    },
+    ReadResource {
+        params: String,
+    },
+    GetPrompt {
+        prompt: String,
+        params: String,
+    },
+    /// One of `rpc::FORWARDED_METHODS`, params as judged.
+    Forward {
+        method: String,
+        params: String,
+    },
 }
 
 struct Job {
@@ -188,6 +201,13 @@ impl AggregatorRole {
                 params,
                 upstream,
             } => (String::new(), Work::GetPrompt { prompt, params }, upstream),
+            Op::Forward {
+                method,
+                params,
+                upstream,
+            } if crate::workers::rpc::FORWARDED_METHODS.contains(&method.as_str()) => {
+                (String::new(), Work::Forward { method, params }, upstream)
+            }
             other => {
                 return Some(response_err(
                     id,
@@ -439,6 +459,9 @@ fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message
         }
         Work::ReadResource { params } => {
             forward(upstream, id, "resources/read", &params, None, ctx.as_mut())
+        }
+        Work::Forward { method, params } => {
+            forward(upstream, id, &method, &params, None, ctx.as_mut())
         }
         Work::GetPrompt { prompt, params } => forward(
             upstream,

@@ -6,6 +6,8 @@ use serde::Deserialize;
 
 /// Largest `relay.max_message_bytes`: a relayed message must fit one agent frame.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Largest `relay.max_subscriptions_per_session`.
+pub const MAX_SUBSCRIPTIONS_PER_SESSION: usize = 4096;
 /// Largest `relay.max_requests_per_call`.
 pub const MAX_REQUESTS_PER_CALL: u32 = 1024;
 
@@ -27,6 +29,9 @@ pub struct RelayConfig {
     /// Log lines per second for server log messages that belong to no call (the rest are
     /// counted and dropped).
     pub unrouted_logs_per_sec: u32,
+    /// Resource URIs one agent session may be subscribed to (`resources/subscribe`);
+    /// beyond, a subscribe is refused. The session's subscriptions end with it.
+    pub max_subscriptions_per_session: usize,
 }
 
 impl Default for RelayConfig {
@@ -38,6 +43,7 @@ impl Default for RelayConfig {
             max_requests_per_call: 16,
             input_state_ttl_secs: 600,
             unrouted_logs_per_sec: 5,
+            max_subscriptions_per_session: 64,
         }
     }
 }
@@ -63,6 +69,13 @@ impl RelayConfig {
             return Err(format!(
                 "relay.input_state_ttl_secs must be between 1 and {}",
                 crate::config::MAX_TIMEOUT_SECS
+            ));
+        }
+        if self.max_subscriptions_per_session == 0
+            || self.max_subscriptions_per_session > MAX_SUBSCRIPTIONS_PER_SESSION
+        {
+            return Err(format!(
+                "relay.max_subscriptions_per_session must be between 1 and {MAX_SUBSCRIPTIONS_PER_SESSION}"
             ));
         }
         Ok(())

@@ -83,6 +83,11 @@ struct Shared {
     /// Requests of agents' calls in `waiting`, with what the server sent for the call
     /// (log messages, requests) while it was the only one: see `post_for_call`.
     for_calls: HashMap<u64, VecDeque<Notice>>,
+    /// The progress token each agent's call in flight sent (its `_meta.progressToken`),
+    /// to the call's request id: a call's progress joins its own queue, ahead of its
+    /// answer. Through the watcher's queue, an answer could overtake its progress (another
+    /// thread drains that queue) and the progress then met a call already ended.
+    call_tokens: HashMap<String, u64>,
     /// The program has answered something: requests are bounded by `timeout` from now on
     /// (before, by `start_timeout` from its start).
     answered: bool,
@@ -410,6 +415,9 @@ impl StdioLink {
             sh.waiting.insert(id, None);
             if for_call.is_some() {
                 sh.for_calls.insert(id, VecDeque::new());
+                if let Some(token) = sent_progress_token(body) {
+                    sh.call_tokens.insert(token, id);
+                }
             }
         }
         let written = self.write_line(&inst, body, deadline);
@@ -530,6 +538,8 @@ impl Drop for ForCall<'_> {
         let mut sh = self.inst.lock();
         sh.for_calls.remove(&self.id);
         sh.dropped_for_calls.remove(&self.id);
+        let id = self.id;
+        sh.call_tokens.retain(|_, call| *call != id);
     }
 }
 
@@ -891,8 +901,19 @@ impl Reader {
             }
             Ok(Incoming::Notification { method, params }) => {
                 let mut sh = self.inst.lock();
+                let own_call = (method == "notifications/progress")
+                    .then(|| params.as_ref()?.get("progressToken"))
+                    .flatten()
+                    .and_then(|t| sh.call_tokens.get(&t.to_string()).copied());
                 if let Some(bit) = list_changed_bit(&method) {
                     sh.list_changed |= bit;
+                } else if let Some(call) = own_call {
+                    match sh.for_calls.get_mut(&call) {
+                        Some(q) if q.len() < MAX_QUEUED_NOTICES => {
+                            q.push_back(Notice::Notification { method, params })
+                        }
+                        _ => sh.drop_for_call(call),
+                    }
                 } else if method == "notifications/message"
                     && let Some(call) = sh.only_call_id()
                 {
@@ -989,6 +1010,32 @@ impl Reader {
 }
 
 /// The progress token a notification names, when it is a string (the gateway's are).
+/// The `params._meta.progressToken` a request carries, as JSON text (the key the
+/// token's notifications are matched by); None without one.
+fn sent_progress_token(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        #[serde(default)]
+        params: Option<Params>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params {
+        #[serde(rename = "_meta", default)]
+        meta: Option<Meta>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(rename = "progressToken", default)]
+        progress_token: Option<Value>,
+    }
+    let token = serde_json::from_slice::<Body>(body)
+        .ok()?
+        .params?
+        .meta?
+        .progress_token?;
+    matches!(token, Value::String(_) | Value::Number(_)).then(|| token.to_string())
+}
+
 fn progress_token(params: Option<&Value>) -> Option<String> {
     params?
         .get("progressToken")?

@@ -85,6 +85,16 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         upstream: Option<UpstreamCall>,
     },
+    /// A request forwarded to an upstream server as judged (`params`: JSON text), for the
+    /// methods with nothing of their own to carry: `completion/complete`,
+    /// `resources/subscribe`, `resources/unsubscribe` ([`FORWARDED_METHODS`]; a worker
+    /// refuses any other method).
+    Forward {
+        method: String,
+        params: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        upstream: Option<UpstreamCall>,
+    },
     /// Stop working on request `target`; no response is owed for it afterwards, nor for
     /// the cancel.
     Cancel { target: u64 },
@@ -101,6 +111,13 @@ pub enum Op {
     Answer { call: u64, answer: RequestAnswer },
 }
 
+/// The methods [`Op::Forward`] may carry.
+pub const FORWARDED_METHODS: &[&str] = &[
+    "completion/complete",
+    "resources/subscribe",
+    "resources/unsubscribe",
+];
+
 impl Op {
     /// The operation's name on the wire (`call_tool`, `cancel`, ...).
     pub fn name(&self) -> &'static str {
@@ -110,6 +127,7 @@ impl Op {
             Op::CallTool { .. } => "call_tool",
             Op::ReadResource { .. } => "read_resource",
             Op::GetPrompt { .. } => "get_prompt",
+            Op::Forward { .. } => "forward",
             Op::Cancel { .. } => "cancel",
             Op::Attest => "attest",
             Op::Configure { .. } => "configure",

@@ -325,7 +325,7 @@ fn handle(
             "not_found",
             format!("the {role} worker reaches no upstream server"),
         ),
-        Op::ReadResource { .. } | Op::GetPrompt { .. } => response_err(
+        Op::ReadResource { .. } | Op::GetPrompt { .. } | Op::Forward { .. } => response_err(
             id,
             "not_found",
             format!("the {role} worker serves no resources or prompts"),

@@ -465,7 +465,7 @@ impl Worker {
                     message: "the workspace worker takes its settings on stdin only and reaches no upstream server".into(),
                 }),
             )),
-            Op::ReadResource { .. } | Op::GetPrompt { .. } => Some(response(
+            Op::ReadResource { .. } | Op::GetPrompt { .. } | Op::Forward { .. } => Some(response(
                 id,
                 None,
                 Some(RpcError {

@@ -14,7 +14,8 @@ sample (sampling), roots (roots/list), cancel (a call abandoned after 1.5 s), ap
 deny (the `note` tool, which an ask rule holds for the human at the client: the question
 is answered yes or no), operator (the same without the elicitation capability), late (the
 `impatient` tool, whose question the user answers only after 8 s, long after the server
-answered the call without it), where (a parameter that travels as a header too).
+answered the call without it), where (a parameter that travels as a header too),
+complete (completion of the `greet` prompt; legacy session).
 """
 
 import json
@@ -105,8 +106,29 @@ async def over_session(read, write, seen, tool, args):
         await call(session.call_tool, seen, tool, args)
 
 
+async def complete(session, seen, server):
+    """The server's completions of the `greet` prompt, asked by the name agents see; and
+    whether toolwall declares what the server offers (completions; resources.subscribe is
+    not declared on the HTTP door, which has no standing stream for the updates)."""
+    caps = session.initialize_result.capabilities
+    seen.out["completions_declared"] = caps.completions is not None
+    seen.out["subscribe_declared"] = bool(caps.resources and caps.resources.subscribe)
+    ref = types.PromptReference(type="ref/prompt", name=f"{server}__greet")
+    r = await session.complete(ref, {"name": "name", "value": "A"})
+    seen.out["completions"] = list(r.completion.values)
+
+
 async def http(url, token, mode, server, scenario):
     seen = Seen(scenario)
+    if scenario == "complete":
+        headers = {} if token == "-" else {"Authorization": f"Bearer {token}"}
+        async with create_mcp_http_client(headers=headers) as http_client:
+            transport = streamable_http_client(url, http_client=http_client)
+            async with transport as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    await complete(session, seen, server)
+        return seen.out
     tool, args = TOOLS[scenario]
     headers = {} if token == "-" else {"Authorization": f"Bearer {token}"}
     async with create_mcp_http_client(headers=headers) as http_client:

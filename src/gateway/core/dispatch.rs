@@ -206,14 +206,20 @@ impl<R: Recorder> Core<R> {
                            "principal": ctx.peer.principal, "transport": ctx.peer.transport.as_str()}),
                 );
                 let list_changed = ctx.peer.transport != Transport::Http;
-                let result = protocol::initialize_result(version, list_changed).to_string();
+                let mut result = protocol::initialize_result(version, list_changed);
+                // Updates of subscribed resources need a standing stream (not on HTTP).
+                self.offers
+                    .declare(&mut result["capabilities"], list_changed);
+                let result = result.to_string();
                 self.answer(ctx, method, &result);
             }
             "server/discover" => {
                 // The modern era's handshake-free description; the HTTP door adds the
                 // era's fields (resultType, _meta) when it writes the answer.
-                let result = crate::transport::http::era::discover_result(protocol::INSTRUCTIONS)
-                    .to_string();
+                let mut result =
+                    crate::transport::http::era::discover_result(protocol::INSTRUCTIONS);
+                self.offers.declare(&mut result["capabilities"], false);
+                let result = result.to_string();
                 self.answer(ctx, method, &result);
             }
             "ping" => self.answer(ctx, method, "{}"),

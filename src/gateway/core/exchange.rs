@@ -15,6 +15,11 @@ pub enum Routed {
     CallTool,
     ReadResource,
     GetPrompt,
+    /// `completion/complete`, routed by its `ref` (see `forwarded.rs`).
+    Complete,
+    /// `resources/subscribe` and `resources/unsubscribe`, routed by their URI.
+    Subscribe,
+    Unsubscribe,
 }
 
 impl Routed {
@@ -23,6 +28,9 @@ impl Routed {
             "tools/call" => Some(Routed::CallTool),
             "resources/read" => Some(Routed::ReadResource),
             "prompts/get" => Some(Routed::GetPrompt),
+            "completion/complete" => Some(Routed::Complete),
+            "resources/subscribe" => Some(Routed::Subscribe),
+            "resources/unsubscribe" => Some(Routed::Unsubscribe),
             _ => None,
         }
     }
@@ -32,6 +40,9 @@ impl Routed {
             Routed::CallTool => "tools/call",
             Routed::ReadResource => "resources/read",
             Routed::GetPrompt => "prompts/get",
+            Routed::Complete => "completion/complete",
+            Routed::Subscribe => "resources/subscribe",
+            Routed::Unsubscribe => "resources/unsubscribe",
         }
     }
 
@@ -39,23 +50,25 @@ impl Routed {
     pub fn kind(self) -> Kind {
         match self {
             Routed::CallTool => Kind::Tools,
-            Routed::ReadResource => Kind::Resources,
-            Routed::GetPrompt => Kind::Prompts,
+            Routed::ReadResource | Routed::Subscribe | Routed::Unsubscribe => Kind::Resources,
+            // A completion's prompt; a template or URI ref is looked up by URI.
+            Routed::GetPrompt | Routed::Complete => Kind::Prompts,
         }
     }
 
     /// The params field that names the target.
     pub fn target_field(self) -> &'static str {
         match self {
-            Routed::ReadResource => "uri",
+            Routed::ReadResource | Routed::Subscribe | Routed::Unsubscribe => "uri",
             Routed::CallTool | Routed::GetPrompt => "name",
+            Routed::Complete => "ref",
         }
     }
 
     /// Whether the judged arguments are `params.arguments` (tools, prompts) or the whole
     /// params (resources).
-    fn has_arguments(self) -> bool {
-        !matches!(self, Routed::ReadResource)
+    pub fn has_arguments(self) -> bool {
+        matches!(self, Routed::CallTool | Routed::GetPrompt)
     }
 
     /// Refusals of `tools/call` are results the model can read; of anything else, JSON-RPC
@@ -97,7 +110,7 @@ pub struct Target {
     pub name: String,
     /// `server__tool` for tools/call (what tool globs match); None otherwise.
     pub tool: Option<String>,
-    /// The URI of a resources/read.
+    /// The URI of a resources/read or (un)subscribe, or of a completion's ref/resource.
     pub resource: Option<String>,
 }
 
@@ -169,7 +182,10 @@ impl Exchange {
                 params["name"] = Value::String(self.target.upstream.clone());
                 params.to_string()
             }
-            Routed::ReadResource => self.params.to_string(),
+            Routed::Complete => super::forwarded::completion_params(self),
+            Routed::ReadResource | Routed::Subscribe | Routed::Unsubscribe => {
+                self.params.to_string()
+            }
         }
     }
 
@@ -191,14 +207,23 @@ impl Exchange {
                 params: args,
                 upstream,
             },
+            Routed::Complete | Routed::Subscribe | Routed::Unsubscribe => Op::Forward {
+                method: self.routed.method().to_owned(),
+                params: args,
+                upstream,
+            },
         }
+    }
+
+    fn target_field_is_uri(&self) -> bool {
+        self.routed.target_field() == "uri"
     }
 
     /// `server__tool`, the URI, or `server__prompt`: how approvals name the target.
     pub fn display_name(&self) -> String {
-        match self.routed {
-            Routed::ReadResource => self.target.name.clone(),
-            _ => format!("{}__{}", self.target.server, self.target.name),
+        if self.target.resource.is_some() || self.target_field_is_uri() {
+            return self.target.name.clone();
         }
+        format!("{}__{}", self.target.server, self.target.name)
     }
 }

@@ -28,6 +28,7 @@ mod client_ask;
 mod client_ask_tests;
 mod dispatch;
 mod exchange;
+mod forwarded;
 mod input_retry;
 mod list_events;
 mod listings;
@@ -43,6 +44,7 @@ mod relay;
 mod relay_tests;
 mod reloaded_servers;
 mod request_state;
+mod subscriptions;
 #[cfg(test)]
 mod tests;
 mod upstream_listings;
@@ -175,6 +177,8 @@ struct Session {
     protocol_version: Option<&'static str>,
     /// The client's era and declared capabilities (see `relay.rs`).
     facts: ConnFacts,
+    /// Resource URIs this session is subscribed to (`subscriptions.rs`).
+    subscribed: subscriptions::SessionSubscriptions,
 }
 
 /// Wall-clock time derived from the loop's monotonic `now`, anchored by the loop once per
@@ -230,6 +234,8 @@ pub struct Core<R: Recorder = Ledger> {
     client_asks: client_ask::ClientAsks,
     /// Bytes of calls in flight per server (`queued_bytes.rs`).
     queued: queued_bytes::QueuedBytes,
+    /// What the upstream servers offer beyond tools, resources and prompts.
+    offers: forwarded::UpstreamOffers,
 }
 
 impl<R: Recorder> Core<R> {
@@ -269,6 +275,7 @@ impl<R: Recorder> Core<R> {
             relay: relay::RelayHub::default(),
             client_asks: client_ask::ClientAsks::default(),
             queued: Default::default(),
+            offers: Default::default(),
         }
     }
 
@@ -358,6 +365,7 @@ impl<R: Recorder> Core<R> {
     /// answered; calls held for approval end now (nobody is left to act on a decision).
     pub fn on_disconnect(&mut self, conn: ConnRef, peer: &Peer, now: Instant) {
         self.now = now;
+        self.release_subscriptions(conn);
         self.sessions.remove(&conn);
         self.calls.detach(conn);
         self.drop_held_asks(None);

@@ -15,7 +15,7 @@ use super::exchange::{Exchange, Requester, Routed, Target};
 use super::{AskRoute, Core, Recorder};
 use crate::aggregator::missing_capability;
 use crate::ledger::{CallEnd, CallStart, decision};
-use crate::mcp::catalog::{Entry, split_namespaced};
+use crate::mcp::catalog::{Entry, Kind, split_namespaced};
 use crate::mcp::jsonrpc;
 use crate::mcp::tool_error::{ToolErrorCode, refusal, tool_error_result};
 use crate::policy::{Decision, Phase, Subject, Verdict};
@@ -124,7 +124,7 @@ impl<R: Recorder> Core<R> {
         // When `arguments` cannot be picked out alone (a duplicate key), the row keeps the
         // whole params as they arrived.
         let raw: &str = match routed {
-            Routed::ReadResource => params_text,
+            _ if !routed.has_arguments() => params_text,
             _ => match serde_json::from_str::<RawArguments>(params_text) {
                 Ok(p) => p.arguments.map(RawValue::get).unwrap_or(""),
                 Err(_) => params_text,
@@ -134,9 +134,11 @@ impl<R: Recorder> Core<R> {
         let target_name = parsed
             .as_ref()
             .ok()
-            .and_then(|p| p.get(routed.target_field()))
-            .and_then(Value::as_str)
+            .and_then(|p| super::forwarded::target_in(routed, p))
             .map(str::to_owned);
+        let by_uri = parsed
+            .as_ref()
+            .is_ok_and(|p| super::forwarded::by_uri(routed, p));
         let mut x = Box::new(Exchange {
             routed,
             from,
@@ -170,13 +172,9 @@ impl<R: Recorder> Core<R> {
         let fault = match (&parsed, &target_name) {
             // Well-formed JSON a value cannot hold (a number beyond f64, say): say so.
             (Err(e), _) => Some(format!("invalid params: {e}")),
-            (Ok(Value::Object(_)), None) => Some(format!(
-                "invalid params: {} needs a string {}",
-                routed.method(),
-                routed.target_field()
-            )),
+            (Ok(Value::Object(_)), None) => Some(super::forwarded::missing_target(routed)),
             (Ok(p), Some(_)) => match p.get("arguments") {
-                Some(a) if !a.is_object() && routed != Routed::ReadResource => {
+                Some(a) if !a.is_object() && routed.has_arguments() => {
                     Some("invalid params: arguments must be an object".to_owned())
                 }
                 _ => None,
@@ -189,7 +187,7 @@ impl<R: Recorder> Core<R> {
             return;
         }
         let mut params = parsed.unwrap_or(Value::Null);
-        if routed != Routed::ReadResource && params.get("arguments").is_none() {
+        if routed.has_arguments() && params.get("arguments").is_none() {
             params["arguments"] = json!({});
         }
         x.relay = self.call_relay(ctx.conn, routed, &params);
@@ -198,12 +196,17 @@ impl<R: Recorder> Core<R> {
         // Where it goes; a tool hidden by a changed pin is refused before anything else.
         // Resources go by the ownership rule (owned URIs, templates, contested URIs
         // served by nobody); the reason a URI is not served goes into the error.
-        let (entry, unserved) = match routed {
-            Routed::ReadResource => match self.resource_entry(&name) {
+        // A completion of a resource template goes to the server that lists the template.
+        let template = (routed == Routed::Complete && by_uri)
+            .then(|| self.catalog.get(Kind::Templates, &name).map(Entry::route))
+            .flatten();
+        let (entry, unserved) = match template {
+            Some(t) => (Some(t), None),
+            None if by_uri => match self.resource_entry(&name) {
                 Ok(e) => (e, None),
                 Err(why) => (None, Some(why)),
             },
-            _ => (
+            None => (
                 self.catalog.get(routed.kind(), &name).map(Entry::route),
                 None,
             ),
@@ -211,7 +214,7 @@ impl<R: Recorder> Core<R> {
         // Policy, pins and the ledger know a tool or prompt by `server__name`, whatever
         // agents call it (`prefix = false`: see mcp::catalog::names).
         let name = match &entry {
-            Some(e) if routed != Routed::ReadResource => e.name.clone(),
+            Some(e) if !by_uri => e.name.clone(),
             _ => name,
         };
         match &entry {
@@ -219,7 +222,7 @@ impl<R: Recorder> Core<R> {
                 x.target.worker = e.worker;
                 x.target.server = e.server.clone();
                 x.target.upstream = e.upstream.clone();
-                if routed != Routed::ReadResource {
+                if !by_uri {
                     x.target.name = e.upstream.clone();
                 }
                 if routed == Routed::CallTool
@@ -242,7 +245,7 @@ impl<R: Recorder> Core<R> {
             None => {
                 if let Some((server, bare)) = split_namespaced(&name) {
                     x.target.server = server.to_owned();
-                    if routed != Routed::ReadResource {
+                    if !by_uri {
                         x.target.name = bare.to_owned();
                     }
                 }
@@ -250,8 +253,8 @@ impl<R: Recorder> Core<R> {
         }
         match routed {
             Routed::CallTool => x.target.tool = Some(name.clone()),
-            Routed::ReadResource => x.target.resource = Some(name.clone()),
-            Routed::GetPrompt => {}
+            _ if by_uri => x.target.resource = Some(name.clone()),
+            _ => {}
         }
         // Spaces an agent put between tokens are no difference (mcp::compact_text).
         let judged = x.judged_text();
@@ -313,17 +316,44 @@ impl<R: Recorder> Core<R> {
             _ if unknown => {
                 let (code, message) = match routed {
                     Routed::CallTool => (jsonrpc::INVALID_PARAMS, format!("unknown tool: {name}")),
-                    Routed::ReadResource => match &unserved {
-                        Some(why) => (-32002, format!("resource not served: {why}")),
-                        None => (-32002, format!("resource not found: {name}")),
-                    },
+                    Routed::ReadResource | Routed::Subscribe | Routed::Unsubscribe => {
+                        match &unserved {
+                            Some(why) => (-32002, format!("resource not served: {why}")),
+                            None => (-32002, format!("resource not found: {name}")),
+                        }
+                    }
                     Routed::GetPrompt => {
+                        (jsonrpc::INVALID_PARAMS, format!("unknown prompt: {name}"))
+                    }
+                    Routed::Complete if by_uri => (
+                        jsonrpc::INVALID_PARAMS,
+                        format!("unknown resource template: {name}"),
+                    ),
+                    Routed::Complete => {
                         (jsonrpc::INVALID_PARAMS, format!("unknown prompt: {name}"))
                     }
                 };
                 self.protocol_refusal(x, self.now, code, &message);
             }
             Verdict::Ask => self.hold(x),
+            Verdict::Allow if routed == Routed::Subscribe => {
+                let refusal = x
+                    .from
+                    .conn
+                    .and_then(|c| self.subscription_refusal(c, &name));
+                match refusal {
+                    Some(why) => self.protocol_refusal(x, self.now, jsonrpc::INVALID_REQUEST, &why),
+                    None => self.forward(x, self.now),
+                }
+            }
+            // The server keeps one subscription for all sessions: while another holds the
+            // URI, this session's unsubscribe is answered here.
+            Verdict::Allow
+                if routed == Routed::Unsubscribe
+                    && self.subscribed_elsewhere(x.from.conn, &name, &x.target.server) =>
+            {
+                self.respond(x, self.now, Answer::result(json!({})));
+            }
             Verdict::Allow => {
                 x.rewritten = self.rewrite_arguments(&mut x);
                 if x.rewritten && !self.rewritten_still_allowed(&mut x) {
@@ -725,6 +755,9 @@ impl<R: Recorder> Core<R> {
         } else {
             decision::ALLOWED
         };
+        if error.is_none() && matches!(x.routed, Routed::Subscribe | Routed::Unsubscribe) {
+            self.subscription_answered(&x);
+        }
         self.end(
             x,
             started,

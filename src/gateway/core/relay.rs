@@ -464,6 +464,13 @@ impl<R: Recorder> Core<R> {
     }
 
     fn relay_notification(&mut self, worker: WorkerId, n: CallNotification) {
+        if n.method == super::subscriptions::UPDATED {
+            // Not a call's: it goes to the sessions subscribed to the URI at that server.
+            if self.is_aggregator(worker) {
+                self.relay_resource_updated(&n.server, n.params.as_ref());
+            }
+            return;
+        }
         let by_token = n
             .params
             .as_ref()

@@ -176,6 +176,9 @@ impl<R: Recorder> Core<R> {
         detail: &str,
         now: Instant,
     ) {
+        if kind == "upstream_state" {
+            self.offers.note(detail);
+        }
         if !matches!(kind, "list_changed" | "stderr") {
             self.event(
                 "worker_event",
@@ -203,6 +206,9 @@ impl<R: Recorder> Core<R> {
     pub fn reconfigure_upstreams(&mut self, servers: &ServersConfig, now: Instant) {
         self.now = now;
         let wall_ms = self.wall_ms();
+        let names: std::collections::BTreeSet<&String> =
+            servers.enabled().map(|(n, _)| n).collect();
+        self.offers.retain(|s| names.contains(&s.to_owned()));
         let Some(u) = self.upstreams.as_mut() else {
             return;
         };

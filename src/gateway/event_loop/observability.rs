@@ -35,6 +35,7 @@ impl Gateway {
         m.ledger_commit_latency = observed.ledger_commit_latency.clone();
         m.ledger_commit_failures = self.core.counters.ledger_failures;
         m.relay_dropped = self.core.counters.relay_dropped;
+        m.relay_late_answers = self.core.relay_answers_dropped();
         m.share_refusals = self.core.counters.share_refusals;
         m.list_coalesced = self.core.counters.list_coalesced;
         m.in_flight = self.core.in_flight_total() as u64;

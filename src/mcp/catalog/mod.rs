@@ -15,6 +15,7 @@ pub mod listing;
 pub mod names;
 pub mod resource_owners;
 pub mod templates;
+pub mod unservable;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -110,7 +111,13 @@ impl Entry {
         };
         let declares_input = item.pointer("/inputSchema/properties/input").is_some();
         let header_bindings = match kind {
-            Kind::Tools => crate::mcp::param_headers::bindings(item.get("inputSchema")).ok()?,
+            Kind::Tools => match crate::mcp::param_headers::bindings(item.get("inputSchema")) {
+                Ok(b) => b,
+                Err(why) => {
+                    unservable::note(server, &upstream, &why);
+                    return None;
+                }
+            },
             _ => Vec::new(),
         };
         Some(Entry {

@@ -131,6 +131,11 @@ pub struct ParamFacts {
     pub name: Option<String>,
     /// `params.uri` when a string.
     pub uri: Option<String>,
+    /// A field read here (`name`, `uri`, `_meta` or one of its version fields) appears
+    /// more than once. The pipeline's parse keeps the last, a check reading the first
+    /// would see another value: such a request is refused, never checked one way and
+    /// served another.
+    pub repeated_key: bool,
 }
 
 #[derive(Deserialize)]
@@ -165,8 +170,12 @@ impl ParamFacts {
         let Some(params) = params.filter(|p| is_object(p)) else {
             return ParamFacts::default();
         };
+        // The fields are raw values: the only error left is a repeated field.
         let Ok(raw) = serde_json::from_str::<RawParams>(params.get()) else {
-            return ParamFacts::default();
+            return ParamFacts {
+                repeated_key: true,
+                ..ParamFacts::default()
+            };
         };
         let mut facts = ParamFacts {
             name: raw.name.and_then(as_string),
@@ -175,9 +184,12 @@ impl ParamFacts {
         };
         if let Some(meta) = raw.meta.filter(|m| is_object(m)) {
             facts.meta_object = true;
-            if let Ok(m) = serde_json::from_str::<RawMeta>(meta.get()) {
-                facts.meta_version = m.protocol_version.map(as_string);
-                facts.meta_capabilities_object = m.client_capabilities.is_some_and(is_object);
+            match serde_json::from_str::<RawMeta>(meta.get()) {
+                Ok(m) => {
+                    facts.meta_version = m.protocol_version.map(as_string);
+                    facts.meta_capabilities_object = m.client_capabilities.is_some_and(is_object);
+                }
+                Err(_) => facts.repeated_key = true,
             }
         }
         facts
@@ -202,6 +214,11 @@ pub fn single_header<'a>(
 
 /// Whether the request belongs to the modern era (see the module comment).
 pub fn is_modern(version_header: Option<&[u8]>, facts: &ParamFacts) -> bool {
+    // A repeated key hides `_meta` from this reading: judged modern, the request meets
+    // the refusal of repeated keys instead of passing as legacy unread.
+    if facts.repeated_key && version_header.is_none() {
+        return true;
+    }
     match version_header {
         Some(v) => std::str::from_utf8(v)
             .ok()
@@ -260,6 +277,15 @@ pub fn check_modern_request(
     facts: &ParamFacts,
     headers: MirroredHeaders<'_>,
 ) -> Result<&'static str, Refusal> {
+    // Checked against one reading of the body and served from another is no check.
+    if facts.repeated_key {
+        return Err(Refusal::new(
+            400,
+            jsonrpc::INVALID_PARAMS,
+            "Invalid params: params repeats a key (name, uri, _meta or a _meta version \
+             field); each may appear once",
+        ));
+    }
     let header_method = headers
         .method
         .ok_or_else(|| Refusal::mismatch("Header mismatch: the Mcp-Method header is required"))?;
@@ -372,6 +398,35 @@ mod tests {
         assert!(!f.meta_capabilities_object);
         assert!(!facts("[1]").meta_object);
         assert!(!facts(r#"{"_meta":[]}"#).meta_object);
+    }
+
+    #[test]
+    fn a_repeated_key_is_refused_in_every_reading() {
+        for params in [
+            format!(r#"{{"name":"a","arguments":{{}},"name":"b",{META}}}"#),
+            format!(r#"{{"uri":"file:///a","uri":"file:///b",{META}}}"#),
+            format!(r#"{{"name":"a",{META},{META}}}"#),
+        ] {
+            let f = facts(&params);
+            assert!(f.repeated_key, "{params}");
+            assert!(is_modern(None, &f), "{params}");
+            for name in [None, Some("a"), Some("b")] {
+                let r = check_modern_request(
+                    "tools/call",
+                    &f,
+                    headers("2026-07-28", "tools/call", name),
+                )
+                .unwrap_err();
+                assert_eq!(
+                    (r.status, r.code),
+                    (400, jsonrpc::INVALID_PARAMS),
+                    "{params}"
+                );
+                assert!(r.message.contains("repeats a key"), "{}", r.message);
+            }
+        }
+        // Other keys may repeat (the pipeline reads them itself).
+        assert!(!facts(&format!(r#"{{"name":"a","x":1,"x":2,{META}}}"#)).repeated_key);
     }
 
     #[test]

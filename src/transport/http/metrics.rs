@@ -75,6 +75,9 @@ pub struct Metrics {
     /// Notifications from servers dropped (rate, size and queue bounds, the gateway's and
     /// the workers'), whether or not a call was found for them.
     pub relay_dropped: u64,
+    /// Agents' answers to relayed server requests that came after the call had ended
+    /// (the server answered or the call was cancelled): dropped, never forwarded.
+    pub relay_late_answers: u64,
     /// Calls refused for a principal's full share (`gateway.max_in_flight_per_principal`).
     pub share_refusals: u64,
     /// Live legacy-era HTTP sessions.
@@ -106,6 +109,7 @@ impl Default for Metrics {
             ledger_commit_latency: Histogram::new(LEDGER_COMMIT_BUCKETS),
             ledger_commit_failures: 0,
             relay_dropped: 0,
+            relay_late_answers: 0,
             share_refusals: 0,
             http_sessions: 0,
             connections_closed: BTreeMap::new(),
@@ -366,6 +370,17 @@ pub fn render(m: &Metrics) -> String {
         "Notifications and requests from servers dropped by the relay's rate, size and queue bounds (in the gateway and its workers).",
     );
     let _ = writeln!(out, "toolwall_relay_dropped_total {}", m.relay_dropped);
+    header(
+        &mut out,
+        "toolwall_relay_late_answers_dropped_total",
+        "counter",
+        "Agents' answers to relayed server requests that arrived after their call had ended: dropped, not forwarded to the server.",
+    );
+    let _ = writeln!(
+        out,
+        "toolwall_relay_late_answers_dropped_total {}",
+        m.relay_late_answers
+    );
     header(
         &mut out,
         "toolwall_share_refusals_total",

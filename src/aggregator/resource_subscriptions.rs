@@ -1,0 +1,90 @@
+//! Resource subscriptions at a 2026-07-28 server. That era has no `resources/subscribe`:
+//! a client names the URIs it wants `notifications/resources/updated` for in the
+//! `resourceSubscriptions` of its `subscriptions/listen` stream, and changes them by
+//! opening the stream again. toolwall keeps one set per server for all its agents (the
+//! gateway forwards a session's unsubscribe only when no other session holds the URI), so
+//! an agent's subscribe or unsubscribe to such a server changes the set and is answered
+//! `{}` here; the listening stream is opened again with the new set (see
+//! `Upstream::stay_connected`: while a set is held, the stream is re-opened after
+//! [`SUBSCRIPTION_RECHECK`] without traffic, so a change applies within that time).
+
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use super::error::{UpstreamError, UpstreamErrorCode};
+
+/// URIs one server may be asked to watch at once for all agents; beyond, a subscribe is
+/// refused (`busy`). The gateway bounds each session (`relay.max_subscriptions_per_session`).
+pub const MAX_SERVER_SUBSCRIPTIONS: usize = 4096;
+/// Longest a listening stream that carries subscriptions stays open without traffic
+/// before it is opened again (with the set as it is then).
+pub const SUBSCRIPTION_RECHECK: Duration = Duration::from_secs(5);
+
+/// Whether `method` is converted for a modern server.
+pub fn converted(method: &str) -> bool {
+    matches!(method, "resources/subscribe" | "resources/unsubscribe")
+}
+
+/// Apply `method` with `params` (the agent's, as judged) to `set`. Ok(true) when the set
+/// changed.
+pub fn apply(
+    set: &mut BTreeSet<String>,
+    server: &str,
+    method: &str,
+    params: &Value,
+) -> Result<bool, UpstreamError> {
+    let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+        return Err(UpstreamError::new(
+            UpstreamErrorCode::InvalidArguments,
+            format!("{method} needs a string uri"),
+        ));
+    };
+    if method == "resources/unsubscribe" {
+        return Ok(set.remove(uri));
+    }
+    if set.contains(uri) {
+        return Ok(false);
+    }
+    if set.len() >= MAX_SERVER_SUBSCRIPTIONS {
+        return Err(UpstreamError::new(
+            UpstreamErrorCode::Busy,
+            format!(
+                "server {server}: {MAX_SERVER_SUBSCRIPTIONS} resources are watched already; unsubscribe from one first"
+            ),
+        ));
+    }
+    set.insert(uri.to_owned());
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_set_follows_subscribes_and_is_bounded() {
+        let mut set = BTreeSet::new();
+        let sub = |set: &mut BTreeSet<String>, uri: &str| {
+            apply(set, "s", "resources/subscribe", &json!({"uri": uri}))
+        };
+        assert_eq!(sub(&mut set, "test://a"), Ok(true));
+        assert_eq!(sub(&mut set, "test://a"), Ok(false));
+        let un = apply(
+            &mut set,
+            "s",
+            "resources/unsubscribe",
+            &json!({"uri": "test://a"}),
+        );
+        assert_eq!(un, Ok(true));
+        assert!(set.is_empty());
+        assert!(apply(&mut set, "s", "resources/subscribe", &json!({})).is_err());
+        for n in 0..MAX_SERVER_SUBSCRIPTIONS {
+            sub(&mut set, &format!("test://{n}")).unwrap();
+        }
+        let e = sub(&mut set, "test://one-more").unwrap_err();
+        assert_eq!(e.code, UpstreamErrorCode::Busy);
+        assert!(converted("resources/subscribe") && !converted("resources/read"));
+    }
+}

@@ -1,0 +1,67 @@
+//! Tools the catalog refuses to serve because their `x-mcp-header` annotations break the
+//! spec (a client must not offer such a tool): each is said once in the log, naming the
+//! server, the tool and the first bad annotation, escaped (all three come from the
+//! server). A server lists the same tools again and again; the same refusal is not
+//! logged again, and the memory of what was said is bounded.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use crate::aggregator::error::quote_upstream;
+
+/// Distinct (server, tool, reason) refusals remembered so each is logged once; beyond
+/// this many, one line says further refusals go unlogged (the tools are still refused).
+pub const MAX_UNSERVABLE_LOGGED: usize = 1024;
+/// Characters of a server's tool name and of the reason kept in the line.
+const QUOTED_CHARS: usize = 200;
+
+static SAID: Mutex<Option<HashSet<(String, String, String)>>> = Mutex::new(None);
+
+/// The log line for tool `tool` of `server`, refused for `why`.
+pub fn line(server: &str, tool: &str, why: &str) -> String {
+    format!(
+        "server {}: tool {:?} is not served: its x-mcp-header annotations are invalid ({})",
+        quote_upstream(server, QUOTED_CHARS),
+        quote_upstream(tool, QUOTED_CHARS),
+        quote_upstream(why, QUOTED_CHARS)
+    )
+}
+
+/// Log the refusal of `tool` of `server`, unless it was said already.
+pub fn note(server: &str, tool: &str, why: &str) {
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    let said = said.get_or_insert_with(HashSet::new);
+    let key = (server.to_owned(), tool.to_owned(), why.to_owned());
+    if said.contains(&key) {
+        return;
+    }
+    match said.len() {
+        n if n < MAX_UNSERVABLE_LOGGED => {
+            crate::warn!("{}", line(server, tool, why));
+            said.insert(key);
+        }
+        n if n == MAX_UNSERVABLE_LOGGED => {
+            crate::warn!(
+                "more tools are not served for invalid x-mcp-header annotations; {MAX_UNSERVABLE_LOGGED} were logged, the rest are not"
+            );
+            said.insert(key);
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_names_server_and_tool_escaped() {
+        let l = line("gh", "evil\u{1b}[2Jtool", "header \"A\r\nX\" is invalid");
+        assert!(l.starts_with("server gh: tool "), "{l}");
+        assert!(
+            !l.contains('\u{1b}') && !l.contains('\r') && !l.contains('\n'),
+            "{l}"
+        );
+        assert!(l.contains("x-mcp-header"), "{l}");
+    }
+}
