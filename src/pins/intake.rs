@@ -129,6 +129,11 @@ pub struct ReviewSummary {
     pub looks_renamed_from: Vec<String>,
     /// Servers still configured, pinned at this new server's origin.
     pub same_address_as: Vec<String>,
+    /// Local servers still configured that run this new server's command line: what they
+    /// approved is served here too, the rest is held.
+    pub same_program_as: Vec<String>,
+    /// Tools served because a server running the same program approved their digest.
+    pub vouched: usize,
     /// The address this server was pinned at and the one it is reached at now.
     pub moved: Option<(String, String)>,
     pub store_error: Option<String>,
@@ -148,6 +153,8 @@ impl ReviewSummary {
             || self.renamed_from.is_some()
             || !self.looks_renamed_from.is_empty()
             || !self.same_address_as.is_empty()
+            || !self.same_program_as.is_empty()
+            || self.vouched > 0
             || self.moved.is_some()
             || self.store_error.is_some()
     }
@@ -180,6 +187,21 @@ impl ReviewSummary {
                 "pin: server {s} is reached where server {} is already pinned: its tools are held as new until approved (see `toolwall pins list`)",
                 self.same_address_as.join(", ")
             )));
+        }
+        if !self.same_program_as.is_empty() {
+            out.push((true, format!(
+                "pin: server {s} runs the same command as server {}: only definitions approved there are served; its other tools are held until approved (see `toolwall pins list`)",
+                self.same_program_as.join(", ")
+            )));
+        }
+        if self.vouched > 0 {
+            out.push((
+                false,
+                format!(
+                    "pin: server {s}: {} tools served as approved under a server running the same command",
+                    self.vouched
+                ),
+            ));
         }
         if let Some((was, now)) = &self.moved {
             out.push((true, format!(
@@ -309,6 +331,10 @@ struct ServerState {
     looks_renamed: Vec<String>,
     /// Pinned servers at its address, still configured.
     same_address: Vec<String>,
+    /// Pinned local servers still configured that run the same command line.
+    same_program: Vec<String>,
+    /// What those have approved.
+    vouched: HashSet<String>,
 }
 
 /// A listing, ready for the catalog.
@@ -567,27 +593,38 @@ fn review_tools(
             })?;
             return Ok(state);
         }
-        // Two local servers may run one program (their own walls, env and state): only a
-        // gone one's command line marks a rename. Two URLs alike are one server.
+        // Two local servers may run one program (their own walls, env and state): the new
+        // one serves on sight only what the other has approved, never what waits there
+        // for review; a gone one's command line marks a rename. Two URLs alike are one
+        // server.
         let local = rules.origin.starts_with(super::origin::LOCAL_PREFIX);
         for other in t.servers_from(&rules.origin, server)? {
             if rules.configured.contains(&other) {
-                if !local {
+                if local {
+                    state.vouched.extend(t.approved_digests(&other)?);
+                    state.same_program.push(other);
+                } else {
                     state.same_address.push(other);
                 }
             } else {
                 state.looks_renamed.push(other);
             }
         }
-        state.first_sight = state.looks_renamed.is_empty() && state.same_address.is_empty();
+        state.first_sight = state.looks_renamed.is_empty()
+            && state.same_address.is_empty()
+            && state.same_program.is_empty();
         Ok(state)
     });
+    let mut vouched = HashSet::new();
     let (first_sight, force_hold) = match server_state {
         Ok(state) => {
             let hold = !state.first_sight
                 && (state.moved_from.is_some()
                     || !state.looks_renamed.is_empty()
-                    || !state.same_address.is_empty());
+                    || !state.same_address.is_empty()
+                    || !state.same_program.is_empty());
+            vouched = state.vouched;
+            summary.same_program_as = state.same_program;
             summary.renamed_from = state.renamed;
             summary.looks_renamed_from = state.looks_renamed;
             summary.same_address_as = state.same_address;
@@ -619,6 +656,8 @@ fn review_tools(
         new_tools: rules.new_tools,
         first_sight,
         force_hold,
+        vouched_by: summary.same_program_as.join(", "),
+        vouched,
         now_ms: now,
         touch_after_ms: (rules.retention_ms / 4).clamp(1, 3_600_000),
     };
@@ -728,6 +767,7 @@ fn review_tools(
     if summary.new_held.count == 0 {
         summary.looks_renamed_from.clear();
         summary.same_address_as.clear();
+        summary.same_program_as.clear();
     }
     summary.hidden = out.hidden.len();
     out.summary = Some(summary);
@@ -813,6 +853,7 @@ fn note(summary: &mut ReviewSummary, name: &str, note: Option<Note>) {
             }
         }
         Note::Reverted => summary.reverted += 1,
+        Note::Vouched => summary.vouched += 1,
         Note::Upgraded => summary.upgraded += 1,
     }
 }
@@ -1050,23 +1091,62 @@ mod tests {
             &job("a", &[t("x", "v")], at("a", &cmd, &["a", "b"]), 1),
         )
         .unwrap();
+        // `a` changes `x`: the change waits for approval under `a`.
+        let a2 = process(
+            Some(&mut store),
+            &job(
+                "a",
+                &[t("x", "v2 RUGPULL"), t("y", "w")],
+                at("a", &cmd, &["a", "b"]),
+                2,
+            ),
+        )
+        .unwrap();
+        assert_eq!(served(&a2), vec!["a__y"], "new_tools = serve at `a`");
+        // Another instance of the program serves only what `a` approved: not the pending
+        // `x`, not what `a` never listed.
         let b = process(
             Some(&mut store),
-            &job("b", &[t("x", "v")], at("b", &cmd, &["a", "b"]), 2),
+            &job(
+                "b",
+                &[t("x", "v2 RUGPULL"), t("z", "new")],
+                at("b", &cmd, &["a", "b"]),
+                2,
+            ),
+        )
+        .unwrap();
+        assert!(b.entries.is_empty(), "{:?}", served(&b));
+        assert_eq!(b.hidden.len(), 2);
+        let s = b.summary.unwrap();
+        assert_eq!(s.same_program_as, vec!["a".to_string()]);
+        assert!(
+            s.log_lines()
+                .iter()
+                .any(|(w, l)| *w && l.contains("same command"))
+        );
+        let b = process(
+            Some(&mut store),
+            &job(
+                "b",
+                &[t("x", "v"), t("y", "w")],
+                at("b", &cmd, &["a", "b"]),
+                2,
+            ),
         )
         .unwrap();
         assert_eq!(
             served(&b),
-            vec!["b__x"],
-            "another instance, its own first sight"
+            vec!["b__x", "b__y"],
+            "what a approved is served"
         );
+        assert_eq!(b.summary.unwrap().vouched, 2);
         let c = process(
             Some(&mut store),
             &job("c", &[t("x", "v")], at("c", &cmd, &["c"]), 3),
         )
         .unwrap();
-        assert!(c.entries.is_empty(), "a and b are gone: c looks renamed");
-        assert_eq!(c.summary.unwrap().looks_renamed_from, vec!["a", "b"]);
+        assert!(c.entries.is_empty(), "a is gone: c looks renamed");
+        assert_eq!(c.summary.unwrap().looks_renamed_from, vec!["a"]);
     }
 
     #[test]

@@ -479,6 +479,22 @@ impl PinTx<'_> {
             .map_err(|e| err("reading pins", e))
     }
 
+    /// The digests `server` has approved (whole-definition ones: a four-field pin vouches
+    /// for nothing it did not cover).
+    pub fn approved_digests(&self, server: &str) -> Result<Vec<String>, String> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT digest FROM tool_pins WHERE server = ?1 AND digest IS NOT NULL AND digest_scheme = ?2",
+            )
+            .map_err(|e| err("reading pins", e))?;
+        let rows = stmt
+            .query_map(params![server, SCHEME], |r| r.get(0))
+            .map_err(|e| err("reading pins", e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| err("reading pins", e))
+    }
+
     pub fn server(&self, server: &str) -> Result<Option<ServerRecord>, String> {
         self.tx
             .prepare_cached(
