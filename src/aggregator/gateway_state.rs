@@ -880,11 +880,17 @@ impl UpstreamsState {
                             .get(&r.server)
                             .map(|s| s.pin)
                             .unwrap_or(PinMode::Enforce);
-                        json!(views::PinView::of(
-                            r,
-                            mode,
-                            self.pin_refusal(&r.tool).is_some()
-                        ))
+                        // Tools: refused calls; other kinds: not listed (held, or
+                        // changed under enforce).
+                        let hidden = match crate::pins::kinds::kind_of(&r.tool) {
+                            Kind::Tools => self.pin_refusal(&r.tool).is_some(),
+                            _ => {
+                                mode != PinMode::Off
+                                    && (r.approved.is_none()
+                                        || (r.pending.is_some() && mode == PinMode::Enforce))
+                            }
+                        };
+                        json!(views::PinView::of(r, mode, hidden))
                     })
                     .collect();
                 json!({"ok": true, "pins": list})

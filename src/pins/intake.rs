@@ -26,7 +26,7 @@ use super::{NewTools, PinMode};
 use crate::aggregator::budget::ListingBudget;
 use crate::aggregator::error::quote_upstream;
 use crate::mcp::catalog::listing::{self, Refusal};
-use crate::mcp::catalog::{Entry, Kind, NAMESPACE_SEP, WorkerId};
+use crate::mcp::catalog::{Entry, Kind, WorkerId};
 use std::time::Instant;
 
 /// Tools reviewed per pin transaction.
@@ -112,6 +112,8 @@ pub struct ChangeNote {
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ReviewSummary {
     pub server: String,
+    /// What was listed: `tools`, `prompts`.
+    pub kind: &'static str,
     pub listed: usize,
     pub hidden: usize,
     pub first_sight: usize,
@@ -169,6 +171,11 @@ impl ReviewSummary {
     /// The log lines an operator must see: bounded (at most [`SAMPLE`] per kind).
     pub fn log_lines(&self) -> Vec<(bool, String)> {
         let s = &self.server;
+        let what = if self.kind.is_empty() {
+            "tools"
+        } else {
+            self.kind
+        };
         let mut out = Vec::new();
         if let Some((from, moved)) = &self.renamed_from {
             out.push((false, format!(
@@ -214,7 +221,7 @@ impl ReviewSummary {
             out.push((
                 false,
                 format!(
-                    "pin: server {s}: {} tools pinned on first sight",
+                    "pin: server {s}: {} {what} pinned on first sight",
                     self.first_sight
                 ),
             ));
@@ -512,7 +519,7 @@ fn owners(
 /// Check, pin and prepare one listing.
 pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewed, Refusal> {
     let items = listing::check(&job.server, job.kind, &job.text, &job.budget)?;
-    if job.kind != Kind::Tools || job.rules.mode == PinMode::Off {
+    if !super::kinds::pinned(job.kind) || job.rules.mode == PinMode::Off {
         let entries = items
             .into_iter()
             .filter_map(|raw| {
@@ -539,6 +546,7 @@ fn review_tools(
     let mut out = Reviewed::default();
     let mut summary = ReviewSummary {
         server: server.to_owned(),
+        kind: job.kind.word(),
         listed: items.len(),
         ..ReviewSummary::default()
     };
@@ -563,8 +571,13 @@ fn review_tools(
     // The server: seen before (maybe at another address now), renamed (declared or not),
     // reached where another pinned server is, or brand new. Only brand new is trusted on
     // first sight.
+    let kind = job.kind;
+    let marker = super::kinds::marker(kind, server);
     let server_state = store.write(|t| {
         let mut state = ServerState::default();
+        // Another kind than tools: its first sight is its own (listings of a new server's
+        // kinds are reviewed in any order), recorded in a marker row.
+        let kind_seen = kind != Kind::Tools && t.server(&marker)?.is_some();
         if let Some(mut known) = t.server(server)? {
             if !known.origin.is_empty()
                 && !rules.origin.is_empty()
@@ -576,6 +589,7 @@ fn review_tools(
                 known.origin = rules.origin.clone();
                 t.put_server(&known)?;
             }
+            state.first_sight = kind != Kind::Tools && !kind_seen && state.moved_from.is_none();
             return Ok(state);
         }
         if let Some(from) = &rules.renamed_from
@@ -612,7 +626,8 @@ fn review_tools(
         }
         state.first_sight = state.looks_renamed.is_empty()
             && state.same_address.is_empty()
-            && state.same_program.is_empty();
+            && state.same_program.is_empty()
+            && !kind_seen;
         Ok(state)
     });
     let mut vouched = HashSet::new();
@@ -669,9 +684,9 @@ fn review_tools(
         let prepared: Vec<(String, Value, super::digest::Pinned)> = chunk
             .into_iter()
             .filter_map(|item| {
-                let bare = item.get("name")?.as_str()?.to_owned();
+                let key = super::kinds::key(kind, server, &item)?;
                 let p = pinned(&item);
-                Some((format!("{server}{NAMESPACE_SEP}{bare}"), item, p))
+                Some((key, item, p))
             })
             .collect();
         // In transactions of at most PIN_TX_BUDGET each: whatever a definition weighs,
@@ -693,7 +708,7 @@ fn review_tools(
                     match r.outcome {
                         Outcome::Serve => {
                             if let Some(e) =
-                                Entry::listed(Kind::Tools, server, job.worker, item, rules.prefix)
+                                Entry::listed(kind, server, job.worker, item, rules.prefix)
                             {
                                 out.entries.push(e);
                             }
@@ -722,7 +737,7 @@ fn review_tools(
             let absent: Vec<_> = t
                 .summaries(server)?
                 .into_iter()
-                .filter(|p| !listed.contains(&p.tool))
+                .filter(|p| super::kinds::kind_of(&p.tool) == kind && !listed.contains(&p.tool))
                 .collect();
             Ok(review::absent(
                 absent,
@@ -742,10 +757,16 @@ fn review_tools(
         });
     let tail = tail.and_then(|decided| {
         store.write(|t| {
-            if write_record {
+            if write_record && kind == Kind::Tools {
                 t.put_server(&ServerRecord {
                     server: server.to_owned(),
                     origin: rules.origin.clone(),
+                    first_listed_ms: now,
+                })?;
+            } else if write_record {
+                t.put_server(&ServerRecord {
+                    server: marker.clone(),
+                    origin: String::new(),
                     first_listed_ms: now,
                 })?;
             }
@@ -803,17 +824,15 @@ fn review_some(
 }
 
 fn push_unreviewed(out: &mut Reviewed, job: &ListingJob, item: Value, enforce: bool, why: &str) {
-    let Some(bare) = item.get("name").and_then(Value::as_str) else {
+    let Some(name) = super::kinds::key(job.kind, &job.server, &item) else {
         return;
     };
-    let name = format!("{}{NAMESPACE_SEP}{bare}", job.server);
     if enforce {
         out.hidden.push((
             name.clone(),
             format!("{name} cannot be checked against its pin ({why}), so it is not served"),
         ));
-    } else if let Some(e) =
-        Entry::listed(Kind::Tools, &job.server, job.worker, item, job.rules.prefix)
+    } else if let Some(e) = Entry::listed(job.kind, &job.server, job.worker, item, job.rules.prefix)
     {
         out.entries.push(e);
     }
@@ -1195,6 +1214,41 @@ mod tests {
         .unwrap();
         assert_eq!(served(&r), vec!["b__x"]);
         assert!(r.summary.unwrap().moved.is_some());
+    }
+
+    #[test]
+    fn prompts_have_their_own_first_sight_and_pins() {
+        for prompts_first in [true, false] {
+            let (_d, mut store) = setup();
+            let r = rules("up", NewTools::Hold);
+            let mut prompts = job("up", &[t("a", "p")], r.clone(), 1);
+            prompts.kind = Kind::Prompts;
+            let tools = job("up", &[t("a", "x")], r.clone(), 1);
+            let (first, second) = if prompts_first {
+                (&prompts, &tools)
+            } else {
+                (&tools, &prompts)
+            };
+            let one = process(Some(&mut store), first).unwrap();
+            let two = process(Some(&mut store), second).unwrap();
+            assert_eq!(served(&one), vec!["up__a"], "{prompts_first}");
+            assert_eq!(served(&two), vec!["up__a"], "{prompts_first}");
+            let keys: Vec<String> = store
+                .load_all()
+                .unwrap()
+                .into_iter()
+                .map(|p| p.tool)
+                .collect();
+            assert_eq!(keys, vec!["prompt/up__a", "up__a"]);
+            // A changed prompt is held; a tools listing does not touch prompt pins.
+            let mut changed = job("up", &[t("a", "p2"), t("b", "new")], r.clone(), 2);
+            changed.kind = Kind::Prompts;
+            let held = process(Some(&mut store), &changed).unwrap();
+            assert!(held.entries.is_empty());
+            assert_eq!(held.hidden.len(), 2);
+            process(Some(&mut store), &job("up", &[t("a", "x")], r, 3)).unwrap();
+            assert_eq!(store.load_all().unwrap().len(), 3);
+        }
     }
 
     #[test]

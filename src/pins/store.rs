@@ -563,12 +563,10 @@ impl PinTx<'_> {
             .collect::<Result<_, _>>()
             .map_err(|e| err("reading pins", e))?;
         for mut r in rows {
-            let bare = r
-                .tool
-                .split_once(sep)
-                .map(|(_, t)| t.to_owned())
-                .unwrap_or_default();
-            let target = format!("{to}{sep}{bare}");
+            let target = super::kinds::renamed(&r.tool, from, to).unwrap_or_else(|| {
+                let bare = r.tool.split_once(sep).map_or("", |(_, t)| t);
+                format!("{to}{sep}{bare}")
+            });
             let keep_existing = self.get(&target)?.is_some_and(|e| e.approved.is_some());
             self.delete(&r.tool)?;
             if keep_existing {
@@ -583,6 +581,21 @@ impl PinTx<'_> {
         self.tx
             .execute("DELETE FROM pin_servers WHERE server = ?1", [from])
             .map_err(|e| err("storing pin_servers", e))?;
+        // The kinds other than tools it had listed (their first sight is over).
+        for kind in crate::mcp::catalog::Kind::ALL {
+            let (was, now) = (
+                super::kinds::marker(kind, from),
+                super::kinds::marker(kind, to),
+            );
+            if was != from {
+                self.tx
+                    .execute(
+                        "UPDATE OR REPLACE pin_servers SET server = ?2 WHERE server = ?1",
+                        params![was, now],
+                    )
+                    .map_err(|e| err("storing pin_servers", e))?;
+            }
+        }
         if let Some(old) = old {
             self.put_server(&ServerRecord {
                 server: to.to_owned(),

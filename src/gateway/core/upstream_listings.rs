@@ -233,7 +233,7 @@ impl<R: Recorder> Core<R> {
             json!({"what": "approved", "tool": tool, "digest": digest, "by": who}),
         );
         self.log(Level::Info, format!("pin: {what}, by {who}"));
-        self.want_listing(&server, Kind::Tools, now);
+        self.want_listing(&server, crate::pins::kinds::kind_of(tool), now);
         Ok(format!("{what}; server {server} is being listed again"))
     }
 
