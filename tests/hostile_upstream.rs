@@ -1628,3 +1628,59 @@ fn a_changed_prompt_is_held_until_its_digest_is_approved() {
     assert_eq!(shown["description"], evil);
     assert!(!prompt_names(&mut c).contains(&"fx__extra".to_string()));
 }
+
+/// CPU seconds the gateway's loop thread (its main thread) has used.
+fn loop_cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    f.iter().sum::<u64>() as f64 / 100.0
+}
+
+/// The gateway's loop while an upstream relists ~10,000 resource URIs again and again
+/// (all new at every listing, then the same ones), announcing `resources/list_changed`
+/// 50 times every 0.5 s for 20 s each: the loop's CPU and another agent's `local__echo`.
+/// Prints; asserts nothing about time.
+/// `cargo test --release --test hostile_upstream -- --ignored --nocapture measure_loop`
+#[test]
+#[ignore = "measurement, run by hand"]
+fn measure_loop_cpu_during_resource_relisting_floods() {
+    let up = Hostile::start();
+    let gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\n\n[servers.fx]\nurl = \"{}\"\n",
+        up.url()
+    ));
+    wait_tool_count(&gw, "fx", 2);
+    for (what, knobs) in [
+        (
+            "9,900 URIs, all new at every listing",
+            json!({"resource_rotate": 9900, "resource_count": 0}),
+        ),
+        (
+            "the same 9,900 URIs at every listing",
+            json!({"resource_rotate": 0, "resource_count": 9900}),
+        ),
+    ] {
+        up.set(knobs);
+        let before = listings_applied(&gw);
+        let cpu = loop_cpu_secs(gw.pid());
+        let probe = Probe::start(&gw);
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end {
+            up.notify("notifications/resources/list_changed", 50);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let (_, _, p99, max) = probe.finish(what);
+        println!(
+            "{what}: loop CPU {:.2} s in 20 s, {} listings applied, echo p99 {p99:?} max {max:?}",
+            loop_cpu_secs(gw.pid()) - cpu,
+            listings_applied(&gw) - before
+        );
+    }
+}

@@ -353,6 +353,10 @@ pub struct Reviewed {
     pub hidden: Vec<(String, String)>,
     /// Tools listings of pinned servers.
     pub summary: Option<ReviewSummary>,
+    /// SHA-256 of the listing's text (and worker, naming), for kinds not pinned: the loop skips applying a
+    /// listing identical to the one it applied last (a relisting flood of the same
+    /// catalog costs it nothing per entry).
+    pub text_digest: Option<[u8; 32]>,
 }
 
 pub enum Done {
@@ -527,8 +531,18 @@ pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewe
                 Entry::listed(job.kind, &job.server, job.worker, item, job.rules.prefix)
             })
             .collect();
+        use sha2::Digest;
         return Ok(Reviewed {
             entries,
+            // What the entries are made of: the text, the worker they route to, the
+            // naming rule.
+            text_digest: Some({
+                let mut h = sha2::Sha256::new();
+                h.update((job.worker as u64).to_le_bytes());
+                h.update([u8::from(job.rules.prefix)]);
+                h.update(job.text.as_bytes());
+                h.finalize().into()
+            }),
             ..Reviewed::default()
         });
     }
