@@ -44,6 +44,7 @@ pub use super::budget::{
 /// Default of `[servers] relist_min_interval_ms`: the least time between two listings of
 /// one kind from one server, however often it says its lists changed.
 pub const DEFAULT_RELIST_MIN_INTERVAL_MS: u64 = 1000;
+pub use crate::aggregator::relist::DEFAULT_RELIST_LOOP_SHARE_PERCENT;
 /// Default of `[servers] pin_retention_secs`: how long the pin of a tool that is no longer
 /// listed is kept (30 days).
 pub const DEFAULT_PIN_RETENTION_SECS: u64 = 30 * 24 * 3600;
@@ -95,6 +96,7 @@ const SETTING_KEYS: &[&str] = &[
     "max_resource_templates",
     "max_listing_bytes",
     "relist_min_interval_ms",
+    "relist_loop_share_percent",
     "pin_retention_secs",
     "max_remembered_uris",
     "state_dir",
@@ -134,6 +136,9 @@ pub struct ServersConfig {
     pub max_listing_bytes: usize,
     /// Least milliseconds between two listings of one kind from one server.
     pub relist_min_interval_ms: u64,
+    /// Most of the gateway loop's time (percent) applying one list of one server may take:
+    /// a listing that cost `c` delays that list's next one by `c * (100 - p) / p`.
+    pub relist_loop_share_percent: u32,
     /// Seconds the pin of a tool no longer listed is kept before it is pruned.
     pub pin_retention_secs: u64,
     /// Resource URIs and templates remembered as one server's owned (and waiting to be),
@@ -170,6 +175,7 @@ impl Default for ServersConfig {
             max_resource_templates: DEFAULT_MAX_RESOURCE_TEMPLATES,
             max_listing_bytes: DEFAULT_MAX_LISTING_BYTES,
             relist_min_interval_ms: DEFAULT_RELIST_MIN_INTERVAL_MS,
+            relist_loop_share_percent: DEFAULT_RELIST_LOOP_SHARE_PERCENT,
             pin_retention_secs: DEFAULT_PIN_RETENTION_SECS,
             max_remembered_uris: DEFAULT_MAX_REMEMBERED_URIS,
             state_dir: None,
@@ -357,6 +363,7 @@ impl<'de> Visitor<'de> for ServersVisitor {
                 "max_resource_templates" => cfg.max_resource_templates = map.next_value()?,
                 "max_listing_bytes" => cfg.max_listing_bytes = map.next_value()?,
                 "relist_min_interval_ms" => cfg.relist_min_interval_ms = map.next_value()?,
+                "relist_loop_share_percent" => cfg.relist_loop_share_percent = map.next_value()?,
                 "pin_retention_secs" => cfg.pin_retention_secs = map.next_value()?,
                 "max_remembered_uris" => cfg.max_remembered_uris = map.next_value()?,
                 "state_dir" => cfg.state_dir = Some(map.next_value()?),
@@ -476,6 +483,12 @@ impl ServersConfig {
         if self.pin_retention_secs > MAX_PIN_RETENTION_SECS {
             return Err(format!(
                 "servers.pin_retention_secs must be at most {MAX_PIN_RETENTION_SECS} seconds"
+            ));
+        }
+        if !(1..=100).contains(&self.relist_loop_share_percent) {
+            return Err(format!(
+                "servers.relist_loop_share_percent must be 1 to 100, not {}",
+                self.relist_loop_share_percent
             ));
         }
         if self.relist_min_interval_ms > MAX_TIMEOUT_SECS * 1000 {

@@ -65,6 +65,9 @@ pub struct UpstreamsState {
     owners: OwnerRules,
     /// Servers whose resources (and templates) have been listed in this run.
     resources_listed: BTreeSet<(String, Kind)>,
+    /// The digest of the resources (templates) listing last applied per server: the same
+    /// listing again changes nothing and is not applied entry by entry.
+    applied_text: HashMap<(String, Kind), [u8; 32]>,
     /// URIs served alone since start, waiting for every other server to list before they
     /// are remembered (ownership does not depend on who answers first).
     candidates: crate::aggregator::owner_candidates::OwnerCandidates,
@@ -160,12 +163,18 @@ impl UpstreamsState {
             config: config.clone(),
             board: UpstreamBoard::new(config),
             rules,
-            schedule: RelistSchedule::new(Duration::from_millis(config.relist_min_interval_ms)),
+            schedule: {
+                let mut s =
+                    RelistSchedule::new(Duration::from_millis(config.relist_min_interval_ms));
+                s.set_loop_share_percent(config.relist_loop_share_percent);
+                s
+            },
             jobs: Vec::new(),
             jobs_cap: intake_capacity(config),
             hidden: HashMap::new(),
             owners,
             resources_listed: BTreeSet::new(),
+            applied_text: HashMap::new(),
             candidates: crate::aggregator::owner_candidates::OwnerCandidates::new(
                 config.max_remembered_uris,
             ),
@@ -271,6 +280,7 @@ impl UpstreamsState {
         self.rules.remove(server);
         self.owners_refreshed.remove(server);
         self.resources_listed.retain(|(s, _)| s != server);
+        self.applied_text.retain(|(s, _), _| s != server);
         for kind in [Kind::Tools, Kind::Prompts] {
             if catalog.replace(kind, server, Vec::new()).changed && !applied.changed.contains(&kind)
             {
@@ -291,6 +301,11 @@ impl UpstreamsState {
     /// A listing of `kind` from `server` is wanted: true when it may start now.
     pub fn want(&mut self, server: &str, kind: Kind, now: Instant) -> bool {
         self.schedule.request(server, kind, now)
+    }
+
+    /// Applying a listing cost the loop `cost`: see [`RelistSchedule::charge`].
+    pub fn charge_listing(&mut self, server: &str, kind: Kind, cost: Duration, now: Instant) {
+        self.schedule.charge(server, kind, cost, now);
     }
 
     /// Listings whose turn came (pending, interval passed) of servers `ready` accepts.
@@ -519,9 +534,22 @@ impl UpstreamsState {
             Kind::Resources | Kind::Templates => {
                 self.resources_listed.insert((server.to_owned(), kind));
                 self.candidates.heard(server, kind);
-                let change = catalog.claim(kind, server, reviewed.entries, &self.owners);
-                let changed = change.changed;
-                self.claims_changed(catalog, kind, change, wall_ms, applied);
+                let key = (server.to_owned(), kind);
+                let same = reviewed
+                    .text_digest
+                    .is_some_and(|d| self.applied_text.get(&key) == Some(&d));
+                let changed = if same {
+                    false
+                } else {
+                    match reviewed.text_digest {
+                        Some(d) => self.applied_text.insert(key, d),
+                        None => self.applied_text.remove(&key),
+                    };
+                    let change = catalog.claim(kind, server, reviewed.entries, &self.owners);
+                    let changed = change.changed;
+                    self.claims_changed(catalog, kind, change, wall_ms, applied);
+                    changed
+                };
                 self.settle(catalog, wall_ms, applied);
                 self.remember_ripe(catalog, wall_ms, applied);
                 self.refresh_owners(catalog, server, (now, wall_ms), applied);
@@ -880,11 +908,17 @@ impl UpstreamsState {
                             .get(&r.server)
                             .map(|s| s.pin)
                             .unwrap_or(PinMode::Enforce);
-                        json!(views::PinView::of(
-                            r,
-                            mode,
-                            self.pin_refusal(&r.tool).is_some()
-                        ))
+                        // Tools: refused calls; other kinds: not listed (held, or
+                        // changed under enforce).
+                        let hidden = match crate::pins::kinds::kind_of(&r.tool) {
+                            Kind::Tools => self.pin_refusal(&r.tool).is_some(),
+                            _ => {
+                                mode != PinMode::Off
+                                    && (r.approved.is_none()
+                                        || (r.pending.is_some() && mode == PinMode::Enforce))
+                            }
+                        };
+                        json!(views::PinView::of(r, mode, hidden))
                     })
                     .collect();
                 json!({"ok": true, "pins": list})
@@ -967,6 +1001,8 @@ impl UpstreamsState {
             .collect();
         self.schedule
             .set_min_interval(Duration::from_millis(config.relist_min_interval_ms));
+        self.schedule
+            .set_loop_share_percent(config.relist_loop_share_percent);
         self.refresh = (config.refresh_secs > 0).then(|| Duration::from_secs(config.refresh_secs));
         self.next_refresh = self.refresh.map(|r| now + r);
         self.stderr.set_capacity(config.stderr_lines);

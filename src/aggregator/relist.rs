@@ -19,9 +19,18 @@ struct Slot {
     not_before: Option<Instant>,
 }
 
+/// Default of `[servers] relist_loop_share_percent`.
+pub const DEFAULT_RELIST_LOOP_SHARE_PERCENT: u32 = 5;
+/// Longest wait one listing's cost imposes on the next (a single slow turn does not keep
+/// a server's catalog stale for long).
+pub const RELIST_CHARGE_MAX: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Default)]
 pub struct RelistSchedule {
     min_interval: Duration,
+    /// Most of the loop's time one list of one server may take (percent): after applying
+    /// a listing that cost the loop `c`, the next waits at least `c * (100 - p) / p`.
+    loop_share_percent: u32,
     slots: BTreeMap<(String, Kind), Slot>,
     /// Requests folded into one already pending or in flight, per server.
     coalesced: BTreeMap<String, u64>,
@@ -31,7 +40,29 @@ impl RelistSchedule {
     pub fn new(min_interval: Duration) -> RelistSchedule {
         RelistSchedule {
             min_interval,
+            loop_share_percent: DEFAULT_RELIST_LOOP_SHARE_PERCENT,
             ..RelistSchedule::default()
+        }
+    }
+
+    pub fn set_loop_share_percent(&mut self, p: u32) {
+        self.loop_share_percent = p.clamp(1, 100);
+    }
+
+    /// Applying the listing of `kind` from `server` cost the loop `cost`: its next listing
+    /// waits long enough that this list takes at most its share of the loop, whatever
+    /// the upstream lists (a rotating catalog is all new at every listing).
+    pub fn charge(&mut self, server: &str, kind: Kind, cost: Duration, now: Instant) {
+        let p = self.loop_share_percent.clamp(1, 100);
+        if p >= 100 {
+            return;
+        }
+        let wait = (cost.saturating_mul(100 - p) / p).min(RELIST_CHARGE_MAX);
+        if let Some(slot) = self.slots.get_mut(&(server.to_owned(), kind)) {
+            let until = now + wait;
+            if slot.not_before.is_none_or(|t| t < until) {
+                slot.not_before = Some(until);
+            }
         }
     }
 
@@ -131,6 +162,29 @@ impl RelistSchedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_costly_listing_delays_the_next_by_its_share_of_the_loop() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut s = RelistSchedule::new(ms(100));
+        assert!(s.request("a", Kind::Resources, t0));
+        s.done("a", Kind::Resources);
+        // 50 ms of the loop at 5 %: the next listing waits 950 ms, not 100.
+        s.charge("a", Kind::Resources, ms(50), t0);
+        assert!(!s.request("a", Kind::Resources, t0 + ms(500)));
+        assert!(s.due(t0 + ms(900), |_| true).is_empty());
+        assert_eq!(s.due(t0 + ms(950), |_| true).len(), 1);
+        // Bounded, and a cheap listing costs no more than the interval.
+        s.done("a", Kind::Resources);
+        s.charge("a", Kind::Resources, Duration::from_secs(3600), t0);
+        assert_eq!(s.next_deadline(), None);
+        assert!(s.request("a", Kind::Resources, t0 + RELIST_CHARGE_MAX));
+        s.set_loop_share_percent(100);
+        s.done("a", Kind::Resources);
+        s.charge("a", Kind::Resources, ms(50), t0 + RELIST_CHARGE_MAX);
+        assert!(s.request("a", Kind::Resources, t0 + RELIST_CHARGE_MAX + ms(100)));
+    }
 
     #[test]
     fn one_in_flight_and_a_minimum_interval() {

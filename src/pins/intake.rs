@@ -26,7 +26,7 @@ use super::{NewTools, PinMode};
 use crate::aggregator::budget::ListingBudget;
 use crate::aggregator::error::quote_upstream;
 use crate::mcp::catalog::listing::{self, Refusal};
-use crate::mcp::catalog::{Entry, Kind, NAMESPACE_SEP, WorkerId};
+use crate::mcp::catalog::{Entry, Kind, WorkerId};
 use std::time::Instant;
 
 /// Tools reviewed per pin transaction.
@@ -112,6 +112,8 @@ pub struct ChangeNote {
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ReviewSummary {
     pub server: String,
+    /// What was listed: `tools`, `prompts`.
+    pub kind: &'static str,
     pub listed: usize,
     pub hidden: usize,
     pub first_sight: usize,
@@ -129,6 +131,11 @@ pub struct ReviewSummary {
     pub looks_renamed_from: Vec<String>,
     /// Servers still configured, pinned at this new server's origin.
     pub same_address_as: Vec<String>,
+    /// Local servers still configured that run this new server's command line: what they
+    /// approved is served here too, the rest is held.
+    pub same_program_as: Vec<String>,
+    /// Tools served because a server running the same program approved their digest.
+    pub vouched: usize,
     /// The address this server was pinned at and the one it is reached at now.
     pub moved: Option<(String, String)>,
     pub store_error: Option<String>,
@@ -148,6 +155,8 @@ impl ReviewSummary {
             || self.renamed_from.is_some()
             || !self.looks_renamed_from.is_empty()
             || !self.same_address_as.is_empty()
+            || !self.same_program_as.is_empty()
+            || self.vouched > 0
             || self.moved.is_some()
             || self.store_error.is_some()
     }
@@ -162,6 +171,11 @@ impl ReviewSummary {
     /// The log lines an operator must see: bounded (at most [`SAMPLE`] per kind).
     pub fn log_lines(&self) -> Vec<(bool, String)> {
         let s = &self.server;
+        let what = if self.kind.is_empty() {
+            "tools"
+        } else {
+            self.kind
+        };
         let mut out = Vec::new();
         if let Some((from, moved)) = &self.renamed_from {
             out.push((false, format!(
@@ -181,6 +195,21 @@ impl ReviewSummary {
                 self.same_address_as.join(", ")
             )));
         }
+        if !self.same_program_as.is_empty() {
+            out.push((true, format!(
+                "pin: server {s} runs the same command as server {}: only definitions approved there are served; its other tools are held until approved (see `toolwall pins list`)",
+                self.same_program_as.join(", ")
+            )));
+        }
+        if self.vouched > 0 {
+            out.push((
+                false,
+                format!(
+                    "pin: server {s}: {} tools served as approved under a server running the same command",
+                    self.vouched
+                ),
+            ));
+        }
         if let Some((was, now)) = &self.moved {
             out.push((true, format!(
                 "pin: server {s} is reached at {} now, pinned at {}: approved definitions are still served, new tools are held until approved",
@@ -192,7 +221,7 @@ impl ReviewSummary {
             out.push((
                 false,
                 format!(
-                    "pin: server {s}: {} tools pinned on first sight",
+                    "pin: server {s}: {} {what} pinned on first sight",
                     self.first_sight
                 ),
             ));
@@ -309,6 +338,10 @@ struct ServerState {
     looks_renamed: Vec<String>,
     /// Pinned servers at its address, still configured.
     same_address: Vec<String>,
+    /// Pinned local servers still configured that run the same command line.
+    same_program: Vec<String>,
+    /// What those have approved.
+    vouched: HashSet<String>,
 }
 
 /// A listing, ready for the catalog.
@@ -320,6 +353,10 @@ pub struct Reviewed {
     pub hidden: Vec<(String, String)>,
     /// Tools listings of pinned servers.
     pub summary: Option<ReviewSummary>,
+    /// SHA-256 of the listing's text (and worker, naming), for kinds not pinned: the loop skips applying a
+    /// listing identical to the one it applied last (a relisting flood of the same
+    /// catalog costs it nothing per entry).
+    pub text_digest: Option<[u8; 32]>,
 }
 
 pub enum Done {
@@ -486,7 +523,7 @@ fn owners(
 /// Check, pin and prepare one listing.
 pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewed, Refusal> {
     let items = listing::check(&job.server, job.kind, &job.text, &job.budget)?;
-    if job.kind != Kind::Tools || job.rules.mode == PinMode::Off {
+    if !super::kinds::pinned(job.kind) || job.rules.mode == PinMode::Off {
         let entries = items
             .into_iter()
             .filter_map(|raw| {
@@ -494,8 +531,18 @@ pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewe
                 Entry::listed(job.kind, &job.server, job.worker, item, job.rules.prefix)
             })
             .collect();
+        use sha2::Digest;
         return Ok(Reviewed {
             entries,
+            // What the entries are made of: the text, the worker they route to, the
+            // naming rule.
+            text_digest: Some({
+                let mut h = sha2::Sha256::new();
+                h.update((job.worker as u64).to_le_bytes());
+                h.update([u8::from(job.rules.prefix)]);
+                h.update(job.text.as_bytes());
+                h.finalize().into()
+            }),
             ..Reviewed::default()
         });
     }
@@ -513,6 +560,7 @@ fn review_tools(
     let mut out = Reviewed::default();
     let mut summary = ReviewSummary {
         server: server.to_owned(),
+        kind: job.kind.word(),
         listed: items.len(),
         ..ReviewSummary::default()
     };
@@ -537,8 +585,13 @@ fn review_tools(
     // The server: seen before (maybe at another address now), renamed (declared or not),
     // reached where another pinned server is, or brand new. Only brand new is trusted on
     // first sight.
+    let kind = job.kind;
+    let marker = super::kinds::marker(kind, server);
     let server_state = store.write(|t| {
         let mut state = ServerState::default();
+        // Another kind than tools: its first sight is its own (listings of a new server's
+        // kinds are reviewed in any order), recorded in a marker row.
+        let kind_seen = kind != Kind::Tools && t.server(&marker)?.is_some();
         if let Some(mut known) = t.server(server)? {
             if !known.origin.is_empty()
                 && !rules.origin.is_empty()
@@ -550,6 +603,7 @@ fn review_tools(
                 known.origin = rules.origin.clone();
                 t.put_server(&known)?;
             }
+            state.first_sight = kind != Kind::Tools && !kind_seen && state.moved_from.is_none();
             return Ok(state);
         }
         if let Some(from) = &rules.renamed_from
@@ -567,27 +621,39 @@ fn review_tools(
             })?;
             return Ok(state);
         }
-        // Two local servers may run one program (their own walls, env and state): only a
-        // gone one's command line marks a rename. Two URLs alike are one server.
+        // Two local servers may run one program (their own walls, env and state): the new
+        // one serves on sight only what the other has approved, never what waits there
+        // for review; a gone one's command line marks a rename. Two URLs alike are one
+        // server.
         let local = rules.origin.starts_with(super::origin::LOCAL_PREFIX);
         for other in t.servers_from(&rules.origin, server)? {
             if rules.configured.contains(&other) {
-                if !local {
+                if local {
+                    state.vouched.extend(t.approved_digests(&other)?);
+                    state.same_program.push(other);
+                } else {
                     state.same_address.push(other);
                 }
             } else {
                 state.looks_renamed.push(other);
             }
         }
-        state.first_sight = state.looks_renamed.is_empty() && state.same_address.is_empty();
+        state.first_sight = state.looks_renamed.is_empty()
+            && state.same_address.is_empty()
+            && state.same_program.is_empty()
+            && !kind_seen;
         Ok(state)
     });
+    let mut vouched = HashSet::new();
     let (first_sight, force_hold) = match server_state {
         Ok(state) => {
             let hold = !state.first_sight
                 && (state.moved_from.is_some()
                     || !state.looks_renamed.is_empty()
-                    || !state.same_address.is_empty());
+                    || !state.same_address.is_empty()
+                    || !state.same_program.is_empty());
+            vouched = state.vouched;
+            summary.same_program_as = state.same_program;
             summary.renamed_from = state.renamed;
             summary.looks_renamed_from = state.looks_renamed;
             summary.same_address_as = state.same_address;
@@ -619,6 +685,8 @@ fn review_tools(
         new_tools: rules.new_tools,
         first_sight,
         force_hold,
+        vouched_by: summary.same_program_as.join(", "),
+        vouched,
         now_ms: now,
         touch_after_ms: (rules.retention_ms / 4).clamp(1, 3_600_000),
     };
@@ -630,9 +698,9 @@ fn review_tools(
         let prepared: Vec<(String, Value, super::digest::Pinned)> = chunk
             .into_iter()
             .filter_map(|item| {
-                let bare = item.get("name")?.as_str()?.to_owned();
+                let key = super::kinds::key(kind, server, &item)?;
                 let p = pinned(&item);
-                Some((format!("{server}{NAMESPACE_SEP}{bare}"), item, p))
+                Some((key, item, p))
             })
             .collect();
         // In transactions of at most PIN_TX_BUDGET each: whatever a definition weighs,
@@ -654,7 +722,7 @@ fn review_tools(
                     match r.outcome {
                         Outcome::Serve => {
                             if let Some(e) =
-                                Entry::listed(Kind::Tools, server, job.worker, item, rules.prefix)
+                                Entry::listed(kind, server, job.worker, item, rules.prefix)
                             {
                                 out.entries.push(e);
                             }
@@ -683,7 +751,7 @@ fn review_tools(
             let absent: Vec<_> = t
                 .summaries(server)?
                 .into_iter()
-                .filter(|p| !listed.contains(&p.tool))
+                .filter(|p| super::kinds::kind_of(&p.tool) == kind && !listed.contains(&p.tool))
                 .collect();
             Ok(review::absent(
                 absent,
@@ -703,10 +771,16 @@ fn review_tools(
         });
     let tail = tail.and_then(|decided| {
         store.write(|t| {
-            if write_record {
+            if write_record && kind == Kind::Tools {
                 t.put_server(&ServerRecord {
                     server: server.to_owned(),
                     origin: rules.origin.clone(),
+                    first_listed_ms: now,
+                })?;
+            } else if write_record {
+                t.put_server(&ServerRecord {
+                    server: marker.clone(),
+                    origin: String::new(),
                     first_listed_ms: now,
                 })?;
             }
@@ -728,6 +802,7 @@ fn review_tools(
     if summary.new_held.count == 0 {
         summary.looks_renamed_from.clear();
         summary.same_address_as.clear();
+        summary.same_program_as.clear();
     }
     summary.hidden = out.hidden.len();
     out.summary = Some(summary);
@@ -763,17 +838,15 @@ fn review_some(
 }
 
 fn push_unreviewed(out: &mut Reviewed, job: &ListingJob, item: Value, enforce: bool, why: &str) {
-    let Some(bare) = item.get("name").and_then(Value::as_str) else {
+    let Some(name) = super::kinds::key(job.kind, &job.server, &item) else {
         return;
     };
-    let name = format!("{}{NAMESPACE_SEP}{bare}", job.server);
     if enforce {
         out.hidden.push((
             name.clone(),
             format!("{name} cannot be checked against its pin ({why}), so it is not served"),
         ));
-    } else if let Some(e) =
-        Entry::listed(Kind::Tools, &job.server, job.worker, item, job.rules.prefix)
+    } else if let Some(e) = Entry::listed(job.kind, &job.server, job.worker, item, job.rules.prefix)
     {
         out.entries.push(e);
     }
@@ -813,6 +886,7 @@ fn note(summary: &mut ReviewSummary, name: &str, note: Option<Note>) {
             }
         }
         Note::Reverted => summary.reverted += 1,
+        Note::Vouched => summary.vouched += 1,
         Note::Upgraded => summary.upgraded += 1,
     }
 }
@@ -1050,23 +1124,62 @@ mod tests {
             &job("a", &[t("x", "v")], at("a", &cmd, &["a", "b"]), 1),
         )
         .unwrap();
+        // `a` changes `x`: the change waits for approval under `a`.
+        let a2 = process(
+            Some(&mut store),
+            &job(
+                "a",
+                &[t("x", "v2 RUGPULL"), t("y", "w")],
+                at("a", &cmd, &["a", "b"]),
+                2,
+            ),
+        )
+        .unwrap();
+        assert_eq!(served(&a2), vec!["a__y"], "new_tools = serve at `a`");
+        // Another instance of the program serves only what `a` approved: not the pending
+        // `x`, not what `a` never listed.
         let b = process(
             Some(&mut store),
-            &job("b", &[t("x", "v")], at("b", &cmd, &["a", "b"]), 2),
+            &job(
+                "b",
+                &[t("x", "v2 RUGPULL"), t("z", "new")],
+                at("b", &cmd, &["a", "b"]),
+                2,
+            ),
+        )
+        .unwrap();
+        assert!(b.entries.is_empty(), "{:?}", served(&b));
+        assert_eq!(b.hidden.len(), 2);
+        let s = b.summary.unwrap();
+        assert_eq!(s.same_program_as, vec!["a".to_string()]);
+        assert!(
+            s.log_lines()
+                .iter()
+                .any(|(w, l)| *w && l.contains("same command"))
+        );
+        let b = process(
+            Some(&mut store),
+            &job(
+                "b",
+                &[t("x", "v"), t("y", "w")],
+                at("b", &cmd, &["a", "b"]),
+                2,
+            ),
         )
         .unwrap();
         assert_eq!(
             served(&b),
-            vec!["b__x"],
-            "another instance, its own first sight"
+            vec!["b__x", "b__y"],
+            "what a approved is served"
         );
+        assert_eq!(b.summary.unwrap().vouched, 2);
         let c = process(
             Some(&mut store),
             &job("c", &[t("x", "v")], at("c", &cmd, &["c"]), 3),
         )
         .unwrap();
-        assert!(c.entries.is_empty(), "a and b are gone: c looks renamed");
-        assert_eq!(c.summary.unwrap().looks_renamed_from, vec!["a", "b"]);
+        assert!(c.entries.is_empty(), "a is gone: c looks renamed");
+        assert_eq!(c.summary.unwrap().looks_renamed_from, vec!["a"]);
     }
 
     #[test]
@@ -1115,6 +1228,41 @@ mod tests {
         .unwrap();
         assert_eq!(served(&r), vec!["b__x"]);
         assert!(r.summary.unwrap().moved.is_some());
+    }
+
+    #[test]
+    fn prompts_have_their_own_first_sight_and_pins() {
+        for prompts_first in [true, false] {
+            let (_d, mut store) = setup();
+            let r = rules("up", NewTools::Hold);
+            let mut prompts = job("up", &[t("a", "p")], r.clone(), 1);
+            prompts.kind = Kind::Prompts;
+            let tools = job("up", &[t("a", "x")], r.clone(), 1);
+            let (first, second) = if prompts_first {
+                (&prompts, &tools)
+            } else {
+                (&tools, &prompts)
+            };
+            let one = process(Some(&mut store), first).unwrap();
+            let two = process(Some(&mut store), second).unwrap();
+            assert_eq!(served(&one), vec!["up__a"], "{prompts_first}");
+            assert_eq!(served(&two), vec!["up__a"], "{prompts_first}");
+            let keys: Vec<String> = store
+                .load_all()
+                .unwrap()
+                .into_iter()
+                .map(|p| p.tool)
+                .collect();
+            assert_eq!(keys, vec!["prompt/up__a", "up__a"]);
+            // A changed prompt is held; a tools listing does not touch prompt pins.
+            let mut changed = job("up", &[t("a", "p2"), t("b", "new")], r.clone(), 2);
+            changed.kind = Kind::Prompts;
+            let held = process(Some(&mut store), &changed).unwrap();
+            assert!(held.entries.is_empty());
+            assert_eq!(held.hidden.len(), 2);
+            process(Some(&mut store), &job("up", &[t("a", "x")], r, 3)).unwrap();
+            assert_eq!(store.load_all().unwrap().len(), 3);
+        }
     }
 
     #[test]

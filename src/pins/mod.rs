@@ -8,6 +8,7 @@
 //! - [`digest`]: what is pinned, canonical JSON, SHA-256 (pure).
 //! - [`review`]: what a listed tool means for its pin (pure).
 //! - [`store`]: the pin tables and their own migrations (SQLite).
+//! - [`kinds`]: which kinds are pinned (tools, prompts) and their keys.
 //! - [`origin`]: one key for every spelling of a server's address (renames, respellings).
 //! - [`intake`]: the thread where listings are checked and pinned, off the gateway's loop.
 //! - [`views`], [`cli_output`], [`visible`]: `toolwall pins list` (every invisible or
@@ -16,6 +17,7 @@
 pub mod cli_output;
 pub mod digest;
 pub mod intake;
+pub mod kinds;
 pub mod origin;
 pub mod review;
 pub mod store;

@@ -11,7 +11,8 @@
 //! `127.0.0.0/8`, `::1`, `0.0.0.0`, `::`) is one host, the default port is filled in, the path is percent-decoded,
 //! lowercased, its `.`/`..` segments resolved and its empty segments and trailing slashes
 //! dropped, and user info, query and fragment are ignored. A local server's origin is its
-//! command line, compared as written.
+//! command line, compared as written except its program, which is resolved (the local
+//! servers' default `PATH`, symbolic links: `python3` and `/usr/bin/python3.11` are one program).
 //!
 //! Not recognised (different keys, so a new name there is pinned on first sight): a host
 //! name and an address it resolves to, two names of one host. Nothing here resolves names.
@@ -37,7 +38,10 @@ pub fn of_server(url: &str, command: Option<&[String]>) -> String {
 /// The comparison key of an origin (see the module comment). Empty stays empty (a server
 /// pinned before origins were kept matches nothing).
 pub fn key(origin: &str) -> String {
-    if origin.is_empty() || origin.starts_with(LOCAL_PREFIX) {
+    if let Some(cmd) = origin.strip_prefix(LOCAL_PREFIX) {
+        return local_key(cmd).unwrap_or_else(|| origin.to_owned());
+    }
+    if origin.is_empty() {
         return origin.to_owned();
     }
     url_key(origin).unwrap_or_else(|| origin.trim().to_ascii_lowercase())
@@ -46,6 +50,34 @@ pub fn key(origin: &str) -> String {
 /// Whether two origins are the same address.
 pub fn same(a: &str, b: &str) -> bool {
     !a.is_empty() && !b.is_empty() && key(a) == key(b)
+}
+
+/// A command line with its program resolved to the file it runs.
+fn local_key(cmd: &str) -> Option<String> {
+    let mut argv: Vec<String> = serde_json::from_str(cmd).ok()?;
+    let program = argv.first_mut()?;
+    if let Some(resolved) = resolve_program(program) {
+        *program = resolved;
+    }
+    Some(format!(
+        "{LOCAL_PREFIX}{}",
+        serde_json::to_string(&argv).unwrap_or_default()
+    ))
+}
+
+/// The real path of `program`: as given when it holds a `/`, else the first match in the
+/// `PATH` local servers get by default; symbolic links followed.
+fn resolve_program(program: &str) -> Option<String> {
+    let path = if program.contains('/') {
+        std::path::PathBuf::from(program)
+    } else {
+        std::env::split_paths(crate::stdio_server::config::DEFAULT_PATH)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())?
+    };
+    std::fs::canonicalize(path)
+        .ok()
+        .map(|p| p.display().to_string())
 }
 
 fn url_key(url: &str) -> Option<String> {
@@ -232,6 +264,28 @@ mod tests {
     }
 
     #[test]
+    fn a_program_is_one_key_however_it_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("interp3.11");
+        std::fs::write(&real, "").unwrap();
+        let alias = dir.path().join("interp3");
+        std::os::unix::fs::symlink(&real, &alias).unwrap();
+        let cmd = |p: &std::path::Path, arg: &str| {
+            of_server("", Some(&[p.display().to_string(), arg.to_string()]))
+        };
+        assert!(same(&cmd(&alias, "s.py"), &cmd(&real, "s.py")));
+        assert!(same(
+            &cmd(&dir.path().join("./interp3"), "s.py"),
+            &cmd(&real, "s.py")
+        ));
+        assert!(!same(&cmd(&alias, "s.py"), &cmd(&real, "t.py")));
+        // A program that is nowhere is compared as written.
+        let missing = dir.path().join("gone");
+        assert!(same(&cmd(&missing, "s.py"), &cmd(&missing, "s.py")));
+        assert!(!same(&cmd(&missing, "s.py"), &cmd(&real, "s.py")));
+    }
+
+    #[test]
     fn different_addresses_are_different_keys() {
         let base = "http://127.0.0.1:8080/mcp";
         for other in [
@@ -249,6 +303,7 @@ mod tests {
         assert!(same(&local, &of_server("", Some(&cmd))));
         assert!(!same(&local, &of_server("", Some(&cmd[..1]))));
         assert_eq!(key("not a url"), "not a url");
+        assert_eq!(key("stdio:not json"), "stdio:not json");
         assert_eq!(key("http://%zz:1/"), "http://%zz:1/");
         assert_eq!(percent_decode("%"), "%");
         assert_eq!(percent_decode("a%2"), "a%2");

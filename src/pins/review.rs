@@ -32,6 +32,11 @@ pub struct ReviewCtx {
     /// Held regardless of `new_tools` (a server that looks renamed without the operator
     /// saying so).
     pub force_hold: bool,
+    /// Digests another configured server running the same program has approved: served
+    /// (and pinned) on sight here, whatever else this server lists is held.
+    pub vouched: std::collections::HashSet<String>,
+    /// The servers those approvals belong to (for `approved_by`).
+    pub vouched_by: String,
     pub now_ms: i64,
     /// A pin's `last_seen_ms` is rewritten only when older than this (not on every
     /// listing).
@@ -71,6 +76,8 @@ pub enum Note {
     },
     Reverted,
     Upgraded,
+    /// Served because another server running the same program approved this digest.
+    Vouched,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +127,10 @@ pub fn approve(
     Ok(after)
 }
 
+fn vouched_by(ctx: &ReviewCtx) -> String {
+    format!("approved under server {} (same program)", ctx.vouched_by)
+}
+
 fn held_message(name: &str, server: &str, digest: &str) -> String {
     format!(
         "{name} is a new tool of server {server}, held until an operator approves it: toolwall pins approve {name} --digest {digest}"
@@ -167,6 +178,14 @@ pub fn review_tool(
                 note: Some(Note::FirstSight),
             };
         }
+        if ctx.vouched.contains(&pinned.digest) {
+            record.approved = Some(approve_now(Some(&vouched_by(ctx))));
+            return ToolReview {
+                outcome: Outcome::Serve,
+                write: Some(Write::Put(Box::new(record))),
+                note: Some(Note::Vouched),
+            };
+        }
         if !hold {
             record.approved = Some(approve_now(Some("new_tools = \"serve\"")));
             return ToolReview {
@@ -188,6 +207,17 @@ pub fn review_tool(
     };
     let Some(approved) = &row.approved else {
         // A held new tool.
+        if ctx.vouched.contains(&pinned.digest) {
+            let mut record = row.clone();
+            record.approved = Some(approve_now(Some(&vouched_by(ctx))));
+            record.pending = None;
+            record.last_seen_ms = now;
+            return ToolReview {
+                outcome: Outcome::Serve,
+                write: Some(Write::Put(Box::new(record))),
+                note: Some(Note::Vouched),
+            };
+        }
         if !hold {
             let mut record = row.clone();
             record.approved = Some(approve_now(Some("new_tools = \"serve\"")));
@@ -340,6 +370,8 @@ mod tests {
             new_tools,
             first_sight,
             force_hold: false,
+            vouched: Default::default(),
+            vouched_by: String::new(),
             now_ms: 1000,
             touch_after_ms: 100,
         }

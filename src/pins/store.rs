@@ -479,6 +479,22 @@ impl PinTx<'_> {
             .map_err(|e| err("reading pins", e))
     }
 
+    /// The digests `server` has approved (whole-definition ones: a four-field pin vouches
+    /// for nothing it did not cover).
+    pub fn approved_digests(&self, server: &str) -> Result<Vec<String>, String> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT digest FROM tool_pins WHERE server = ?1 AND digest IS NOT NULL AND digest_scheme = ?2",
+            )
+            .map_err(|e| err("reading pins", e))?;
+        let rows = stmt
+            .query_map(params![server, SCHEME], |r| r.get(0))
+            .map_err(|e| err("reading pins", e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| err("reading pins", e))
+    }
+
     pub fn server(&self, server: &str) -> Result<Option<ServerRecord>, String> {
         self.tx
             .prepare_cached(
@@ -547,12 +563,10 @@ impl PinTx<'_> {
             .collect::<Result<_, _>>()
             .map_err(|e| err("reading pins", e))?;
         for mut r in rows {
-            let bare = r
-                .tool
-                .split_once(sep)
-                .map(|(_, t)| t.to_owned())
-                .unwrap_or_default();
-            let target = format!("{to}{sep}{bare}");
+            let target = super::kinds::renamed(&r.tool, from, to).unwrap_or_else(|| {
+                let bare = r.tool.split_once(sep).map_or("", |(_, t)| t);
+                format!("{to}{sep}{bare}")
+            });
             let keep_existing = self.get(&target)?.is_some_and(|e| e.approved.is_some());
             self.delete(&r.tool)?;
             if keep_existing {
@@ -567,6 +581,21 @@ impl PinTx<'_> {
         self.tx
             .execute("DELETE FROM pin_servers WHERE server = ?1", [from])
             .map_err(|e| err("storing pin_servers", e))?;
+        // The kinds other than tools it had listed (their first sight is over).
+        for kind in crate::mcp::catalog::Kind::ALL {
+            let (was, now) = (
+                super::kinds::marker(kind, from),
+                super::kinds::marker(kind, to),
+            );
+            if was != from {
+                self.tx
+                    .execute(
+                        "UPDATE OR REPLACE pin_servers SET server = ?2 WHERE server = ?1",
+                        params![was, now],
+                    )
+                    .map_err(|e| err("storing pin_servers", e))?;
+            }
+        }
         if let Some(old) = old {
             self.put_server(&ServerRecord {
                 server: to.to_owned(),

@@ -31,7 +31,10 @@ pub struct PendingView {
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PinView {
+    /// The pin's key: `server__tool`, or `prompt/server__name` (see `pins::kinds`).
     pub tool: String,
+    /// `tool` or `prompt`.
+    pub kind: &'static str,
     pub server: String,
     /// `pinned`, `changed` (a pending definition beside the approved one), or `new` (held:
     /// nothing approved yet).
@@ -58,6 +61,7 @@ impl PinView {
         };
         PinView {
             tool: r.tool.clone(),
+            kind: super::kinds::word(&r.tool),
             server: r.server.clone(),
             state,
             hidden,

@@ -42,6 +42,8 @@ impl Pins {
                 new_tools: job.rules.new_tools,
                 first_sight,
                 force_hold: false,
+                vouched: Default::default(),
+                vouched_by: String::new(),
                 now_ms: job.now_ms,
                 touch_after_ms: 1,
             };

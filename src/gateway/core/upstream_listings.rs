@@ -132,6 +132,20 @@ impl<R: Recorder> Core<R> {
         self.carry_out(applied);
     }
 
+    /// Applying a listing of `kind` from `server` cost the loop `cost` (measured by the
+    /// loop): its next listing waits in proportion.
+    pub fn listing_cost(
+        &mut self,
+        server: &str,
+        kind: Kind,
+        cost: std::time::Duration,
+        now: Instant,
+    ) {
+        if let Some(u) = self.upstreams.as_mut() {
+            u.charge_listing(server, kind, cost, now);
+        }
+    }
+
     /// A listing call ended without an answer (timeout, worker gone).
     pub(super) fn upstream_listing_failed(&mut self, kind: Kind, server: &str, why: &str) {
         if let Some(u) = self.upstreams.as_mut() {
@@ -239,7 +253,7 @@ impl<R: Recorder> Core<R> {
             json!({"what": "approved", "tool": tool, "digest": digest, "by": who}),
         );
         self.log(Level::Info, format!("pin: {what}, by {who}"));
-        self.want_listing(&server, Kind::Tools, now);
+        self.want_listing(&server, crate::pins::kinds::kind_of(tool), now);
         Ok(format!("{what}; server {server} is being listed again"))
     }
 

@@ -63,9 +63,21 @@ impl Gateway {
                 self.core.intake_refused(job, now);
             }
         }
-        let done = pins.intake.poll();
-        if !done.is_empty() {
-            self.core.on_intake_done(done, now);
+        // One at a time, each timed: a list whose listings cost the loop much is listed
+        // less often (`relist_loop_share_percent`).
+        for done in pins.intake.poll() {
+            let listing = match &done {
+                crate::pins::intake::Done::Listing { server, kind, .. } => {
+                    Some((server.clone(), *kind))
+                }
+                crate::pins::intake::Done::Owners { .. } => None,
+            };
+            let started = Instant::now();
+            self.core.on_intake_done(vec![done], now);
+            if let Some((server, kind)) = listing {
+                self.core
+                    .listing_cost(&server, kind, started.elapsed(), now);
+            }
         }
     }
 
