@@ -109,6 +109,13 @@ pub struct GatewayConfig {
     /// with an error naming this key, so one principal cannot take every seat of
     /// `max_in_flight_total`. Default: a quarter of `max_in_flight_total`.
     pub max_in_flight_per_principal: Option<usize>,
+    /// Bytes one principal may hold in flight: the requests of its calls in the table
+    /// (queued, at a worker or held for approval) plus the answers waiting to be written
+    /// to its connections. Beyond it a call is refused at once with an error naming this
+    /// key, so an agent that pipelines large calls and never reads cannot grow the
+    /// gateway's memory. A principal holding nothing is always let in (one call larger
+    /// than the bound still runs alone).
+    pub max_bytes_in_flight_per_principal: usize,
     /// Messages (frames, lines, HTTP requests) taken from one connection per loop turn
     /// before the other connections get theirs: a pipelined burst cannot stall the loop.
     pub max_messages_per_turn: usize,
@@ -178,6 +185,7 @@ impl Default for GatewayConfig {
             max_in_flight_per_connection: 64,
             max_in_flight_total: 4096,
             max_in_flight_per_principal: None,
+            max_bytes_in_flight_per_principal: 32 * 1024 * 1024,
             max_messages_per_turn: 32,
             max_connections: 1024,
             max_connections_per_peer: None,
@@ -299,6 +307,10 @@ impl Config {
             (
                 "gateway.max_in_flight_per_principal",
                 g.max_in_flight_per_principal.unwrap_or(1),
+            ),
+            (
+                "gateway.max_bytes_in_flight_per_principal",
+                g.max_bytes_in_flight_per_principal,
             ),
             ("gateway.max_messages_per_turn", g.max_messages_per_turn),
             ("gateway.max_connections", g.max_connections),

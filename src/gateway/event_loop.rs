@@ -177,6 +177,7 @@ impl Gateway {
             }
             let now = Instant::now();
             self.core.set_wall_clock(now, crate::ledger::now_ms());
+            self.tell_output_waiting();
             for event in events.iter() {
                 match event.token() {
                     SIGNALS => self.on_signals(now, &mut worker_events),
@@ -219,6 +220,7 @@ impl Gateway {
             self.end_turn(now, &mut worker_events);
             self.maybe_announce_ready();
             self.tell_systemd();
+            self.tell_output_waiting();
             self.resume_paused(now);
             self.end_turn(now, &mut worker_events);
             self.report_eofs(now);

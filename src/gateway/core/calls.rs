@@ -67,7 +67,24 @@ pub(super) struct CallTable {
     in_flight: HashMap<ConnRef, usize>,
     /// Agents' calls in the table, by principal (`gateway.max_in_flight_per_principal`).
     by_principal: HashMap<String, usize>,
+    /// Request bytes of those calls, by principal
+    /// (`gateway.max_bytes_in_flight_per_principal`).
+    bytes_by_principal: HashMap<String, usize>,
     next_key: u64,
+}
+
+/// Add `n` to (or take it from) `principal`'s count; a count of zero is forgotten.
+fn tally(counts: &mut HashMap<String, usize>, principal: &str, n: usize, add: bool) {
+    if add {
+        if n > 0 {
+            *counts.entry(principal.to_owned()).or_insert(0) += n;
+        }
+    } else if let Some(c) = counts.get_mut(principal) {
+        *c = c.saturating_sub(n);
+        if *c == 0 {
+            counts.remove(principal);
+        }
+    }
 }
 
 impl CallTable {
@@ -88,17 +105,19 @@ impl CallTable {
     /// Count `call` in (or out of) its principal's calls.
     fn count(&mut self, call: &Call, add: bool) {
         let Some(x) = call.exchange() else { return };
-        if add {
-            *self
-                .by_principal
-                .entry(x.from.principal.clone())
-                .or_insert(0) += 1;
-        } else if let Some(n) = self.by_principal.get_mut(&x.from.principal) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.by_principal.remove(&x.from.principal);
-            }
-        }
+        let principal = &x.from.principal;
+        tally(&mut self.by_principal, principal, 1, add);
+        tally(
+            &mut self.bytes_by_principal,
+            principal,
+            x.arrived_bytes,
+            add,
+        );
+    }
+
+    /// Request bytes of the agents' calls of `principal` in the table.
+    pub fn bytes_of_principal(&self, principal: &str) -> usize {
+        self.bytes_by_principal.get(principal).copied().unwrap_or(0)
     }
 
     /// Agents' calls of `principal` in the table (held asks included).

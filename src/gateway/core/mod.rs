@@ -227,6 +227,9 @@ pub struct Core<R: Recorder = Ledger> {
     client_asks: client_ask::ClientAsks,
     /// Bytes of calls in flight per server (`queued_bytes.rs`).
     queued: queued_bytes::QueuedBytes,
+    /// Answer bytes waiting to be written to each principal's connections, as the loop
+    /// last told (`principal_share.rs`).
+    output_waiting: HashMap<String, usize>,
 }
 
 impl<R: Recorder> Core<R> {
@@ -265,6 +268,7 @@ impl<R: Recorder> Core<R> {
             relay: relay::RelayHub::default(),
             client_asks: client_ask::ClientAsks::default(),
             queued: Default::default(),
+            output_waiting: HashMap::new(),
         }
     }
 

@@ -164,6 +164,7 @@ impl<R: Recorder> Core<R> {
             approved: None,
             relay: Default::default(),
             queued_bytes: 0,
+            arrived_bytes: ctx.bytes_received,
         });
         // Malformed params: still a row, then a JSON-RPC error.
         let fault = match (&parsed, &target_name) {

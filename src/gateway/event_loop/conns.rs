@@ -101,6 +101,20 @@ pub(super) enum Outgoing<'a> {
 }
 
 impl Gateway {
+    /// Tell the core how many answer bytes wait to be written to each principal's
+    /// connections (`gateway.max_bytes_in_flight_per_principal`): once before a batch of
+    /// messages is handed over, so it judges them by what is queued now.
+    pub(super) fn tell_output_waiting(&mut self) {
+        let mut waiting: std::collections::HashMap<String, usize> = Default::default();
+        for c in self.conns.iter().flatten() {
+            let queued = c.queued();
+            if queued > 0 {
+                *waiting.entry(c.peer.principal.clone()).or_insert(0) += queued;
+            }
+        }
+        self.core.set_output_waiting(waiting);
+    }
+
     pub(super) fn insert_conn(
         &mut self,
         io: ConnIo,
