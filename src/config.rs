@@ -116,6 +116,11 @@ pub struct GatewayConfig {
     /// gateway's memory. A principal holding nothing is always let in (one call larger
     /// than the bound still runs alone).
     pub max_bytes_in_flight_per_principal: usize,
+    /// Percent of a pool (the builtin worker's `builtin.threads + builtin.queue`, or one
+    /// upstream server's `servers.threads + servers.queue`) one principal may hold, running
+    /// or waiting. Calls beyond a pool's threads wait in the gateway, one queue per
+    /// principal served in turn, so another principal's call goes at the next free thread.
+    pub pool_share_percent: usize,
     /// Messages (frames, lines, HTTP requests) taken from one connection per loop turn
     /// before the other connections get theirs: a pipelined burst cannot stall the loop.
     pub max_messages_per_turn: usize,
@@ -186,6 +191,7 @@ impl Default for GatewayConfig {
             max_in_flight_total: 4096,
             max_in_flight_per_principal: None,
             max_bytes_in_flight_per_principal: 32 * 1024 * 1024,
+            pool_share_percent: 50,
             max_messages_per_turn: 32,
             max_connections: 1024,
             max_connections_per_peer: None,
@@ -312,6 +318,7 @@ impl Config {
                 "gateway.max_bytes_in_flight_per_principal",
                 g.max_bytes_in_flight_per_principal,
             ),
+            ("gateway.pool_share_percent", g.pool_share_percent),
             ("gateway.max_messages_per_turn", g.max_messages_per_turn),
             ("gateway.max_connections", g.max_connections),
             (
@@ -382,6 +389,11 @@ impl Config {
                     "{origin}: {key} must be at most {max}"
                 )));
             }
+        }
+        if g.pool_share_percent > 100 {
+            return Err(ConfigError(format!(
+                "{origin}: gateway.pool_share_percent must be at most 100"
+            )));
         }
         if self.builtin.threads > MAX_POOL_THREADS {
             return Err(ConfigError(format!(

@@ -209,6 +209,10 @@ impl Gateway {
                         if event.is_readable() || event.is_read_closed() {
                             self.service_conn(slot, now);
                         }
+                        // Closed both ways (not a half-close): no answer can be read.
+                        if event.is_write_closed() && event.is_read_closed() {
+                            self.on_peer_gone(slot, now);
+                        }
                     }
                 }
             }

@@ -295,6 +295,24 @@ impl Gateway {
         }
     }
 
+    /// The peer closed both ways: its calls end as cancelled (see `Core::on_peer_gone`).
+    pub(super) fn on_peer_gone(&mut self, slot: usize, now: Instant) {
+        if Some(slot) == self.stdio_slot {
+            return;
+        }
+        let Some(Some(c)) = self.conns.get(slot) else {
+            return;
+        };
+        if matches!(c.wire, Wire::Admin(_)) {
+            return;
+        }
+        let conn = ConnRef {
+            slot,
+            generation: c.generation,
+        };
+        self.core.on_peer_gone(conn, now);
+    }
+
     pub(super) fn resume_paused(&mut self, now: Instant) {
         // Set again by any connection that gives up its turn with work left.
         self.doors.yielded = false;
