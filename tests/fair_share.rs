@@ -199,6 +199,14 @@ fn another_principal_goes_next_in_an_upstream_pool_however_many_calls_one_queued
         "{}",
         refused.body
     );
+    // Refused before any row: a hog that retries cannot fill the ledger with refusals.
+    assert_eq!(refused.body["error"]["data"]["limit"], SHARE_KEY);
+    let hog_rows = gw
+        .tool_calls()
+        .iter()
+        .filter(|r| r["principal"] == "uid:0")
+        .count();
+    assert_eq!(hog_rows, 5, "the refusal is counted, not recorded");
     // Bob's call waits one turn, not behind the hog's four waiting calls.
     let mut http = gw.http();
     http.send(

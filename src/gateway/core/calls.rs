@@ -142,6 +142,11 @@ impl CallTable {
         }
     }
 
+    /// Calls of `principal` running or waiting in `lane`.
+    pub fn lane_held(&self, lane: &LaneKey, principal: &str) -> usize {
+        self.lanes.held(lane, principal)
+    }
+
     /// Where a new call of `principal` in `lane` goes.
     pub fn admission(&mut self, lane: &LaneKey, principal: &str, bounds: Bounds) -> Admission {
         self.lanes.admission(lane, principal, bounds)

@@ -8,8 +8,14 @@
 //! most `share` of them (`gateway.pool_share_percent` of the capacity), so another
 //! principal always finds room. Sans-IO: the core decides, the call table keeps the count.
 
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 
+use super::dispatch::RequestCtx;
+use super::exchange::Routed;
 use super::{Action, Core, Recorder};
 use crate::mcp::catalog::WorkerId;
 
@@ -165,6 +171,15 @@ impl Lanes {
         Some(call)
     }
 
+    /// Calls of `principal` running or waiting in a lane.
+    pub fn held(&self, key: &LaneKey, principal: &str) -> usize {
+        self.lanes
+            .get(key)
+            .and_then(|l| l.held.get(principal))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Lanes with waiting calls.
     pub fn with_waiting(&self) -> Vec<LaneKey> {
         self.lanes
@@ -203,6 +218,74 @@ impl<R: Recorder> Core<R> {
         };
         let bounds = Bounds::of_pool(threads, queue, percent);
         Some((key, bounds, "builtin.threads, builtin.queue"))
+    }
+
+    /// What a lane's refusal calls its pool.
+    pub(super) fn pool_name(&self, key: &LaneKey) -> String {
+        if key.server.is_empty() {
+            let name = self
+                .workers
+                .get(key.worker)
+                .map_or("?", |w| w.name.as_str());
+            format!("the worker {name}")
+        } else {
+            format!("server {}", key.server)
+        }
+    }
+
+    /// Refuse at once, before any row is staged, a call whose principal holds its whole
+    /// share of the pool the call would go to: counted in `toolwall_share_refusals_total`,
+    /// not recorded one by one, so an agent that keeps its share full and retries cannot
+    /// fill the ledger with refusals. True when refused.
+    pub(super) fn refuse_over_pool_share(
+        &mut self,
+        ctx: &RequestCtx,
+        method: &str,
+        routed: Routed,
+        params: Option<&RawValue>,
+    ) -> bool {
+        #[derive(Deserialize)]
+        struct Named<'a> {
+            #[serde(borrow, default)]
+            name: Option<Cow<'a, str>>,
+        }
+        if routed == Routed::ReadResource {
+            return false;
+        }
+        let Some(name) = params
+            .and_then(|p| serde_json::from_str::<Named>(p.get()).ok())
+            .and_then(|n| n.name)
+        else {
+            return false;
+        };
+        let Some(entry) = self.catalog.get(routed.kind(), &name) else {
+            return false;
+        };
+        let (worker, server) = (entry.worker, entry.server.clone());
+        let Some((key, bounds, keys)) = self.lane_of(worker, &server) else {
+            return false;
+        };
+        let held = self.calls.lane_held(&key, &ctx.peer.principal);
+        if held < bounds.share {
+            return false;
+        }
+        self.counters.share_refusals += 1;
+        let who = self.pool_name(&key);
+        let message = refusal(
+            &Admission::OverShare { held },
+            &who,
+            &ctx.peer.principal,
+            bounds,
+            keys,
+        );
+        self.answer_error(
+            ctx,
+            method,
+            super::principal_share::BUSY_CODE,
+            &message,
+            Some(&json!({"limit": SHARE_KEY, "held": held, "share": bounds.share})),
+        );
+        true
     }
 
     /// The builtin worker's pool (`builtin.threads`, `builtin.queue`).
@@ -395,6 +478,25 @@ mod tests {
                 panic!("an exchange");
             };
             assert_eq!(x.from.principal, "uid:1001", "the other principal's turn");
+        }
+
+        #[test]
+        fn a_call_over_the_pool_share_is_refused_before_any_row() {
+            let mut h = Harness::new("");
+            h.core.set_builtin_pool(1, 1);
+            assert!(to_worker(&echo(&mut h)).is_some(), "the first call runs");
+            let (_, v) = reply(&echo(&mut h)).expect("the second is refused at once");
+            assert_eq!(v["error"]["data"]["limit"], super::super::SHARE_KEY, "{v}");
+            assert_eq!(h.rows().len(), 1, "the refusal is not recorded");
+            assert_eq!(h.core.counters.share_refusals, 1);
+            // Another principal still has room in the pool.
+            h.peer.principal = "uid:1001".into();
+            let actions = echo(&mut h);
+            assert!(
+                reply(&actions).is_none() && to_worker(&actions).is_none(),
+                "it waits"
+            );
+            assert_eq!(h.rows().len(), 2);
         }
 
         #[test]

@@ -521,11 +521,7 @@ impl<R: Recorder> Core<R> {
                 Admission::Run => {}
                 Admission::Wait => stage = Stage::Queued,
                 Admission::OverShare { .. } | Admission::Full => {
-                    let who = if key.server.is_empty() {
-                        format!("the worker {}", self.workers[key.worker].name)
-                    } else {
-                        format!("server {}", key.server)
-                    };
+                    let who = self.pool_name(key);
                     let message =
                         fair_lanes::refusal(&admission, &who, &x.from.principal, *bounds, keys);
                     let refusal = Refusal {
