@@ -109,6 +109,18 @@ pub struct GatewayConfig {
     /// with an error naming this key, so one principal cannot take every seat of
     /// `max_in_flight_total`. Default: a quarter of `max_in_flight_total`.
     pub max_in_flight_per_principal: Option<usize>,
+    /// Bytes one principal may hold in flight: the requests of its calls in the table
+    /// (queued, at a worker or held for approval) plus the answers waiting to be written
+    /// to its connections. Beyond it a call is refused at once with an error naming this
+    /// key, so an agent that pipelines large calls and never reads cannot grow the
+    /// gateway's memory. A principal holding nothing is always let in (one call larger
+    /// than the bound still runs alone).
+    pub max_bytes_in_flight_per_principal: usize,
+    /// Percent of a pool (the builtin worker's `builtin.threads + builtin.queue`, or one
+    /// upstream server's `servers.threads + servers.queue`) one principal may hold, running
+    /// or waiting. Calls beyond a pool's threads wait in the gateway, one queue per
+    /// principal served in turn, so another principal's call goes at the next free thread.
+    pub pool_share_percent: usize,
     /// Messages (frames, lines, HTTP requests) taken from one connection per loop turn
     /// before the other connections get theirs: a pipelined burst cannot stall the loop.
     pub max_messages_per_turn: usize,
@@ -199,6 +211,8 @@ impl Default for GatewayConfig {
             max_in_flight_per_connection: 64,
             max_in_flight_total: 4096,
             max_in_flight_per_principal: None,
+            max_bytes_in_flight_per_principal: 32 * 1024 * 1024,
+            pool_share_percent: 50,
             max_messages_per_turn: 32,
             max_connections: 1024,
             max_connections_per_peer: None,
@@ -325,6 +339,11 @@ impl Config {
                 "gateway.max_in_flight_per_principal",
                 g.max_in_flight_per_principal.unwrap_or(1),
             ),
+            (
+                "gateway.max_bytes_in_flight_per_principal",
+                g.max_bytes_in_flight_per_principal,
+            ),
+            ("gateway.pool_share_percent", g.pool_share_percent),
             ("gateway.max_messages_per_turn", g.max_messages_per_turn),
             ("gateway.max_connections", g.max_connections),
             (
@@ -396,6 +415,11 @@ impl Config {
                     "{origin}: {key} must be at most {max}"
                 )));
             }
+        }
+        if g.pool_share_percent > 100 {
+            return Err(ConfigError(format!(
+                "{origin}: gateway.pool_share_percent must be at most 100"
+            )));
         }
         if self.builtin.threads > MAX_POOL_THREADS {
             return Err(ConfigError(format!(

@@ -121,6 +121,11 @@ impl UpstreamsState {
         self.config.max_queued_bytes
     }
 
+    /// `[servers] threads` and `queue`: each server's pool.
+    pub fn pool(&self) -> (usize, usize) {
+        (self.config.threads, self.config.queue)
+    }
+
     /// `setup` from [`super::prepare::build_setup`], for the aggregator `worker`; see
     /// [`UpstreamsState::empty`].
     pub fn new(

@@ -177,6 +177,7 @@ impl Gateway {
             }
             let now = Instant::now();
             self.core.set_wall_clock(now, crate::ledger::now_ms());
+            self.tell_output_waiting();
             for event in events.iter() {
                 match event.token() {
                     SIGNALS => self.on_signals(now, &mut worker_events),
@@ -208,6 +209,10 @@ impl Gateway {
                         if event.is_readable() || event.is_read_closed() {
                             self.service_conn(slot, now);
                         }
+                        // Closed both ways (not a half-close): no answer can be read.
+                        if event.is_write_closed() && event.is_read_closed() {
+                            self.on_peer_gone(slot, now);
+                        }
                     }
                 }
             }
@@ -219,6 +224,7 @@ impl Gateway {
             self.end_turn(now, &mut worker_events);
             self.maybe_announce_ready();
             self.tell_systemd();
+            self.tell_output_waiting();
             self.resume_paused(now);
             self.end_turn(now, &mut worker_events);
             self.report_eofs(now);

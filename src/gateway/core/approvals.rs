@@ -232,6 +232,8 @@ impl<R: Recorder> Core<R> {
                         started,
                         deadline,
                         timeout_key: "policy.ask_timeout_secs",
+                        lane: None,
+                        unsent: None,
                     };
                     self.calls.insert(key, call);
                 }

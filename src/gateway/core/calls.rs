@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use super::ConnRef;
 use super::exchange::Exchange;
+use super::fair_lanes::{Admission, Bounds, LaneKey, Lanes};
 use crate::mcp::catalog::{Kind, WorkerId};
+use crate::workers::rpc;
 
 /// Why the gateway waits on a worker.
 #[derive(Debug)]
@@ -29,6 +31,8 @@ pub(super) enum Stage {
     AwaitingApproval,
     /// Sent to its worker.
     AtWorker,
+    /// Waiting in its lane for room at its worker (`fair_lanes.rs`).
+    Queued,
 }
 
 #[derive(Debug)]
@@ -40,6 +44,10 @@ pub(super) struct Call {
     pub deadline: Instant,
     /// The config key a timeout names.
     pub timeout_key: &'static str,
+    /// The pool lane an agent's call runs or waits in (`fair_lanes.rs`).
+    pub lane: Option<LaneKey>,
+    /// The request a waiting call sends when its turn comes.
+    pub unsent: Option<rpc::Message>,
 }
 
 impl Call {
@@ -67,7 +75,26 @@ pub(super) struct CallTable {
     in_flight: HashMap<ConnRef, usize>,
     /// Agents' calls in the table, by principal (`gateway.max_in_flight_per_principal`).
     by_principal: HashMap<String, usize>,
+    /// Request bytes of those calls, by principal
+    /// (`gateway.max_bytes_in_flight_per_principal`).
+    bytes_by_principal: HashMap<String, usize>,
+    /// Agents' calls running or waiting in each pool's lane.
+    lanes: Lanes,
     next_key: u64,
+}
+
+/// Add `n` to (or take it from) `principal`'s count; a count of zero is forgotten.
+fn tally(counts: &mut HashMap<String, usize>, principal: &str, n: usize, add: bool) {
+    if add {
+        if n > 0 {
+            *counts.entry(principal.to_owned()).or_insert(0) += n;
+        }
+    } else if let Some(c) = counts.get_mut(principal) {
+        *c = c.saturating_sub(n);
+        if *c == 0 {
+            counts.remove(principal);
+        }
+    }
 }
 
 impl CallTable {
@@ -78,27 +105,74 @@ impl CallTable {
     }
 
     pub fn insert(&mut self, key: u64, call: Call) {
+        if let Some(old) = self.calls.remove(&key) {
+            self.deadlines.remove(&(old.deadline, key));
+            self.count(&old, false);
+            self.count_lane(key, &old, false);
+        }
         self.deadlines.insert((call.deadline, key));
         self.count(&call, true);
-        if let Some(old) = self.calls.insert(key, call) {
-            self.count(&old, false);
-        }
+        self.count_lane(key, &call, true);
+        self.calls.insert(key, call);
     }
 
     /// Count `call` in (or out of) its principal's calls.
     fn count(&mut self, call: &Call, add: bool) {
         let Some(x) = call.exchange() else { return };
+        let principal = &x.from.principal;
+        tally(&mut self.by_principal, principal, 1, add);
+        tally(
+            &mut self.bytes_by_principal,
+            principal,
+            x.arrived_bytes,
+            add,
+        );
+    }
+
+    /// Count `call` (key `key`) in or out of its lane.
+    fn count_lane(&mut self, key: u64, call: &Call, add: bool) {
+        let (Some(lane), Some(x)) = (&call.lane, call.exchange()) else {
+            return;
+        };
+        let waiting = call.stage == Stage::Queued;
         if add {
-            *self
-                .by_principal
-                .entry(x.from.principal.clone())
-                .or_insert(0) += 1;
-        } else if let Some(n) = self.by_principal.get_mut(&x.from.principal) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.by_principal.remove(&x.from.principal);
+            self.lanes.enter(lane, &x.from.principal, key, waiting);
+        } else {
+            self.lanes.leave(lane, &x.from.principal, key, waiting);
+        }
+    }
+
+    /// Calls of `principal` running or waiting in `lane`.
+    pub fn lane_held(&self, lane: &LaneKey, principal: &str) -> usize {
+        self.lanes.held(lane, principal)
+    }
+
+    /// Where a new call of `principal` in `lane` goes.
+    pub fn admission(&mut self, lane: &LaneKey, principal: &str, bounds: Bounds) -> Admission {
+        self.lanes.admission(lane, principal, bounds)
+    }
+
+    /// The next waiting calls whose turn has come, marked as sent: their keys, workers and
+    /// requests.
+    pub fn start_waiting(&mut self) -> Vec<(u64, WorkerId, rpc::Message)> {
+        let mut started = Vec::new();
+        for lane in self.lanes.with_waiting() {
+            while let Some(key) = self.lanes.next(&lane) {
+                let Some(call) = self.calls.get_mut(&key) else {
+                    continue;
+                };
+                call.stage = Stage::AtWorker;
+                if let Some(msg) = call.unsent.take() {
+                    started.push((key, call.worker, msg));
+                }
             }
         }
+        started
+    }
+
+    /// Request bytes of the agents' calls of `principal` in the table.
+    pub fn bytes_of_principal(&self, principal: &str) -> usize {
+        self.bytes_by_principal.get(principal).copied().unwrap_or(0)
     }
 
     /// Agents' calls of `principal` in the table (held asks included).
@@ -118,6 +192,7 @@ impl CallTable {
         let call = self.calls.remove(&key)?;
         self.deadlines.remove(&(call.deadline, key));
         self.count(&call, false);
+        self.count_lane(key, &call, false);
         Some(call)
     }
 

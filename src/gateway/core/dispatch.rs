@@ -177,7 +177,9 @@ impl<R: Recorder> Core<R> {
             return;
         }
         if let Some(routed) = Routed::from_method(method) {
-            if self.refuse_over_share(ctx, method) {
+            if self.refuse_over_share(ctx, method)
+                || self.refuse_over_pool_share(ctx, method, routed, params)
+            {
                 return;
             }
             self.begin_exchange(ctx, routed, params);

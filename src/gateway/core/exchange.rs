@@ -143,6 +143,9 @@ pub struct Exchange {
     /// Bytes of arguments this call holds in its server's `max_queued_bytes` (see
     /// `queued_bytes.rs`); given back when the call ends.
     pub queued_bytes: usize,
+    /// Bytes of the request as it arrived: what the call holds of its principal's
+    /// `gateway.max_bytes_in_flight_per_principal` while it is in the table.
+    pub arrived_bytes: usize,
 }
 
 impl Exchange {

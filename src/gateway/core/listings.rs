@@ -178,6 +178,8 @@ impl<R: Recorder> Core<R> {
                 started: self.now,
                 deadline,
                 timeout_key: "gateway.request_timeout_secs",
+                lane: None,
+                unsent: None,
             },
         );
         self.actions.push(Action::ToWorker {

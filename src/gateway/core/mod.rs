@@ -28,6 +28,7 @@ mod client_ask;
 mod client_ask_tests;
 mod dispatch;
 mod exchange;
+mod fair_lanes;
 mod forwarded;
 mod input_retry;
 mod list_events;
@@ -236,6 +237,11 @@ pub struct Core<R: Recorder = Ledger> {
     queued: queued_bytes::QueuedBytes,
     /// What the upstream servers offer beyond tools, resources and prompts.
     offers: forwarded::UpstreamOffers,
+    /// Answer bytes waiting to be written to each principal's connections, as the loop
+    /// last told (`principal_share.rs`).
+    output_waiting: HashMap<String, usize>,
+    /// The builtin worker's threads and queue (its lane, `fair_lanes.rs`).
+    builtin_pool: (usize, usize),
 }
 
 impl<R: Recorder> Core<R> {
@@ -276,6 +282,8 @@ impl<R: Recorder> Core<R> {
             client_asks: client_ask::ClientAsks::default(),
             queued: Default::default(),
             offers: Default::default(),
+            output_waiting: HashMap::new(),
+            builtin_pool: (16, 256),
         }
     }
 
@@ -361,19 +369,45 @@ impl<R: Recorder> Core<R> {
         );
     }
 
-    /// The agent left: calls at a worker still finish (their rows end) but nobody is
-    /// answered; calls held for approval end now (nobody is left to act on a decision).
+    /// The agent left: nobody is left to take an answer, so its calls end as cancelled:
+    /// a call waiting in its lane never starts, a call at a worker is cancelled there as a
+    /// `notifications/cancelled` would, and calls held for approval end (nobody is left to
+    /// act on a decision).
     pub fn on_disconnect(&mut self, conn: ConnRef, peer: &Peer, now: Instant) {
         self.now = now;
         self.release_subscriptions(conn);
         self.sessions.remove(&conn);
+        let left = self.calls_of(conn);
         self.calls.detach(conn);
         self.drop_held_asks(None);
+        // What the servers asked of this agent is answered first, then its calls end.
         self.fail_orphaned_relays();
+        for key in left {
+            self.cancel_call(key, "the client closed the connection");
+        }
         self.event(
             "disconnect",
             serde_json::json!({"transport": peer.transport.as_str(), "principal": peer.principal, "process": peer.process}),
         );
+    }
+
+    /// The agent's calls running or waiting (not those held for approval).
+    fn calls_of(&self, conn: ConnRef) -> Vec<u64> {
+        self.calls.keys_where(|c| {
+            c.stage != calls::Stage::AwaitingApproval
+                && c.exchange().is_some_and(|x| x.from.conn == Some(conn))
+        })
+    }
+
+    /// The peer is gone both ways (a hang-up, not a half-close): nobody can read an
+    /// answer, so its calls end now as cancelled (the waiting ones never start) and its
+    /// held asks end; the connection closes once it is idle.
+    pub fn on_peer_gone(&mut self, conn: ConnRef, now: Instant) {
+        self.now = now;
+        self.drop_held_asks(Some(conn));
+        for key in self.calls_of(conn) {
+            self.cancel_call(key, "the client closed the connection");
+        }
     }
 
     /// The agent closed its sending side: calls held for approval on this connection end
@@ -470,6 +504,18 @@ impl<R: Recorder> Core<R> {
             };
             match call.stage {
                 calls::Stage::AwaitingApproval => self.ask_timed_out(key),
+                calls::Stage::Queued => {
+                    let secs = now.saturating_duration_since(call.started).as_secs();
+                    let message = format!(
+                        "timed out after {secs} s waiting for room at its server ({})",
+                        call.timeout_key
+                    );
+                    self.fail_call(
+                        key,
+                        crate::mcp::tool_error::ToolErrorCode::Timeout,
+                        &message,
+                    );
+                }
                 calls::Stage::AtWorker => {
                     let secs = now.saturating_duration_since(call.started).as_secs();
                     let method = match &call.purpose {
@@ -494,6 +540,11 @@ impl<R: Recorder> Core<R> {
     /// Actions released by the last successful commit (or turned into refusals by a
     /// failed one).
     pub fn take_actions(&mut self) -> Vec<Action> {
+        // Calls waiting in a lane go once room was made, and only while the ledger holds
+        // their rows (they were staged, and committed, when the calls were forwarded).
+        if self.ledger_ok {
+            self.start_waiting_calls();
+        }
         std::mem::take(&mut self.actions)
     }
 }

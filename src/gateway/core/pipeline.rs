@@ -12,6 +12,7 @@ use std::time::Instant;
 use super::calls::{Call, Purpose, Stage};
 use super::dispatch::RequestCtx;
 use super::exchange::{Exchange, Requester, Routed, Target};
+use super::fair_lanes::{self, Admission};
 use super::{AskRoute, Core, Recorder};
 use crate::aggregator::missing_capability;
 use crate::ledger::{CallEnd, CallStart, decision};
@@ -167,6 +168,7 @@ impl<R: Recorder> Core<R> {
             approved: None,
             relay: Default::default(),
             queued_bytes: 0,
+            arrived_bytes: ctx.bytes_received,
         });
         // Malformed params: still a row, then a JSON-RPC error.
         let fault = match (&parsed, &target_name) {
@@ -479,6 +481,8 @@ impl<R: Recorder> Core<R> {
                 started: self.now,
                 deadline,
                 timeout_key: "policy.ask_timeout_secs",
+                lane: None,
+                unsent: None,
             },
         );
         if at_client {
@@ -545,6 +549,29 @@ impl<R: Recorder> Core<R> {
                 _ => x.judged_text(),
             });
         }
+        // Each pool is shared fairly between principals (`fair_lanes.rs`).
+        let lane = self.lane_of(x.target.worker, &x.target.server);
+        let mut stage = Stage::AtWorker;
+        if let Some((key, bounds, keys)) = &lane {
+            let admission = self.calls.admission(key, &x.from.principal, *bounds);
+            match admission {
+                Admission::Run => {}
+                Admission::Wait => stage = Stage::Queued,
+                Admission::OverShare { .. } | Admission::Full => {
+                    let who = self.pool_name(key);
+                    let message =
+                        fair_lanes::refusal(&admission, &who, &x.from.principal, *bounds, keys);
+                    let refusal = Refusal {
+                        code: ToolErrorCode::Busy,
+                        message: &message,
+                        rule: None,
+                        decision: decision::ERROR,
+                    };
+                    self.refuse(x, started, &refusal);
+                    return;
+                }
+            }
+        }
         // Bytes queued toward upstream servers are bounded (`servers.max_queued_bytes`).
         if self.is_aggregator(x.target.worker)
             && let Err(message) = self.take_queued_bytes(&mut x, args.len())
@@ -566,23 +593,32 @@ impl<R: Recorder> Core<R> {
             server: x.target.server.clone(),
             meta: Box::new(self.call_meta(key, &x, deadline)),
         });
-        self.actions.push(super::Action::ToWorker {
-            worker,
-            call: Some(key),
-            msg: rpc::Message::Request {
-                id: key,
-                op: x.worker_op(args, upstream),
-            },
-        });
+        let msg = rpc::Message::Request {
+            id: key,
+            op: x.worker_op(args, upstream),
+        };
+        // A waiting call keeps its request until its turn (`start_waiting_calls`).
+        let unsent = if stage == Stage::Queued {
+            Some(msg)
+        } else {
+            self.actions.push(super::Action::ToWorker {
+                worker,
+                call: Some(key),
+                msg,
+            });
+            None
+        };
         self.calls.insert(
             key,
             Call {
                 purpose: Purpose::Exchange(x),
                 worker,
-                stage: Stage::AtWorker,
+                stage,
                 started,
                 deadline,
                 timeout_key,
+                lane: lane.map(|(key, _, _)| key),
+                unsent,
             },
         );
     }

@@ -2,8 +2,14 @@
 //! a principal (an HTTP token's, a unix uid, a vsock cid) with that many calls in the table
 //! — held asks included — has its next call refused at once, so it cannot take every seat
 //! of `gateway.max_in_flight_total` and leave the other agents waiting.
+//!
+//! And its share of the bytes (`gateway.max_bytes_in_flight_per_principal`): the requests
+//! of its calls in the table plus the answers waiting to be written to its connections.
+//! An agent that pipelines large calls and never reads its answers is refused once it
+//! holds that much, instead of growing the gateway's memory by everything it sends.
 
 use serde_json::json;
+use std::collections::HashMap;
 
 use super::dispatch::RequestCtx;
 use super::{Core, Recorder};
@@ -15,9 +21,37 @@ pub const BUSY_CODE: i64 = -32000;
 /// The config key the refusal names.
 pub const KEY: &str = "gateway.max_in_flight_per_principal";
 
+/// The config key a refusal for bytes names.
+pub const BYTES_KEY: &str = "gateway.max_bytes_in_flight_per_principal";
+
+/// Whether a request of `incoming` bytes passes a principal's byte share: it does when the
+/// principal holds nothing (one call larger than the bound still runs alone), or when what
+/// it holds plus the request stays within `max`.
+pub fn within_bytes(held: usize, incoming: usize, max: usize) -> bool {
+    held == 0 || held.saturating_add(incoming) <= max
+}
+
 impl<R: Recorder> Core<R> {
-    /// Refuse the call when its principal holds its whole share; true when refused.
+    /// The loop tells, once per turn, how many answer bytes wait to be written to each
+    /// principal's connections (principals with none are left out).
+    pub fn set_output_waiting(&mut self, waiting: HashMap<String, usize>) {
+        self.output_waiting = waiting;
+    }
+
+    /// Bytes `principal` holds: its calls' requests plus its answers not yet written.
+    fn bytes_held(&self, principal: &str) -> usize {
+        let waiting = self.output_waiting.get(principal).copied().unwrap_or(0);
+        self.calls
+            .bytes_of_principal(principal)
+            .saturating_add(waiting)
+    }
+
+    /// Refuse the call when its principal holds its whole share of calls or of bytes;
+    /// true when refused.
     pub(super) fn refuse_over_share(&mut self, ctx: &RequestCtx, method: &str) -> bool {
+        if self.refuse_over_bytes(ctx, method) {
+            return true;
+        }
         let share = self.limits.in_flight_per_principal();
         let held = self.calls.of_principal(&ctx.peer.principal);
         if held < share {
@@ -39,6 +73,27 @@ impl<R: Recorder> Core<R> {
         );
         true
     }
+
+    fn refuse_over_bytes(&mut self, ctx: &RequestCtx, method: &str) -> bool {
+        let max = self.limits.max_bytes_in_flight_per_principal;
+        let held = self.bytes_held(&ctx.peer.principal);
+        if within_bytes(held, ctx.bytes_received, max) {
+            return false;
+        }
+        self.counters.share_refusals += 1;
+        let message = format!(
+            "too many bytes in flight for {}: {held} bytes of calls and unread answers, and this call's {} would pass {BYTES_KEY} ({max}); read the answers or try again when a call ends",
+            ctx.peer.principal, ctx.bytes_received
+        );
+        self.answer_error(
+            ctx,
+            method,
+            BUSY_CODE,
+            &message,
+            Some(&json!({"limit": BYTES_KEY, "bytesInFlight": held, "share": max})),
+        );
+        true
+    }
 }
 
 #[cfg(test)]
@@ -46,7 +101,45 @@ mod tests {
     use serde_json::json;
 
     use super::super::tests::{Harness, reply};
-    use super::KEY;
+    use super::{BYTES_KEY, KEY, within_bytes};
+    use std::collections::HashMap;
+
+    #[test]
+    fn the_byte_share_lets_in_a_lone_call_and_bounds_the_rest() {
+        assert!(within_bytes(0, 10_000, 100), "nothing held: let in");
+        assert!(within_bytes(40, 60, 100));
+        assert!(!within_bytes(41, 60, 100));
+        assert!(!within_bytes(usize::MAX, 1, 100), "no overflow");
+    }
+
+    #[test]
+    fn held_requests_and_unread_answers_count_in_the_byte_share() {
+        let mut h = Harness::new(
+            "[[policy.rules]]\nid = \"ask-echo\"\naction = \"ask\"\ntool = \"local__echo\"\n",
+        );
+        h.core.limits.max_bytes_in_flight_per_principal = 300;
+        let big = json!({"name": "local__echo", "arguments": {"text": "x".repeat(120)}});
+        h.send("tools/call", big.clone());
+        assert!(
+            h.turn().is_empty(),
+            "held: the first call is within the share"
+        );
+        h.send("tools/call", big.clone());
+        let (_, v) = reply(&h.turn()).expect("refused: two would pass 300 bytes");
+        assert_eq!(v["error"]["data"]["limit"], BYTES_KEY, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(BYTES_KEY));
+        // Another principal has its own share...
+        h.peer.principal = "uid:1001".into();
+        h.send("tools/call", big.clone());
+        assert!(h.turn().is_empty(), "another principal's call is held");
+        // ...until answers wait unread on its connections.
+        h.core
+            .set_output_waiting(HashMap::from([("uid:1001".to_owned(), 250)]));
+        h.send("tools/call", big);
+        let (_, v) = reply(&h.turn()).expect("refused: unread answers count");
+        assert_eq!(v["error"]["data"]["limit"], BYTES_KEY, "{v}");
+        assert_eq!(h.core.counters.share_refusals, 2);
+    }
 
     #[test]
     fn a_principal_over_its_share_is_refused_and_others_are_not() {

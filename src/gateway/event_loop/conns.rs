@@ -105,6 +105,20 @@ pub(super) enum Outgoing<'a> {
 }
 
 impl Gateway {
+    /// Tell the core how many answer bytes wait to be written to each principal's
+    /// connections (`gateway.max_bytes_in_flight_per_principal`): once before a batch of
+    /// messages is handed over, so it judges them by what is queued now.
+    pub(super) fn tell_output_waiting(&mut self) {
+        let mut waiting: std::collections::HashMap<String, usize> = Default::default();
+        for c in self.conns.iter().flatten() {
+            let queued = c.queued();
+            if queued > 0 {
+                *waiting.entry(c.peer.principal.clone()).or_insert(0) += queued;
+            }
+        }
+        self.core.set_output_waiting(waiting);
+    }
+
     pub(super) fn insert_conn(
         &mut self,
         io: ConnIo,
@@ -285,6 +299,24 @@ impl Gateway {
         if let Some(Some(c)) = self.conns.get_mut(slot) {
             c.hung_up = true;
         }
+    }
+
+    /// The peer closed both ways: its calls end as cancelled (see `Core::on_peer_gone`).
+    pub(super) fn on_peer_gone(&mut self, slot: usize, now: Instant) {
+        if Some(slot) == self.stdio_slot {
+            return;
+        }
+        let Some(Some(c)) = self.conns.get(slot) else {
+            return;
+        };
+        if matches!(c.wire, Wire::Admin(_)) {
+            return;
+        }
+        let conn = ConnRef {
+            slot,
+            generation: c.generation,
+        };
+        self.core.on_peer_gone(conn, now);
     }
 
     pub(super) fn resume_paused(&mut self, now: Instant) {

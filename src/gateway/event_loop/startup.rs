@@ -223,6 +223,7 @@ impl Gateway {
         let mut supervisor = Supervisor::new(config.sandbox.clone());
         supervisor.set_secrets(crate::sandbox::secrets::config_secrets(&config));
         let spec = builtin_spec(&config);
+        core.set_builtin_pool(config.builtin.threads, config.builtin.queue);
         let id = core.add_worker(&spec.name, &spec.server);
         supervisor.add(spec, id, Token(WORKER_BASE));
         // Upstream servers: url servers through the aggregator worker, each local server
