@@ -374,7 +374,7 @@ pub fn render(m: &Metrics) -> String {
         &mut out,
         "toolwall_relay_late_answers_dropped_total",
         "counter",
-        "Agents' answers to relayed server requests that arrived after their call had ended: dropped, not forwarded to the server.",
+        "Agents' answers to relayed server requests that match no request waiting on that connection (their call ended, or the id is not one it was sent): dropped, not forwarded to the server.",
     );
     let _ = writeln!(
         out,
