@@ -48,6 +48,11 @@ impl RpcOutput {
         if let Message::Response { id, .. } = msg
             && self.cancelled.remove(id)
         {
+            // Word that the call ended, not its answer (see `worker_main::cancelled_end`).
+            push(
+                &mut self.out,
+                &crate::workers::worker_main::cancelled_end(*id),
+            );
             return;
         }
         push(&mut self.out, msg);

@@ -206,6 +206,9 @@ fn serve(
             if let Message::Response { id, .. } = &msg
                 && cancelled.remove(id)
             {
+                // Not its answer (the call is over), but word that it ended: the gateway
+                // keeps the call's pool slot until then (`fair_lanes.rs`).
+                push(&mut out, &cancelled_end(*id));
                 continue;
             }
             push(&mut out, &msg);
@@ -228,6 +231,19 @@ fn aggregator_op(op: &Op) -> bool {
         op,
         Op::Cancel { .. } | Op::Attest | Op::Answer { .. } | Op::List { .. }
     )
+}
+
+/// What a worker sends when a cancelled call's thread ends, instead of its answer.
+pub(crate) fn cancelled_end(id: u64) -> Message {
+    Message::Response {
+        id,
+        ok: None,
+        error: Some(RpcError {
+            kind: "cancelled".into(),
+            message: "the call was cancelled".into(),
+        }),
+        facts: None,
+    }
 }
 
 fn cancel_target(msg: &Message) -> Option<u64> {

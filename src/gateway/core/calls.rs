@@ -80,6 +80,10 @@ pub(super) struct CallTable {
     bytes_by_principal: HashMap<String, usize>,
     /// Agents' calls running or waiting in each pool's lane.
     lanes: Lanes,
+    /// Cancelled calls a worker may still be running: each keeps its lane's slot (and its
+    /// principal's share) until the worker says the call ended or its deadline passes, so
+    /// cancelling does not make room the pool does not have.
+    lingering: HashMap<u64, (LaneKey, String, Instant)>,
     next_key: u64,
 }
 
@@ -140,6 +144,34 @@ impl CallTable {
         } else {
             self.lanes.leave(lane, &x.from.principal, key, waiting);
         }
+    }
+
+    /// `call` (key `key`, just taken out) was cancelled while at its worker: its lane's
+    /// slot stays taken until [`CallTable::end_lingering`] (the worker's answer) or its
+    /// deadline.
+    pub fn linger(&mut self, key: u64, call: &Call) {
+        let (Some(lane), Some(x)) = (&call.lane, call.exchange()) else {
+            return;
+        };
+        if call.stage != Stage::AtWorker {
+            return;
+        }
+        let principal = x.from.principal.clone();
+        self.lanes.enter(lane, &principal, key, false);
+        self.deadlines.insert((call.deadline, key));
+        self.lingering
+            .insert(key, (lane.clone(), principal, call.deadline));
+    }
+
+    /// The worker is done with cancelled call `key` (or its deadline passed): its lane's
+    /// slot is free. False when `key` was not lingering.
+    pub fn end_lingering(&mut self, key: u64) -> bool {
+        let Some((lane, principal, deadline)) = self.lingering.remove(&key) else {
+            return false;
+        };
+        self.deadlines.remove(&(deadline, key));
+        self.lanes.leave(&lane, &principal, key, false);
+        true
     }
 
     /// Calls of `principal` running or waiting in `lane`.

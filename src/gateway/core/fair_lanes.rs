@@ -500,6 +500,30 @@ mod tests {
         }
 
         #[test]
+        fn a_cancelled_call_keeps_its_slot_until_the_worker_says_it_ended() {
+            let mut h = Harness::new("");
+            h.core.set_builtin_pool(1, 9);
+            let (first, ..) = to_worker(&echo(&mut h)).expect("the first call runs");
+            let hog_request = h.next_id;
+            h.peer.principal = "uid:1001".into();
+            assert!(to_worker(&echo(&mut h)).is_none(), "another's call waits");
+            h.peer.principal = "uid:1000".into();
+            h.send_raw(&format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{hog_request}}}}}"#
+            ));
+            let actions = h.turn();
+            assert_eq!(cancels(&actions), vec![first], "the worker is told");
+            assert!(
+                to_worker(&actions).is_none(),
+                "the worker may still run the cancelled call: no room yet"
+            );
+            // The worker's word that the cancelled call's thread ended frees its slot.
+            h.core
+                .on_worker_message(0, crate::workers::worker_main::cancelled_end(first), h.now);
+            assert!(to_worker(&h.turn()).is_some(), "now the waiting call goes");
+        }
+
+        #[test]
         fn a_hang_up_cancels_running_calls_and_waiting_ones_never_start() {
             let mut h = Harness::new("");
             h.core.set_builtin_pool(1, 9);

@@ -500,6 +500,8 @@ impl<R: Recorder> Core<R> {
         self.upstream_tick(now);
         while let Some(key) = self.calls.pop_expired(now) {
             let Some(call) = self.calls.get(key) else {
+                // A cancelled call the worker never said it ended: its slot is free now.
+                self.calls.end_lingering(key);
                 continue;
             };
             match call.stage {

@@ -48,6 +48,8 @@ impl<R: Recorder> Core<R> {
                     .get(id)
                     .is_some_and(|c| c.worker == worker && c.stage == Stage::AtWorker);
                 if !owned {
+                    // A cancelled call's end frees the lane slot it kept.
+                    self.calls.end_lingering(id);
                     return;
                 }
                 let Some(call) = self.calls.take(id) else {
@@ -196,6 +198,8 @@ impl<R: Recorder> Core<R> {
         };
         if call.stage == Stage::AtWorker {
             self.cancel_at_worker(call.worker, key);
+            // The worker may still be running it: the pool is not any emptier yet.
+            self.calls.linger(key, &call);
         }
         let Purpose::Exchange(mut x) = call.purpose else {
             return;
