@@ -52,6 +52,19 @@ pub const MAX_PIN_RETENTION_SECS: u64 = 10 * 365 * 24 * 3600;
 /// Default of `[servers] max_remembered_uris`: resource URIs and templates remembered as
 /// one server's (and waiting to be), at most; more are served but not remembered.
 pub const DEFAULT_MAX_REMEMBERED_URIS: usize = 20_000;
+/// Default of `[servers] max_server_subscriptions`: resource URIs one server may be asked
+/// to watch at once for all agents.
+pub const DEFAULT_MAX_SERVER_SUBSCRIPTIONS: usize = 4096;
+/// Largest `max_server_subscriptions`: a 2026-07-28 server's set travels whole in every
+/// `subscriptions/listen` request.
+pub const MAX_SERVER_SUBSCRIPTIONS_LIMIT: usize = 65_536;
+/// Default of `[servers] subscription_recheck_secs`: longest a 2026-07-28 server's
+/// listening stream that carries subscriptions stays open without traffic before it is
+/// opened again with the set as it is then.
+pub const DEFAULT_SUBSCRIPTION_RECHECK_SECS: u64 = 5;
+/// Largest `subscription_recheck_secs`: the idle time of a listening stream without
+/// subscriptions (`upstream::LISTEN_IDLE`).
+pub const MAX_SUBSCRIPTION_RECHECK_SECS: u64 = super::upstream::LISTEN_IDLE.as_secs();
 /// Most `owns_resources` patterns per server.
 pub const MAX_OWNS_RESOURCES: usize = 256;
 /// Default of `[servers.NAME] timeout_secs`: one upstream exchange, headers and body.
@@ -97,6 +110,8 @@ const SETTING_KEYS: &[&str] = &[
     "relist_min_interval_ms",
     "pin_retention_secs",
     "max_remembered_uris",
+    "max_server_subscriptions",
+    "subscription_recheck_secs",
     "state_dir",
     "stderr_lines",
     "stderr_lines_per_sec",
@@ -139,6 +154,12 @@ pub struct ServersConfig {
     /// Resource URIs and templates remembered as one server's owned (and waiting to be),
     /// at most per server: bounds `resource_owners` and its copy in memory.
     pub max_remembered_uris: usize,
+    /// Resource URIs one server may be asked to watch at once, for all agents together;
+    /// beyond, a subscribe is refused (`busy`).
+    pub max_server_subscriptions: usize,
+    /// Seconds a 2026-07-28 server's listening stream that carries subscriptions stays
+    /// open without traffic before it is opened again (a changed set applies within it).
+    pub subscription_recheck_secs: u64,
     /// Where local servers (`command`) keep their private state directories (`NAME/`):
     /// by default the directory next to the ledger's, named like it with `-servers`.
     pub state_dir: Option<PathBuf>,
@@ -172,6 +193,8 @@ impl Default for ServersConfig {
             relist_min_interval_ms: DEFAULT_RELIST_MIN_INTERVAL_MS,
             pin_retention_secs: DEFAULT_PIN_RETENTION_SECS,
             max_remembered_uris: DEFAULT_MAX_REMEMBERED_URIS,
+            max_server_subscriptions: DEFAULT_MAX_SERVER_SUBSCRIPTIONS,
+            subscription_recheck_secs: DEFAULT_SUBSCRIPTION_RECHECK_SECS,
             state_dir: None,
             stderr_lines: crate::stdio_server::config::DEFAULT_STDERR_LINES,
             stderr_lines_per_sec: crate::stdio_server::hosting::STDERR_LINES_PER_SEC,
@@ -359,6 +382,8 @@ impl<'de> Visitor<'de> for ServersVisitor {
                 "relist_min_interval_ms" => cfg.relist_min_interval_ms = map.next_value()?,
                 "pin_retention_secs" => cfg.pin_retention_secs = map.next_value()?,
                 "max_remembered_uris" => cfg.max_remembered_uris = map.next_value()?,
+                "max_server_subscriptions" => cfg.max_server_subscriptions = map.next_value()?,
+                "subscription_recheck_secs" => cfg.subscription_recheck_secs = map.next_value()?,
                 "state_dir" => cfg.state_dir = Some(map.next_value()?),
                 "stderr_lines" => cfg.stderr_lines = map.next_value()?,
                 "stderr_lines_per_sec" => cfg.stderr_lines_per_sec = map.next_value()?,
@@ -420,6 +445,13 @@ impl ServersConfig {
                 other.connect_timeout_secs,
             )
             && self.retry_max_secs == other.retry_max_secs
+            && (
+                self.max_server_subscriptions,
+                self.subscription_recheck_secs,
+            ) == (
+                other.max_server_subscriptions,
+                other.subscription_recheck_secs,
+            )
     }
 
     /// Local servers enabled in both `self` and `other` whose program must start again
@@ -462,6 +494,11 @@ impl ServersConfig {
             ("max_listing_bytes", self.max_listing_bytes as u64),
             ("pin_retention_secs", self.pin_retention_secs),
             ("max_remembered_uris", self.max_remembered_uris as u64),
+            (
+                "max_server_subscriptions",
+                self.max_server_subscriptions as u64,
+            ),
+            ("subscription_recheck_secs", self.subscription_recheck_secs),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -476,6 +513,16 @@ impl ServersConfig {
         if self.pin_retention_secs > MAX_PIN_RETENTION_SECS {
             return Err(format!(
                 "servers.pin_retention_secs must be at most {MAX_PIN_RETENTION_SECS} seconds"
+            ));
+        }
+        if self.max_server_subscriptions > MAX_SERVER_SUBSCRIPTIONS_LIMIT {
+            return Err(format!(
+                "servers.max_server_subscriptions must be at most {MAX_SERVER_SUBSCRIPTIONS_LIMIT} (a 2026-07-28 server gets the whole set in every subscriptions/listen)"
+            ));
+        }
+        if self.subscription_recheck_secs > MAX_SUBSCRIPTION_RECHECK_SECS {
+            return Err(format!(
+                "servers.subscription_recheck_secs must be at most {MAX_SUBSCRIPTION_RECHECK_SECS} seconds (a listening stream without subscriptions is opened again that often anyway)"
             ));
         }
         if self.relist_min_interval_ms > MAX_TIMEOUT_SECS * 1000 {
@@ -872,6 +919,55 @@ enabled = false
         assert!(c.same_connections(&other));
         other.servers.get_mut("github").unwrap().url = "https://other.example.com/mcp".into();
         assert!(!c.same_connections(&other));
+    }
+
+    #[test]
+    fn subscription_limits_are_keys_with_bounds() {
+        let c = load("[servers]\nmax_server_subscriptions = 10\nsubscription_recheck_secs = 2\n")
+            .unwrap();
+        assert_eq!(
+            (c.max_server_subscriptions, c.subscription_recheck_secs),
+            (10, 2)
+        );
+        let d = ServersConfig::default();
+        assert_eq!(
+            (d.max_server_subscriptions, d.subscription_recheck_secs),
+            (4096, 5)
+        );
+        for (text, key) in [
+            (
+                "max_server_subscriptions = 0",
+                "servers.max_server_subscriptions",
+            ),
+            (
+                "max_server_subscriptions = 65537",
+                "servers.max_server_subscriptions",
+            ),
+            (
+                "subscription_recheck_secs = 0",
+                "servers.subscription_recheck_secs",
+            ),
+            (
+                "subscription_recheck_secs = 301",
+                "servers.subscription_recheck_secs",
+            ),
+        ] {
+            let err = load(&format!("[servers]\n{text}\n")).unwrap_err();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        assert!(load("[servers]\nsubscription_recheck_secs = 300\n").is_ok());
+        // Both reach the worker's setup, so a change needs a new one.
+        let mut other = c.clone();
+        other.subscription_recheck_secs = 3;
+        assert!(!c.same_connections(&other));
+        let limits = crate::aggregator::setup::Limits::from_config(&c);
+        assert_eq!(
+            (
+                limits.max_server_subscriptions,
+                limits.subscription_recheck_secs
+            ),
+            (10, 2)
+        );
     }
 
     #[test]

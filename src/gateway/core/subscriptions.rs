@@ -3,7 +3,8 @@
 //! (with the server that owns it), and a `notifications/resources/updated` of that server
 //! for that URI reaches the sessions that hold it, and no one else. An unsubscribe the
 //! server accepted drops the URI; a session's subscriptions end with the session. Each
-//! session holds at most `relay.max_subscriptions_per_session` URIs.
+//! session holds at most `relay.max_subscriptions_per_session` URIs, each at most
+//! `relay.max_subscribed_uri_bytes` long.
 //!
 //! The framed and stdio doors carry the updates as notifications (and declare
 //! `resources.subscribe` when a server offers it). The HTTP door has no standing stream
@@ -28,18 +29,15 @@ use crate::workers::rpc::{self, Op, UpstreamCall};
 /// The URIs one session is subscribed to, with the server that owns each and its worker.
 pub type SessionSubscriptions = BTreeMap<String, (String, WorkerId)>;
 
-/// Longest URI a session may subscribe to: the table holds what it is given, and a URI a
-/// template matches can be as long as a request.
-pub const MAX_SUBSCRIBED_URI_BYTES: usize = 2048;
-
 pub const UPDATED: &str = "notifications/resources/updated";
 
 impl<R: Recorder> Core<R> {
     /// Why `conn` may not subscribe to one more URI, if it may not.
     pub(super) fn subscription_refusal(&self, conn: ConnRef, uri: &str) -> Option<String> {
-        if uri.len() > MAX_SUBSCRIBED_URI_BYTES {
+        let longest = self.relay.config.max_subscribed_uri_bytes;
+        if uri.len() > longest {
             return Some(format!(
-                "a subscribed URI may be at most {MAX_SUBSCRIBED_URI_BYTES} bytes; this one is {}",
+                "a subscribed URI may be at most {longest} bytes (relay.max_subscribed_uri_bytes); this one is {}",
                 uri.len()
             ));
         }
