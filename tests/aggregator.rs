@@ -193,6 +193,7 @@ fn limits() -> Limits {
         retry_max_secs: 1,
         max_server_subscriptions: 4096,
         subscription_recheck_secs: 5,
+        reuse_idle_ms: 1000,
     }
 }
 

@@ -52,6 +52,14 @@ pub const MAX_PIN_RETENTION_SECS: u64 = 10 * 365 * 24 * 3600;
 /// Default of `[servers] max_remembered_uris`: resource URIs and templates remembered as
 /// one server's (and waiting to be), at most; more are served but not remembered.
 pub const DEFAULT_MAX_REMEMBERED_URIS: usize = 20_000;
+/// Default of `[servers] reuse_idle_ms`: a kept-alive connection to a server idle longer
+/// than this is not used again (a new one is opened). Below the 2 to 5 s after which
+/// common servers close an idle connection (uvicorn, Node, Apache 5 s; gunicorn 2 s), so a
+/// request is not written on a connection the server is closing at that moment (the
+/// request would fail, and a POST is not sent again: it may have side effects).
+pub const DEFAULT_REUSE_IDLE_MS: u64 = 1000;
+/// Largest `reuse_idle_ms`.
+pub const MAX_REUSE_IDLE_MS: u64 = 60_000;
 /// Default of `[servers] max_server_subscriptions`: resource URIs one server may be asked
 /// to watch at once for all agents.
 pub const DEFAULT_MAX_SERVER_SUBSCRIPTIONS: usize = 4096;
@@ -112,6 +120,7 @@ const SETTING_KEYS: &[&str] = &[
     "max_remembered_uris",
     "max_server_subscriptions",
     "subscription_recheck_secs",
+    "reuse_idle_ms",
     "state_dir",
     "stderr_lines",
     "stderr_lines_per_sec",
@@ -160,6 +169,9 @@ pub struct ServersConfig {
     /// Seconds a 2026-07-28 server's listening stream that carries subscriptions stays
     /// open without traffic before it is opened again (a changed set applies within it).
     pub subscription_recheck_secs: u64,
+    /// Milliseconds a kept-alive connection to a server may have been idle and still be
+    /// used again; 0: every request on a new connection.
+    pub reuse_idle_ms: u64,
     /// Where local servers (`command`) keep their private state directories (`NAME/`):
     /// by default the directory next to the ledger's, named like it with `-servers`.
     pub state_dir: Option<PathBuf>,
@@ -195,6 +207,7 @@ impl Default for ServersConfig {
             max_remembered_uris: DEFAULT_MAX_REMEMBERED_URIS,
             max_server_subscriptions: DEFAULT_MAX_SERVER_SUBSCRIPTIONS,
             subscription_recheck_secs: DEFAULT_SUBSCRIPTION_RECHECK_SECS,
+            reuse_idle_ms: DEFAULT_REUSE_IDLE_MS,
             state_dir: None,
             stderr_lines: crate::stdio_server::config::DEFAULT_STDERR_LINES,
             stderr_lines_per_sec: crate::stdio_server::hosting::STDERR_LINES_PER_SEC,
@@ -384,6 +397,7 @@ impl<'de> Visitor<'de> for ServersVisitor {
                 "max_remembered_uris" => cfg.max_remembered_uris = map.next_value()?,
                 "max_server_subscriptions" => cfg.max_server_subscriptions = map.next_value()?,
                 "subscription_recheck_secs" => cfg.subscription_recheck_secs = map.next_value()?,
+                "reuse_idle_ms" => cfg.reuse_idle_ms = map.next_value()?,
                 "state_dir" => cfg.state_dir = Some(map.next_value()?),
                 "stderr_lines" => cfg.stderr_lines = map.next_value()?,
                 "stderr_lines_per_sec" => cfg.stderr_lines_per_sec = map.next_value()?,
@@ -448,9 +462,11 @@ impl ServersConfig {
             && (
                 self.max_server_subscriptions,
                 self.subscription_recheck_secs,
+                self.reuse_idle_ms,
             ) == (
                 other.max_server_subscriptions,
                 other.subscription_recheck_secs,
+                other.reuse_idle_ms,
             )
     }
 
@@ -518,6 +534,11 @@ impl ServersConfig {
         if self.max_server_subscriptions > MAX_SERVER_SUBSCRIPTIONS_LIMIT {
             return Err(format!(
                 "servers.max_server_subscriptions must be at most {MAX_SERVER_SUBSCRIPTIONS_LIMIT} (a 2026-07-28 server gets the whole set in every subscriptions/listen)"
+            ));
+        }
+        if self.reuse_idle_ms > MAX_REUSE_IDLE_MS {
+            return Err(format!(
+                "servers.reuse_idle_ms must be at most {MAX_REUSE_IDLE_MS} milliseconds"
             ));
         }
         if self.subscription_recheck_secs > MAX_SUBSCRIPTION_RECHECK_SECS {
@@ -956,6 +977,15 @@ enabled = false
             assert!(err.contains(key), "{text}: {err}");
         }
         assert!(load("[servers]\nsubscription_recheck_secs = 300\n").is_ok());
+        assert_eq!(d.reuse_idle_ms, 1000);
+        assert_eq!(
+            load("[servers]\nreuse_idle_ms = 0\n")
+                .unwrap()
+                .reuse_idle_ms,
+            0
+        );
+        let err = load("[servers]\nreuse_idle_ms = 60001\n").unwrap_err();
+        assert!(err.contains("servers.reuse_idle_ms"), "{err}");
         // Both reach the worker's setup, so a change needs a new one.
         let mut other = c.clone();
         other.subscription_recheck_secs = 3;

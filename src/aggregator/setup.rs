@@ -45,6 +45,13 @@ pub struct Limits {
     /// `[servers] subscription_recheck_secs` (see `resource_subscriptions.rs`).
     #[serde(default = "default_subscription_recheck_secs")]
     pub subscription_recheck_secs: u64,
+    /// `[servers] reuse_idle_ms`: see `exchange.rs`.
+    #[serde(default = "default_reuse_idle_ms")]
+    pub reuse_idle_ms: u64,
+}
+
+fn default_reuse_idle_ms() -> u64 {
+    super::config::DEFAULT_REUSE_IDLE_MS
 }
 
 fn default_max_server_subscriptions() -> usize {
@@ -65,6 +72,7 @@ impl Limits {
             retry_max_secs: servers.retry_max_secs,
             max_server_subscriptions: servers.max_server_subscriptions,
             subscription_recheck_secs: servers.subscription_recheck_secs,
+            reuse_idle_ms: servers.reuse_idle_ms,
         }
     }
 }
