@@ -236,6 +236,8 @@ pub struct Core<R: Recorder = Ledger> {
     queued: queued_bytes::QueuedBytes,
     /// What the upstream servers offer beyond tools, resources and prompts.
     offers: forwarded::UpstreamOffers,
+    /// Unsubscribes toolwall sent for sessions that went, not answered yet (`subscriptions.rs`).
+    releases: subscriptions::PendingReleases,
 }
 
 impl<R: Recorder> Core<R> {
@@ -273,6 +275,7 @@ impl<R: Recorder> Core<R> {
             page_size: 200,
             upstreams: None,
             relay: relay::RelayHub::default(),
+            releases: Default::default(),
             client_asks: client_ask::ClientAsks::default(),
             queued: Default::default(),
             offers: Default::default(),

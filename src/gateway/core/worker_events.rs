@@ -48,6 +48,7 @@ impl<R: Recorder> Core<R> {
                     .get(id)
                     .is_some_and(|c| c.worker == worker && c.stage == Stage::AtWorker);
                 if !owned {
+                    self.release_answered(id, error.as_ref());
                     return;
                 }
                 let Some(call) = self.calls.take(id) else {
