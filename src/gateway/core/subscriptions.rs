@@ -32,10 +32,9 @@ pub type SessionSubscriptions = BTreeMap<String, (String, WorkerId)>;
 pub const UPDATED: &str = "notifications/resources/updated";
 
 /// Unsubscribes toolwall sent itself (a session went), by request id: server and URI, so a
-/// failed one is said (no agent waits for its answer). At most [`MAX_PENDING_RELEASES`]
+/// failed one is said (no agent waits for its answer). At most `gateway.max_in_flight_total`
 /// (the oldest is forgotten: a worker that never answers cannot grow it).
 pub type PendingReleases = BTreeMap<u64, (String, String)>;
-pub const MAX_PENDING_RELEASES: usize = 4096;
 
 impl<R: Recorder> Core<R> {
     /// Why `conn` may not subscribe to one more URI, if it may not.
@@ -194,7 +193,7 @@ impl<R: Recorder> Core<R> {
                 ..CallMeta::default()
             };
             let key = self.calls.new_key();
-            if self.releases.len() >= MAX_PENDING_RELEASES {
+            if self.releases.len() >= self.limits.max_in_flight_total.max(1) {
                 self.releases.pop_first();
             }
             self.releases.insert(key, (server.clone(), uri.clone()));
