@@ -191,6 +191,9 @@ fn limits() -> Limits {
         max_body_bytes: 1 << 20,
         connect_timeout_secs: 2,
         retry_max_secs: 1,
+        max_server_subscriptions: 4096,
+        subscription_recheck_secs: 5,
+        reuse_idle_ms: 1000,
     }
 }
 

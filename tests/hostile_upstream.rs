@@ -1738,3 +1738,35 @@ fn a_renamed_local_server_with_its_program_spelled_otherwise_is_held() {
         gw.log()
     );
 }
+
+/// A request written on a kept-alive connection the server is closing as idle fails (and a
+/// POST is not sent again: it may have side effects), so toolwall does not reuse one idle
+/// for as long as servers keep them (`[servers] reuse_idle_ms`, 1 s; uvicorn, Node and
+/// Apache close after 5 s). The fixture closes, unanswered, any request that arrives on a
+/// connection idle for 2 s: the race made certain. Failed before (connections idle up to
+/// ureq's 15 s were reused): the second call got `server_down`. This is how the unsubscribe
+/// toolwall sends when a session goes was lost now and then in `relay_sdk`.
+#[test]
+fn a_connection_idle_as_long_as_servers_keep_them_is_not_reused() {
+    let up = Hostile::start();
+    up.set(json!({"close_idle_after": 2.0}));
+    let mut gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\n\n[servers.h]\nurl = \"{}\"\npin = \"off\"\n",
+        up.url()
+    ));
+    wait_tool_count(&gw, "h", 2);
+    let mut c = gw.connect();
+    for round in 0..3 {
+        let r = c.call(
+            "tools/call",
+            json!({"name": "h__search", "arguments": {"q": "x"}}),
+        );
+        assert_eq!(
+            r["result"]["content"][0]["text"], "called search",
+            "round {round}: {r}"
+        );
+        std::thread::sleep(Duration::from_millis(2500));
+    }
+    assert_eq!(up.count("closed_idle"), 0, "{}", gw.log());
+    gw.terminate();
+}

@@ -53,6 +53,27 @@ pub const MAX_PIN_RETENTION_SECS: u64 = 10 * 365 * 24 * 3600;
 /// Default of `[servers] max_remembered_uris`: resource URIs and templates remembered as
 /// one server's (and waiting to be), at most; more are served but not remembered.
 pub const DEFAULT_MAX_REMEMBERED_URIS: usize = 20_000;
+/// Default of `[servers] reuse_idle_ms`: a kept-alive connection to a server idle longer
+/// than this is not used again (a new one is opened). Below the 2 to 5 s after which
+/// common servers close an idle connection (uvicorn, Node, Apache 5 s; gunicorn 2 s), so a
+/// request is not written on a connection the server is closing at that moment (the
+/// request would fail, and a POST is not sent again: it may have side effects).
+pub const DEFAULT_REUSE_IDLE_MS: u64 = 1000;
+/// Largest `reuse_idle_ms`.
+pub const MAX_REUSE_IDLE_MS: u64 = 60_000;
+/// Default of `[servers] max_server_subscriptions`: resource URIs one server may be asked
+/// to watch at once for all agents.
+pub const DEFAULT_MAX_SERVER_SUBSCRIPTIONS: usize = 4096;
+/// Largest `max_server_subscriptions`: a 2026-07-28 server's set travels whole in every
+/// `subscriptions/listen` request.
+pub const MAX_SERVER_SUBSCRIPTIONS_LIMIT: usize = 65_536;
+/// Default of `[servers] subscription_recheck_secs`: longest a 2026-07-28 server's
+/// listening stream that carries subscriptions stays open without traffic before it is
+/// opened again with the set as it is then.
+pub const DEFAULT_SUBSCRIPTION_RECHECK_SECS: u64 = 5;
+/// Largest `subscription_recheck_secs`: the idle time of a listening stream without
+/// subscriptions (`upstream::LISTEN_IDLE`).
+pub const MAX_SUBSCRIPTION_RECHECK_SECS: u64 = super::upstream::LISTEN_IDLE.as_secs();
 /// Most `owns_resources` patterns per server.
 pub const MAX_OWNS_RESOURCES: usize = 256;
 /// Default of `[servers.NAME] timeout_secs`: one upstream exchange, headers and body.
@@ -99,6 +120,9 @@ const SETTING_KEYS: &[&str] = &[
     "relist_loop_share_percent",
     "pin_retention_secs",
     "max_remembered_uris",
+    "max_server_subscriptions",
+    "subscription_recheck_secs",
+    "reuse_idle_ms",
     "state_dir",
     "stderr_lines",
     "stderr_lines_per_sec",
@@ -144,6 +168,15 @@ pub struct ServersConfig {
     /// Resource URIs and templates remembered as one server's owned (and waiting to be),
     /// at most per server: bounds `resource_owners` and its copy in memory.
     pub max_remembered_uris: usize,
+    /// Resource URIs one server may be asked to watch at once, for all agents together;
+    /// beyond, a subscribe is refused (`busy`).
+    pub max_server_subscriptions: usize,
+    /// Seconds a 2026-07-28 server's listening stream that carries subscriptions stays
+    /// open without traffic before it is opened again (a changed set applies within it).
+    pub subscription_recheck_secs: u64,
+    /// Milliseconds a kept-alive connection to a server may have been idle and still be
+    /// used again; 0: every request on a new connection.
+    pub reuse_idle_ms: u64,
     /// Where local servers (`command`) keep their private state directories (`NAME/`):
     /// by default the directory next to the ledger's, named like it with `-servers`.
     pub state_dir: Option<PathBuf>,
@@ -178,6 +211,9 @@ impl Default for ServersConfig {
             relist_loop_share_percent: DEFAULT_RELIST_LOOP_SHARE_PERCENT,
             pin_retention_secs: DEFAULT_PIN_RETENTION_SECS,
             max_remembered_uris: DEFAULT_MAX_REMEMBERED_URIS,
+            max_server_subscriptions: DEFAULT_MAX_SERVER_SUBSCRIPTIONS,
+            subscription_recheck_secs: DEFAULT_SUBSCRIPTION_RECHECK_SECS,
+            reuse_idle_ms: DEFAULT_REUSE_IDLE_MS,
             state_dir: None,
             stderr_lines: crate::stdio_server::config::DEFAULT_STDERR_LINES,
             stderr_lines_per_sec: crate::stdio_server::hosting::STDERR_LINES_PER_SEC,
@@ -366,6 +402,9 @@ impl<'de> Visitor<'de> for ServersVisitor {
                 "relist_loop_share_percent" => cfg.relist_loop_share_percent = map.next_value()?,
                 "pin_retention_secs" => cfg.pin_retention_secs = map.next_value()?,
                 "max_remembered_uris" => cfg.max_remembered_uris = map.next_value()?,
+                "max_server_subscriptions" => cfg.max_server_subscriptions = map.next_value()?,
+                "subscription_recheck_secs" => cfg.subscription_recheck_secs = map.next_value()?,
+                "reuse_idle_ms" => cfg.reuse_idle_ms = map.next_value()?,
                 "state_dir" => cfg.state_dir = Some(map.next_value()?),
                 "stderr_lines" => cfg.stderr_lines = map.next_value()?,
                 "stderr_lines_per_sec" => cfg.stderr_lines_per_sec = map.next_value()?,
@@ -427,6 +466,15 @@ impl ServersConfig {
                 other.connect_timeout_secs,
             )
             && self.retry_max_secs == other.retry_max_secs
+            && (
+                self.max_server_subscriptions,
+                self.subscription_recheck_secs,
+                self.reuse_idle_ms,
+            ) == (
+                other.max_server_subscriptions,
+                other.subscription_recheck_secs,
+                other.reuse_idle_ms,
+            )
     }
 
     /// Local servers enabled in both `self` and `other` whose program must start again
@@ -469,6 +517,11 @@ impl ServersConfig {
             ("max_listing_bytes", self.max_listing_bytes as u64),
             ("pin_retention_secs", self.pin_retention_secs),
             ("max_remembered_uris", self.max_remembered_uris as u64),
+            (
+                "max_server_subscriptions",
+                self.max_server_subscriptions as u64,
+            ),
+            ("subscription_recheck_secs", self.subscription_recheck_secs),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -489,6 +542,21 @@ impl ServersConfig {
             return Err(format!(
                 "servers.relist_loop_share_percent must be 1 to 100, not {}",
                 self.relist_loop_share_percent
+            ));
+        }
+        if self.max_server_subscriptions > MAX_SERVER_SUBSCRIPTIONS_LIMIT {
+            return Err(format!(
+                "servers.max_server_subscriptions must be at most {MAX_SERVER_SUBSCRIPTIONS_LIMIT} (a 2026-07-28 server gets the whole set in every subscriptions/listen)"
+            ));
+        }
+        if self.reuse_idle_ms > MAX_REUSE_IDLE_MS {
+            return Err(format!(
+                "servers.reuse_idle_ms must be at most {MAX_REUSE_IDLE_MS} milliseconds"
+            ));
+        }
+        if self.subscription_recheck_secs > MAX_SUBSCRIPTION_RECHECK_SECS {
+            return Err(format!(
+                "servers.subscription_recheck_secs must be at most {MAX_SUBSCRIPTION_RECHECK_SECS} seconds (a listening stream without subscriptions is opened again that often anyway)"
             ));
         }
         if self.relist_min_interval_ms > MAX_TIMEOUT_SECS * 1000 {
@@ -885,6 +953,64 @@ enabled = false
         assert!(c.same_connections(&other));
         other.servers.get_mut("github").unwrap().url = "https://other.example.com/mcp".into();
         assert!(!c.same_connections(&other));
+    }
+
+    #[test]
+    fn subscription_limits_are_keys_with_bounds() {
+        let c = load("[servers]\nmax_server_subscriptions = 10\nsubscription_recheck_secs = 2\n")
+            .unwrap();
+        assert_eq!(
+            (c.max_server_subscriptions, c.subscription_recheck_secs),
+            (10, 2)
+        );
+        let d = ServersConfig::default();
+        assert_eq!(
+            (d.max_server_subscriptions, d.subscription_recheck_secs),
+            (4096, 5)
+        );
+        for (text, key) in [
+            (
+                "max_server_subscriptions = 0",
+                "servers.max_server_subscriptions",
+            ),
+            (
+                "max_server_subscriptions = 65537",
+                "servers.max_server_subscriptions",
+            ),
+            (
+                "subscription_recheck_secs = 0",
+                "servers.subscription_recheck_secs",
+            ),
+            (
+                "subscription_recheck_secs = 301",
+                "servers.subscription_recheck_secs",
+            ),
+        ] {
+            let err = load(&format!("[servers]\n{text}\n")).unwrap_err();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        assert!(load("[servers]\nsubscription_recheck_secs = 300\n").is_ok());
+        assert_eq!(d.reuse_idle_ms, 1000);
+        assert_eq!(
+            load("[servers]\nreuse_idle_ms = 0\n")
+                .unwrap()
+                .reuse_idle_ms,
+            0
+        );
+        let err = load("[servers]\nreuse_idle_ms = 60001\n").unwrap_err();
+        assert!(err.contains("servers.reuse_idle_ms"), "{err}");
+        // Both reach the worker's setup, so a change needs a new one.
+        let mut other = c.clone();
+        other.subscription_recheck_secs = 3;
+        assert!(!c.same_connections(&other));
+        let limits = crate::aggregator::setup::Limits::from_config(&c);
+        assert_eq!(
+            (
+                limits.max_server_subscriptions,
+                limits.subscription_recheck_secs
+            ),
+            (10, 2)
+        );
     }
 
     #[test]

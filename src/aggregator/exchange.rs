@@ -106,6 +106,11 @@ impl Transport {
                 .timeout_connect(Some(connect))
                 .max_idle_connections(limits.threads.max(1) * 2)
                 .max_idle_connections_per_host(limits.threads.max(1))
+                // The pool hands out its longest-idle connection first: one idle for as
+                // long as the server keeps it (uvicorn: 5 s) could be closed by the server
+                // while the request is written on it, and that request would fail (a lost
+                // unsubscribe, a call's spurious `server_down`). Such a one is not reused.
+                .max_idle_age(Duration::from_millis(limits.reuse_idle_ms))
                 .max_response_header_size(64 * 1024)
         };
         let agent = Agent::with_parts(

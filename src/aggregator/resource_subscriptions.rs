@@ -6,30 +6,26 @@
 //! an agent's subscribe or unsubscribe to such a server changes the set and is answered
 //! `{}` here; the listening stream is opened again with the new set (see
 //! `Upstream::stay_connected`: while a set is held, the stream is re-opened after
-//! [`SUBSCRIPTION_RECHECK`] without traffic, so a change applies within that time).
+//! `[servers] subscription_recheck_secs` without traffic, so a change applies within that
+//! time). One server is asked to watch at most `[servers] max_server_subscriptions` URIs.
 
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use super::error::{UpstreamError, UpstreamErrorCode};
-
-/// URIs one server may be asked to watch at once for all agents; beyond, a subscribe is
-/// refused (`busy`). The gateway bounds each session (`relay.max_subscriptions_per_session`).
-pub const MAX_SERVER_SUBSCRIPTIONS: usize = 4096;
-/// Longest a listening stream that carries subscriptions stays open without traffic
-/// before it is opened again (with the set as it is then).
-pub const SUBSCRIPTION_RECHECK: Duration = Duration::from_secs(5);
 
 /// Whether `method` is converted for a modern server.
 pub fn converted(method: &str) -> bool {
     matches!(method, "resources/subscribe" | "resources/unsubscribe")
 }
 
-/// Apply `method` with `params` (the agent's, as judged) to `set`. Ok(true) when the set
-/// changed.
+/// Apply `method` with `params` (the agent's, as judged) to `set`, which may hold `max`
+/// URIs (`[servers] max_server_subscriptions`; beyond, a subscribe is refused as `busy`;
+/// the gateway bounds each session with `relay.max_subscriptions_per_session`). Ok(true)
+/// when the set changed.
 pub fn apply(
     set: &mut BTreeSet<String>,
+    max: usize,
     server: &str,
     method: &str,
     params: &Value,
@@ -46,11 +42,11 @@ pub fn apply(
     if set.contains(uri) {
         return Ok(false);
     }
-    if set.len() >= MAX_SERVER_SUBSCRIPTIONS {
+    if set.len() >= max {
         return Err(UpstreamError::new(
             UpstreamErrorCode::Busy,
             format!(
-                "server {server}: {MAX_SERVER_SUBSCRIPTIONS} resources are watched already; unsubscribe from one first"
+                "server {server}: {max} resources are watched already (servers.max_server_subscriptions); unsubscribe from one first"
             ),
         ));
     }
@@ -65,26 +61,43 @@ mod tests {
 
     #[test]
     fn the_set_follows_subscribes_and_is_bounded() {
+        const MAX: usize = 16;
         let mut set = BTreeSet::new();
         let sub = |set: &mut BTreeSet<String>, uri: &str| {
-            apply(set, "s", "resources/subscribe", &json!({"uri": uri}))
+            apply(set, MAX, "s", "resources/subscribe", &json!({"uri": uri}))
         };
         assert_eq!(sub(&mut set, "test://a"), Ok(true));
         assert_eq!(sub(&mut set, "test://a"), Ok(false));
         let un = apply(
             &mut set,
+            MAX,
             "s",
             "resources/unsubscribe",
             &json!({"uri": "test://a"}),
         );
         assert_eq!(un, Ok(true));
         assert!(set.is_empty());
-        assert!(apply(&mut set, "s", "resources/subscribe", &json!({})).is_err());
-        for n in 0..MAX_SERVER_SUBSCRIPTIONS {
+        assert!(apply(&mut set, MAX, "s", "resources/subscribe", &json!({})).is_err());
+        for n in 0..MAX {
             sub(&mut set, &format!("test://{n}")).unwrap();
         }
         let e = sub(&mut set, "test://one-more").unwrap_err();
         assert_eq!(e.code, UpstreamErrorCode::Busy);
+        assert!(
+            e.message.contains("servers.max_server_subscriptions"),
+            "{e:?}"
+        );
+        // A URI held already is no new one; an unsubscribe makes room.
+        assert_eq!(sub(&mut set, "test://0"), Ok(false));
+        let un = apply(
+            &mut set,
+            MAX,
+            "s",
+            "resources/unsubscribe",
+            &json!({"uri": "test://0"}),
+        );
+        assert_eq!(un, Ok(true));
+        assert_eq!(sub(&mut set, "test://one-more"), Ok(true));
         assert!(converted("resources/subscribe") && !converted("resources/read"));
     }
 }

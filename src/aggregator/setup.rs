@@ -39,6 +39,27 @@ pub struct Limits {
     pub max_body_bytes: usize,
     pub connect_timeout_secs: u64,
     pub retry_max_secs: u64,
+    /// `[servers] max_server_subscriptions` (see `resource_subscriptions.rs`).
+    #[serde(default = "default_max_server_subscriptions")]
+    pub max_server_subscriptions: usize,
+    /// `[servers] subscription_recheck_secs` (see `resource_subscriptions.rs`).
+    #[serde(default = "default_subscription_recheck_secs")]
+    pub subscription_recheck_secs: u64,
+    /// `[servers] reuse_idle_ms`: see `exchange.rs`.
+    #[serde(default = "default_reuse_idle_ms")]
+    pub reuse_idle_ms: u64,
+}
+
+fn default_reuse_idle_ms() -> u64 {
+    super::config::DEFAULT_REUSE_IDLE_MS
+}
+
+fn default_max_server_subscriptions() -> usize {
+    super::config::DEFAULT_MAX_SERVER_SUBSCRIPTIONS
+}
+
+fn default_subscription_recheck_secs() -> u64 {
+    super::config::DEFAULT_SUBSCRIPTION_RECHECK_SECS
 }
 
 impl Limits {
@@ -49,6 +70,9 @@ impl Limits {
             max_body_bytes: servers.max_body_bytes,
             connect_timeout_secs: servers.connect_timeout_secs,
             retry_max_secs: servers.retry_max_secs,
+            max_server_subscriptions: servers.max_server_subscriptions,
+            subscription_recheck_secs: servers.subscription_recheck_secs,
+            reuse_idle_ms: servers.reuse_idle_ms,
         }
     }
 }

@@ -1107,7 +1107,13 @@ impl Upstream {
             if !matches!(st.era, Some(Era::Modern { .. })) {
                 return None;
             }
-            match resource_subscriptions::apply(&mut st.subscriptions, &self.name, method, params) {
+            match resource_subscriptions::apply(
+                &mut st.subscriptions,
+                self.limits.max_server_subscriptions.max(1),
+                &self.name,
+                method,
+                params,
+            ) {
                 Ok(changed) => {
                     st.subscriptions_changed |= changed;
                     changed
@@ -1330,7 +1336,7 @@ impl Upstream {
                 let headers = protocol_headers(Some(era), "subscriptions/listen", params.as_ref());
                 let body = request_body(id, "subscriptions/listen", text.as_deref());
                 let idle = if rechecks {
-                    resource_subscriptions::SUBSCRIPTION_RECHECK
+                    Duration::from_secs(self.limits.subscription_recheck_secs.max(1))
                 } else {
                     LISTEN_IDLE
                 };

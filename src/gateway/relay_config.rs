@@ -8,6 +8,9 @@ use serde::Deserialize;
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Largest `relay.max_subscriptions_per_session`.
 pub const MAX_SUBSCRIPTIONS_PER_SESSION: usize = 4096;
+/// Largest `relay.max_subscribed_uri_bytes`: a session holds up to
+/// `max_subscriptions_per_session` of them.
+pub const MAX_SUBSCRIBED_URI_BYTES: usize = 65_536;
 /// Largest `relay.max_requests_per_call`.
 pub const MAX_REQUESTS_PER_CALL: u32 = 1024;
 
@@ -32,6 +35,9 @@ pub struct RelayConfig {
     /// Resource URIs one agent session may be subscribed to (`resources/subscribe`);
     /// beyond, a subscribe is refused. The session's subscriptions end with it.
     pub max_subscriptions_per_session: usize,
+    /// Longest resource URI a session may subscribe to: the session's table holds what
+    /// it is given, and a URI a template matches can be as long as a request.
+    pub max_subscribed_uri_bytes: usize,
 }
 
 impl Default for RelayConfig {
@@ -44,6 +50,7 @@ impl Default for RelayConfig {
             input_state_ttl_secs: 600,
             unrouted_logs_per_sec: 5,
             max_subscriptions_per_session: 64,
+            max_subscribed_uri_bytes: 2048,
         }
     }
 }
@@ -78,6 +85,42 @@ impl RelayConfig {
                 "relay.max_subscriptions_per_session must be between 1 and {MAX_SUBSCRIPTIONS_PER_SESSION}"
             ));
         }
+        if self.max_subscribed_uri_bytes == 0
+            || self.max_subscribed_uri_bytes > MAX_SUBSCRIBED_URI_BYTES
+        {
+            return Err(format!(
+                "relay.max_subscribed_uri_bytes must be between 1 and {MAX_SUBSCRIBED_URI_BYTES}"
+            ));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<RelayConfig, String> {
+        let c: RelayConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        c.validate().map(|()| c)
+    }
+
+    #[test]
+    fn the_subscribed_uri_bound_is_a_key_with_bounds() {
+        assert_eq!(load("").unwrap().max_subscribed_uri_bytes, 2048);
+        assert_eq!(
+            load("max_subscribed_uri_bytes = 100\n")
+                .unwrap()
+                .max_subscribed_uri_bytes,
+            100
+        );
+        assert!(load("max_subscribed_uri_bytes = 65536\n").is_ok());
+        for bad in ["0", "65537"] {
+            let err = load(&format!("max_subscribed_uri_bytes = {bad}\n")).unwrap_err();
+            assert!(
+                err.contains("relay.max_subscribed_uri_bytes"),
+                "{bad}: {err}"
+            );
+        }
     }
 }

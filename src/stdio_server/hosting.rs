@@ -164,6 +164,9 @@ pub fn setup(servers: &ServersConfig, name: &str, s: &ServerConfig) -> Aggregato
             // The first handshake may take as long as the program needs to start.
             connect_timeout_secs: s.local.start_timeout_secs,
             retry_max_secs: servers.retry_max_secs,
+            max_server_subscriptions: servers.max_server_subscriptions,
+            subscription_recheck_secs: servers.subscription_recheck_secs,
+            reuse_idle_ms: servers.reuse_idle_ms,
         },
         servers: vec![UpstreamSetup {
             name: name.to_owned(),

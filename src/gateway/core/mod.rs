@@ -242,6 +242,8 @@ pub struct Core<R: Recorder = Ledger> {
     output_waiting: HashMap<String, usize>,
     /// The builtin worker's threads and queue (its lane, `fair_lanes.rs`).
     builtin_pool: (usize, usize),
+    /// Unsubscribes toolwall sent for sessions that went, not answered yet (`subscriptions.rs`).
+    releases: subscriptions::PendingReleases,
 }
 
 impl<R: Recorder> Core<R> {
@@ -279,6 +281,7 @@ impl<R: Recorder> Core<R> {
             page_size: 200,
             upstreams: None,
             relay: relay::RelayHub::default(),
+            releases: Default::default(),
             client_asks: client_ask::ClientAsks::default(),
             queued: Default::default(),
             offers: Default::default(),

@@ -3,7 +3,8 @@
 //! (with the server that owns it), and a `notifications/resources/updated` of that server
 //! for that URI reaches the sessions that hold it, and no one else. An unsubscribe the
 //! server accepted drops the URI; a session's subscriptions end with the session. Each
-//! session holds at most `relay.max_subscriptions_per_session` URIs.
+//! session holds at most `relay.max_subscriptions_per_session` URIs, each at most
+//! `relay.max_subscribed_uri_bytes` long.
 //!
 //! The framed and stdio doors carry the updates as notifications (and declare
 //! `resources.subscribe` when a server offers it). The HTTP door has no standing stream
@@ -28,18 +29,20 @@ use crate::workers::rpc::{self, Op, UpstreamCall};
 /// The URIs one session is subscribed to, with the server that owns each and its worker.
 pub type SessionSubscriptions = BTreeMap<String, (String, WorkerId)>;
 
-/// Longest URI a session may subscribe to: the table holds what it is given, and a URI a
-/// template matches can be as long as a request.
-pub const MAX_SUBSCRIBED_URI_BYTES: usize = 2048;
-
 pub const UPDATED: &str = "notifications/resources/updated";
+
+/// Unsubscribes toolwall sent itself (a session went), by request id: server and URI, so a
+/// failed one is said (no agent waits for its answer). At most `gateway.max_in_flight_total`
+/// (the oldest is forgotten: a worker that never answers cannot grow it).
+pub type PendingReleases = BTreeMap<u64, (String, String)>;
 
 impl<R: Recorder> Core<R> {
     /// Why `conn` may not subscribe to one more URI, if it may not.
     pub(super) fn subscription_refusal(&self, conn: ConnRef, uri: &str) -> Option<String> {
-        if uri.len() > MAX_SUBSCRIBED_URI_BYTES {
+        let longest = self.relay.config.max_subscribed_uri_bytes;
+        if uri.len() > longest {
             return Some(format!(
-                "a subscribed URI may be at most {MAX_SUBSCRIBED_URI_BYTES} bytes; this one is {}",
+                "a subscribed URI may be at most {longest} bytes (relay.max_subscribed_uri_bytes); this one is {}",
                 uri.len()
             ));
         }
@@ -148,6 +151,29 @@ impl<R: Recorder> Core<R> {
         }
     }
 
+    /// The answer to request `id`, which no call owns: if it is an unsubscribe toolwall
+    /// sent, a failure is logged and recorded (the server may go on sending updates that
+    /// now reach no one).
+    pub(super) fn release_answered(&mut self, id: u64, error: Option<&rpc::RpcError>) {
+        let Some((server, uri)) = self.releases.remove(&id) else {
+            return;
+        };
+        let Some(e) = error else {
+            return;
+        };
+        self.event(
+            "subscription_release_failed",
+            json!({"server": server, "uri": uri, "code": e.kind, "message": e.message}),
+        );
+        self.log(
+            crate::log::Level::Warn,
+            format!(
+                "server {server}: the unsubscribe from {uri:?} toolwall sent for a session that went failed ({}): {}",
+                e.kind, e.message
+            ),
+        );
+    }
+
     /// `conn` is going: a URI it held that no other session holds is unsubscribed at its
     /// server, so the server stops sending its updates (and a 2026-07-28 server's watched
     /// set shrinks). toolwall's own request: no agent waits for it, its answer is dropped.
@@ -167,6 +193,10 @@ impl<R: Recorder> Core<R> {
                 ..CallMeta::default()
             };
             let key = self.calls.new_key();
+            if self.releases.len() >= self.limits.max_in_flight_total.max(1) {
+                self.releases.pop_first();
+            }
+            self.releases.insert(key, (server.clone(), uri.clone()));
             self.event(
                 "subscription_released",
                 json!({"server": server, "uri": uri,
@@ -188,5 +218,51 @@ impl<R: Recorder> Core<R> {
                 },
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::Harness;
+    use super::*;
+
+    /// The unsubscribe toolwall sent for a session that went has no agent to tell: its
+    /// failure is logged (once), its success is not.
+    #[test]
+    fn a_failed_release_is_said_once() {
+        let mut h = Harness::new("");
+        h.core.take_logs();
+        let answer = |h: &mut Harness, id: u64, failed: bool| {
+            let msg = rpc::Message::Response {
+                id,
+                ok: (!failed).then(|| "{}".into()),
+                error: failed.then(|| rpc::RpcError {
+                    kind: "connect_failed".into(),
+                    message: "server old: Peer disconnected".into(),
+                }),
+                facts: None,
+            };
+            h.core.on_worker_message(0, msg, h.now);
+        };
+        for id in [900_001, 900_002] {
+            h.core
+                .releases
+                .insert(id, ("old".into(), "test://watched".into()));
+        }
+        answer(&mut h, 900_001, false);
+        assert!(h.core.take_logs().is_empty());
+        answer(&mut h, 900_002, true);
+        let logs = h.core.take_logs();
+        assert_eq!(logs.len(), 1, "{logs:?}");
+        assert!(
+            logs[0].1.contains("server old")
+                && logs[0].1.contains("test://watched")
+                && logs[0].1.contains("Peer disconnected"),
+            "{logs:?}"
+        );
+        // Said once: the entry is gone.
+        answer(&mut h, 900_002, true);
+        assert!(h.core.take_logs().is_empty());
+        assert!(h.core.releases.is_empty());
     }
 }

@@ -50,6 +50,7 @@ impl<R: Recorder> Core<R> {
                 if !owned {
                     // A cancelled call's end frees the lane slot it kept.
                     self.calls.end_lingering(id);
+                    self.release_answered(id, error.as_ref());
                     return;
                 }
                 let Some(call) = self.calls.take(id) else {

@@ -2,20 +2,30 @@
 //! spec (a client must not offer such a tool): each is said once in the log, naming the
 //! server, the tool and the first bad annotation, escaped (all three come from the
 //! server). A server lists the same tools again and again; the same refusal is not
-//! logged again, and the memory of what was said is bounded.
+//! logged again, and the memory of what was said is bounded: at most
+//! [`MAX_UNSERVABLE_LOGGED`] refusals, each remembered by a keyed hash of its text (a
+//! server's tool names and reasons can be long; 8 bytes each are kept, not their text).
+//!
+//! The bound is a constant, not a config key: it only decides how many distinct refusal
+//! lines are logged (the tools are refused whatever it is), it costs at most 8 KiB, and
+//! the catalog that calls [`note`] is built without the config in reach.
 
 use std::collections::HashSet;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 
 use crate::aggregator::error::quote_upstream;
 
 /// Distinct (server, tool, reason) refusals remembered so each is logged once; beyond
 /// this many, one line says further refusals go unlogged (the tools are still refused).
+/// Documented in the README (x-mcp-header); a fixed bound, see the module comment.
 pub const MAX_UNSERVABLE_LOGGED: usize = 1024;
 /// Characters of a server's tool name and of the reason kept in the line.
 const QUOTED_CHARS: usize = 200;
 
-static SAID: Mutex<Option<HashSet<(String, String, String)>>> = Mutex::new(None);
+/// The hashes of the refusals said, with the hasher's random keys (so a server cannot
+/// pick names that collide with one said before and so silence its line).
+static SAID: Mutex<Option<(RandomState, HashSet<u64>)>> = Mutex::new(None);
 
 /// The log line for tool `tool` of `server`, refused for `why`.
 pub fn line(server: &str, tool: &str, why: &str) -> String {
@@ -30,8 +40,8 @@ pub fn line(server: &str, tool: &str, why: &str) -> String {
 /// Log the refusal of `tool` of `server`, unless it was said already.
 pub fn note(server: &str, tool: &str, why: &str) {
     let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
-    let said = said.get_or_insert_with(HashSet::new);
-    let key = (server.to_owned(), tool.to_owned(), why.to_owned());
+    let (keys, said) = said.get_or_insert_with(|| (RandomState::new(), HashSet::new()));
+    let key = keys.hash_one((server, tool, why));
     if said.contains(&key) {
         return;
     }
@@ -63,5 +73,18 @@ mod tests {
             "{l}"
         );
         assert!(l.contains("x-mcp-header"), "{l}");
+    }
+
+    #[test]
+    fn what_is_remembered_is_bounded_and_small() {
+        let long = "t".repeat(100_000);
+        for n in 0..MAX_UNSERVABLE_LOGGED + 10 {
+            note("bounded", &format!("{long}{n}"), "why");
+            note("bounded", &format!("{long}{n}"), "why");
+        }
+        let said = SAID.lock().unwrap();
+        let (_, said) = said.as_ref().unwrap();
+        // One past the bound: the line that says the rest go unlogged.
+        assert_eq!(said.len(), MAX_UNSERVABLE_LOGGED + 1);
     }
 }
