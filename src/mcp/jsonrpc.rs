@@ -161,7 +161,9 @@ fn is_valid_id(raw: &RawValue) -> bool {
     let text = raw.get();
     match text.as_bytes().first() {
         Some(b'"') => true,
-        Some(b'-' | b'0'..=b'9') => text.bytes().skip(1).all(|b| b.is_ascii_digit()),
+        // An integer a 64-bit signed number holds: a longer one is well-formed JSON that no
+        // client can mean (JavaScript loses it past 2^53) and no `Value` keeps exactly.
+        Some(b'-' | b'0'..=b'9') => text.parse::<i64>().is_ok(),
         _ => false,
     }
 }
@@ -250,6 +252,11 @@ mod tests {
                 br#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#,
                 INVALID_REQUEST,
             ),
+            // Beyond a 64-bit integer (found by fuzzing: no `Value` keeps it exactly).
+            (
+                br#"{"jsonrpc":"2.0","id":99999999999999999999,"method":"ping"}"#,
+                INVALID_REQUEST,
+            ),
             (br#"{"jsonrpc":"2.0","id":1}"#, INVALID_REQUEST),
             (br#"{"jsonrpc":"2.0","id":1,"method":7}"#, INVALID_REQUEST),
             (
@@ -262,6 +269,10 @@ mod tests {
             assert_eq!(got.code, *code, "{}", String::from_utf8_lossy(bytes));
         }
         // The id survives in faults where it is readable.
+        for edge in ["-9223372036854775808", "9223372036854775807", "0"] {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":{edge},"method":"ping"}}"#);
+            assert!(parse(text.as_bytes()).is_ok(), "{edge}");
+        }
         let f = parse(br#"{"jsonrpc":"1.0","id":"a","method":"ping"}"#).unwrap_err();
         assert_eq!(f.id.unwrap().get(), "\"a\"");
     }
