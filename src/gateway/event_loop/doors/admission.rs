@@ -146,7 +146,15 @@ impl Gateway {
                 principal,
                 process: "admin".into(),
             };
-            match self.doors.budgets.admit_admin() {
+            // A full reserve first gives up its oldest connection that has said nothing: a
+            // silent one cannot hold the operator's way in (it may read first).
+            let seat = match self.doors.budgets.admit_admin() {
+                Err(Full::Admin) if self.displace_silent_admin(now) => {
+                    self.doors.budgets.admit_admin()
+                }
+                other => other,
+            };
+            match seat {
                 Ok(seat) => {
                     self.open_conn(
                         ConnIo::Unix(stream),
@@ -293,6 +301,36 @@ impl Gateway {
         false
     }
 
+    /// Close the oldest admin connection that has not sent a byte (read first, in case its
+    /// bytes are here), to make room in the admin reserve. Returns whether one was closed.
+    fn displace_silent_admin(&mut self, now: Instant) -> bool {
+        let silent = |c: &super::super::Conn| {
+            c.guard.door == Door::Admin
+                && !c.guard.read_any
+                && c.guard.lingering_since.is_none()
+                && !c.broken
+                && c.guard.seat.as_ref().is_some_and(|s| !s.is_agent())
+        };
+        let mut oldest: Vec<(Instant, usize)> = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, c)| {
+                let c = c.as_ref()?;
+                silent(c).then_some((c.guard.opened, slot))
+            })
+            .collect();
+        oldest.sort_unstable();
+        for (_, slot) in oldest.into_iter().take(DISPLACE_TRIES) {
+            self.service_conn(slot, now);
+            if self.conns[slot].as_ref().is_some_and(silent) {
+                self.retire(slot, Some(Full::Admin), now);
+                return true;
+            }
+        }
+        false
+    }
+
     /// Give up a connection's seat now: with a refusal to read (it lingers) when `refusal`
     /// is set, else closed at once (an idle keep-alive connection: a clean close).
     fn retire(&mut self, slot: usize, refusal: Option<Full>, now: Instant) {
@@ -324,6 +362,7 @@ impl Gateway {
                 h.closing = true;
             }
             Wire::Framed(_) => c.out.extend_from_slice(&framed_refusal(full, retry)),
+            Wire::Admin(_) => c.out.extend_from_slice(&admin_refusal(full)),
             _ => {}
         }
         // It lingers once its refusal is written (close_finished); its seat is free now.
