@@ -116,6 +116,10 @@ pub struct GatewayConfig {
     /// gateway's memory. A principal holding nothing is always let in (one call larger
     /// than the bound still runs alone).
     pub max_bytes_in_flight_per_principal: usize,
+    /// Bytes all principals together may hold in flight (the same count as the per-principal
+    /// one, summed): many principals each within their share cannot together grow the
+    /// gateway's memory past this. When nothing is held a call is always let in.
+    pub max_bytes_in_flight: usize,
     /// Percent of a pool (the builtin worker's `builtin.threads + builtin.queue`, or one
     /// upstream server's `servers.threads + servers.queue`) one principal may hold, running
     /// or waiting. Calls beyond a pool's threads wait in the gateway, one queue per
@@ -212,6 +216,7 @@ impl Default for GatewayConfig {
             max_in_flight_total: 4096,
             max_in_flight_per_principal: None,
             max_bytes_in_flight_per_principal: 32 * 1024 * 1024,
+            max_bytes_in_flight: 64 * 1024 * 1024,
             pool_share_percent: 50,
             max_messages_per_turn: 32,
             max_connections: 1024,
@@ -343,6 +348,7 @@ impl Config {
                 "gateway.max_bytes_in_flight_per_principal",
                 g.max_bytes_in_flight_per_principal,
             ),
+            ("gateway.max_bytes_in_flight", g.max_bytes_in_flight),
             ("gateway.pool_share_percent", g.pool_share_percent),
             ("gateway.max_messages_per_turn", g.max_messages_per_turn),
             ("gateway.max_connections", g.max_connections),

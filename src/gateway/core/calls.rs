@@ -78,6 +78,8 @@ pub(super) struct CallTable {
     /// Request bytes of those calls, by principal
     /// (`gateway.max_bytes_in_flight_per_principal`).
     bytes_by_principal: HashMap<String, usize>,
+    /// Their sum (`gateway.max_bytes_in_flight`).
+    bytes_total: usize,
     /// Agents' calls running or waiting in each pool's lane.
     lanes: Lanes,
     /// Cancelled calls a worker may still be running: each keeps its lane's slot (and its
@@ -131,6 +133,11 @@ impl CallTable {
             x.arrived_bytes,
             add,
         );
+        self.bytes_total = if add {
+            self.bytes_total.saturating_add(x.arrived_bytes)
+        } else {
+            self.bytes_total.saturating_sub(x.arrived_bytes)
+        };
     }
 
     /// Count `call` (key `key`) in or out of its lane.
@@ -203,6 +210,11 @@ impl CallTable {
     }
 
     /// Request bytes of the agents' calls of `principal` in the table.
+    /// Request bytes of every agent's calls in the table.
+    pub fn bytes_total(&self) -> usize {
+        self.bytes_total
+    }
+
     pub fn bytes_of_principal(&self, principal: &str) -> usize {
         self.bytes_by_principal.get(principal).copied().unwrap_or(0)
     }

@@ -24,6 +24,9 @@ pub const KEY: &str = "gateway.max_in_flight_per_principal";
 /// The config key a refusal for bytes names.
 pub const BYTES_KEY: &str = "gateway.max_bytes_in_flight_per_principal";
 
+/// The config key a refusal for all principals' bytes names.
+pub const TOTAL_BYTES_KEY: &str = "gateway.max_bytes_in_flight";
+
 /// Whether a request of `incoming` bytes passes a principal's byte share: it does when the
 /// principal holds nothing (one call larger than the bound still runs alone), or when what
 /// it holds plus the request stays within `max`.
@@ -75,6 +78,28 @@ impl<R: Recorder> Core<R> {
     }
 
     fn refuse_over_bytes(&mut self, ctx: &RequestCtx, method: &str) -> bool {
+        let total_max = self.limits.max_bytes_in_flight;
+        let total = self
+            .calls
+            .bytes_total()
+            .saturating_add(self.output_waiting.values().sum());
+        if !within_bytes(total, ctx.bytes_received, total_max) {
+            self.counters.share_refusals += 1;
+            let message = format!(
+                "too many bytes in flight for all agents: {total} bytes of calls and unread answers, and this call's {} would pass {TOTAL_BYTES_KEY} ({total_max}); try again when a call ends",
+                ctx.bytes_received
+            );
+            self.answer_error(
+                ctx,
+                method,
+                BUSY_CODE,
+                &message,
+                Some(
+                    &json!({"limit": TOTAL_BYTES_KEY, "bytesInFlight": total, "share": total_max}),
+                ),
+            );
+            return true;
+        }
         let max = self.limits.max_bytes_in_flight_per_principal;
         let held = self.bytes_held(&ctx.peer.principal);
         if within_bytes(held, ctx.bytes_received, max) {
@@ -101,7 +126,7 @@ mod tests {
     use serde_json::json;
 
     use super::super::tests::{Harness, reply};
-    use super::{BYTES_KEY, KEY, within_bytes};
+    use super::{BYTES_KEY, KEY, TOTAL_BYTES_KEY, within_bytes};
     use std::collections::HashMap;
 
     #[test]
@@ -139,6 +164,35 @@ mod tests {
         let (_, v) = reply(&h.turn()).expect("refused: unread answers count");
         assert_eq!(v["error"]["data"]["limit"], BYTES_KEY, "{v}");
         assert_eq!(h.core.counters.share_refusals, 2);
+    }
+
+    #[test]
+    fn many_principals_within_their_shares_are_bounded_together() {
+        let mut h = Harness::new(
+            "[[policy.rules]]\nid = \"ask-echo\"\naction = \"ask\"\ntool = \"local__echo\"\n",
+        );
+        h.core.limits.max_bytes_in_flight_per_principal = 300;
+        h.core.limits.max_bytes_in_flight = 500;
+        let big = json!({"name": "local__echo", "arguments": {"text": "x".repeat(120)}});
+        for who in ["uid:1", "uid:2", "uid:3"] {
+            h.peer.principal = who.into();
+            h.send("tools/call", big.clone());
+            let actions = h.turn();
+            if who != "uid:3" {
+                assert!(actions.is_empty(), "{who} is held within both bounds");
+                continue;
+            }
+            // Each within its own share, but a third call would pass the total.
+            let (_, v) = reply(&actions).expect("refused: the total would pass 500 bytes");
+            assert_eq!(v["error"]["data"]["limit"], TOTAL_BYTES_KEY, "{v}");
+        }
+        // Unread answers of anyone count toward the total too.
+        h.core
+            .set_output_waiting(HashMap::from([("uid:9".to_owned(), 10_000)]));
+        h.peer.principal = "uid:4".into();
+        h.send("tools/call", big);
+        let (_, v) = reply(&h.turn()).expect("refused: answers wait unread");
+        assert_eq!(v["error"]["data"]["limit"], TOTAL_BYTES_KEY, "{v}");
     }
 
     #[test]
