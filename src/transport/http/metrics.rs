@@ -385,7 +385,7 @@ pub fn render(m: &Metrics) -> String {
         &mut out,
         "toolwall_share_refusals_total",
         "counter",
-        "Calls refused at once because their principal held its whole share of the calls in flight (gateway.max_in_flight_per_principal); not recorded in the ledger one by one.",
+        "Calls refused at once for a full share: of the calls in flight (gateway.max_in_flight_per_principal), of the bytes in flight (gateway.max_bytes_in_flight_per_principal, gateway.max_bytes_in_flight) or of a pool (gateway.pool_share_percent); not recorded in the ledger one by one.",
     );
     let _ = writeln!(out, "toolwall_share_refusals_total {}", m.share_refusals);
     out
