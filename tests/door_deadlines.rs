@@ -114,6 +114,29 @@ fn a_reader_that_stops_reading_is_closed_at_the_write_stall() {
 }
 
 #[test]
+fn partial_lines_cannot_hold_the_admin_reserve() {
+    let gw = HttpGateway::start("", "max_connections = 2\ntimeout_secs = 30\n");
+    // Both seats are taken by connections that sent the start of a command and went quiet.
+    let holders: Vec<UnixStream> = (0..2)
+        .map(|_| {
+            let mut s = UnixStream::connect(&gw.admin).unwrap();
+            s.write_all(br#"{"cmd":"sta"#).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..2 {
+        let out = gw.cli(&["status"]);
+        assert!(
+            out.status.success(),
+            "the operator is locked out: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    drop(holders);
+}
+
+#[test]
 fn the_admin_socket_has_its_own_reserve_and_deadline() {
     // The base config ends inside its [admin] table: these keys land there.
     let gw = HttpGateway::start("", "max_connections = 2\ntimeout_secs = 2\n");

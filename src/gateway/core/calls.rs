@@ -154,9 +154,9 @@ impl CallTable {
     }
 
     /// `call` (key `key`, just taken out) was cancelled while at its worker: its lane's
-    /// slot stays taken until [`CallTable::end_lingering`] (the worker's answer) or its
-    /// deadline.
-    pub fn linger(&mut self, key: u64, call: &Call) {
+    /// slot stays taken until [`CallTable::end_lingering`] (the worker's answer) or
+    /// `until`.
+    pub fn linger(&mut self, key: u64, call: &Call, until: Instant) {
         let (Some(lane), Some(x)) = (&call.lane, call.exchange()) else {
             return;
         };
@@ -165,9 +165,8 @@ impl CallTable {
         }
         let principal = x.from.principal.clone();
         self.lanes.enter(lane, &principal, key, false);
-        self.deadlines.insert((call.deadline, key));
-        self.lingering
-            .insert(key, (lane.clone(), principal, call.deadline));
+        self.deadlines.insert((until, key));
+        self.lingering.insert(key, (lane.clone(), principal, until));
     }
 
     /// The worker is done with cancelled call `key` (or its deadline passed): its lane's

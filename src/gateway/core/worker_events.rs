@@ -139,6 +139,12 @@ impl<R: Recorder> Core<R> {
         let Some(call) = self.calls.take(key) else {
             return;
         };
+        if code == ToolErrorCode::Timeout && call.stage == Stage::AtWorker {
+            // The worker may still run it (its own limits can outlast this timeout): the
+            // slot stays taken until it says the call ended, or one more timeout.
+            let period = call.deadline.saturating_duration_since(call.started);
+            self.calls.linger(key, &call, self.now + period);
+        }
         match call.purpose {
             Purpose::Exchange(x) => {
                 let refusal = Refusal {
@@ -200,7 +206,7 @@ impl<R: Recorder> Core<R> {
         if call.stage == Stage::AtWorker {
             self.cancel_at_worker(call.worker, key);
             // The worker may still be running it: the pool is not any emptier yet.
-            self.calls.linger(key, &call);
+            self.calls.linger(key, &call, call.deadline);
         }
         let Purpose::Exchange(mut x) = call.purpose else {
             return;

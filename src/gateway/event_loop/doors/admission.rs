@@ -301,27 +301,29 @@ impl Gateway {
         false
     }
 
-    /// Close the oldest admin connection that has not sent a byte (read first, in case its
-    /// bytes are here), to make room in the admin reserve. Returns whether one was closed.
+    /// Make room in the admin reserve: close the admin connection that has waited
+    /// longest with nothing to answer — one that sent no byte first, else the one idle
+    /// longest (a partial line counts as idle: an operator's command is one short line).
+    /// Each is read first, in case its command is here. Returns whether one was closed.
     fn displace_silent_admin(&mut self, now: Instant) -> bool {
         let silent = |c: &super::super::Conn| {
             c.guard.door == Door::Admin
-                && !c.guard.read_any
+                && c.queued() == 0
                 && c.guard.lingering_since.is_none()
                 && !c.broken
                 && c.guard.seat.as_ref().is_some_and(|s| !s.is_agent())
         };
-        let mut oldest: Vec<(Instant, usize)> = self
+        let mut oldest: Vec<(bool, Instant, usize)> = self
             .conns
             .iter()
             .enumerate()
             .filter_map(|(slot, c)| {
                 let c = c.as_ref()?;
-                silent(c).then_some((c.guard.opened, slot))
+                silent(c).then_some((c.guard.read_any, c.guard.last_activity, slot))
             })
             .collect();
         oldest.sort_unstable();
-        for (_, slot) in oldest.into_iter().take(DISPLACE_TRIES) {
+        for (_, _, slot) in oldest.into_iter().take(DISPLACE_TRIES) {
             self.service_conn(slot, now);
             if self.conns[slot].as_ref().is_some_and(silent) {
                 self.retire(slot, Some(Full::Admin), now);
