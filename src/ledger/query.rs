@@ -521,6 +521,11 @@ pub fn show(conn: &Connection, id: i64) -> rusqlite::Result<Option<serde_json::V
 /// not JSON, escaped text.
 fn body_text(body: &str) -> String {
     match serde_json::from_str::<serde_json::Value>(body) {
+        // Pretty only when it says what is stored: a parse drops duplicate keys and
+        // re-spells numbers and escapes, and `show` must not hide what arrived.
+        Ok(v) if !crate::mcp::compact_text::same_but_whitespace(body, &v.to_string()) => {
+            escape(body)
+        }
         // Pretty JSON escapes C0 controls, not DEL, C1 or bidi overrides.
         Ok(v) => super::tail::defang(
             &serde_json::to_string_pretty(&v).unwrap_or_default(),
@@ -875,4 +880,24 @@ pub fn format_stats(stats: &serde_json::Value) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod body_text_tests {
+    use super::body_text;
+
+    #[test]
+    fn show_prints_what_is_stored_when_a_parse_would_change_it() {
+        // Duplicate keys and a long number: shown as stored, not as parsed.
+        let dup = r#"{"text":"a","text":"b"}"#;
+        let shown = body_text(dup);
+        assert!(
+            shown.contains(r#"\"a\""#) && shown.contains(r#"\"b\""#),
+            "{shown}"
+        );
+        let big = r#"{"n":12345678901234567890123}"#;
+        assert!(body_text(big).contains("12345678901234567890123"));
+        // A faithful parse is pretty-printed.
+        assert_eq!(body_text(r#"{"a": 1}"#), "{\n  \"a\": 1\n}");
+    }
 }
