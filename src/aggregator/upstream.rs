@@ -1348,31 +1348,20 @@ impl Upstream {
     /// Like [`Upstream::wait_for_check`], and also returns (false) when the watched
     /// resource URIs changed.
     fn wait_for_check_or_watch(&self, d: Duration) -> bool {
-        let deadline = Instant::now() + d;
-        let mut st = self.lock();
-        while !st.check && !st.subscriptions_changed {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            st = self
-                .changed
-                .wait_timeout(st, left)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-        if st.check {
-            st.check = false;
-            return true;
-        }
-        false
+        self.wait_for(d, true)
     }
 
     /// Sleep `d`, or less when a request asked for a check. True when one did.
     fn wait_for_check(&self, d: Duration) -> bool {
+        self.wait_for(d, false)
+    }
+
+    /// Sleep `d`, or less when a check is asked for (or, with `watch`, the watched set
+    /// changed). True when a check was asked for (it is taken).
+    fn wait_for(&self, d: Duration, watch: bool) -> bool {
         let deadline = Instant::now() + d;
         let mut st = self.lock();
-        while !st.check {
+        while !(st.check || (watch && st.subscriptions_changed)) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
@@ -1383,8 +1372,7 @@ impl Upstream {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
-        st.check = false;
-        true
+        std::mem::take(&mut st.check)
     }
 
     fn sleep_unless_checked(&self, d: Duration) {

@@ -86,6 +86,18 @@ pub(super) struct Refusal<'a> {
     pub decision: &'static str,
 }
 
+impl<'a> Refusal<'a> {
+    /// A refusal that is toolwall's own error (no rule decided it).
+    pub fn error(code: ToolErrorCode, message: &'a str) -> Refusal<'a> {
+        Refusal {
+            code,
+            message,
+            rule: None,
+            decision: decision::ERROR,
+        }
+    }
+}
+
 /// The params fields read before the whole params are parsed: the raw arguments text the
 /// ledger keeps as it arrived.
 #[derive(Deserialize)]
@@ -531,23 +543,12 @@ impl<R: Recorder> Core<R> {
                 "worker {} is not available (restarting)",
                 self.workers[x.target.worker].name
             );
-            let refusal = Refusal {
-                code: ToolErrorCode::WorkerUnavailable,
-                message: &message,
-                rule: None,
-                decision: decision::ERROR,
-            };
-            self.refuse(x, started, &refusal);
+            self.refuse(
+                x,
+                started,
+                &Refusal::error(ToolErrorCode::WorkerUnavailable, &message),
+            );
             return;
-        }
-        // Encoded once: the worker's request, the bound below and the row's copy of what
-        // went upstream all use this text.
-        let args = x.forward_text();
-        if x.arrived_differs || x.rewritten {
-            x.forwarded = Some(match x.routed {
-                Routed::CallTool => args.clone(),
-                _ => x.judged_text(),
-            });
         }
         // Each pool is shared fairly between principals (`fair_lanes.rs`).
         let lane = self.lane_of(x.target.worker, &x.target.server);
@@ -561,28 +562,25 @@ impl<R: Recorder> Core<R> {
                     let who = self.pool_name(key);
                     let message =
                         fair_lanes::refusal(&admission, &who, &x.from.principal, *bounds, keys);
-                    let refusal = Refusal {
-                        code: ToolErrorCode::Busy,
-                        message: &message,
-                        rule: None,
-                        decision: decision::ERROR,
-                    };
-                    self.refuse(x, started, &refusal);
+                    self.refuse(x, started, &Refusal::error(ToolErrorCode::Busy, &message));
                     return;
                 }
             }
+        }
+        // Encoded once, and only for a call that goes on: the worker's request, the bound
+        // below and the row's copy of what went upstream all use this text.
+        let args = x.forward_text();
+        if x.arrived_differs || x.rewritten {
+            x.forwarded = Some(match x.routed {
+                Routed::CallTool => args.clone(),
+                _ => x.judged_text(),
+            });
         }
         // Bytes queued toward upstream servers are bounded (`servers.max_queued_bytes`).
         if self.is_aggregator(x.target.worker)
             && let Err(message) = self.take_queued_bytes(&mut x, args.len())
         {
-            let refusal = Refusal {
-                code: ToolErrorCode::Busy,
-                message: &message,
-                rule: None,
-                decision: decision::ERROR,
-            };
-            self.refuse(x, started, &refusal);
+            self.refuse(x, started, &Refusal::error(ToolErrorCode::Busy, &message));
             return;
         }
         let key = self.calls.new_key();
@@ -680,13 +678,14 @@ impl<R: Recorder> Core<R> {
                 (Some(text), _) => match serde_json::from_str::<Value>(&text) {
                     Ok(v @ Value::Object(_)) => Answer::result(v),
                     _ => {
-                        let refusal = Refusal {
-                            code: ToolErrorCode::Internal,
-                            message: "the server's result is not a JSON object",
-                            rule: None,
-                            decision: decision::ERROR,
-                        };
-                        self.refuse(x, started, &refusal);
+                        self.refuse(
+                            x,
+                            started,
+                            &Refusal::error(
+                                ToolErrorCode::Internal,
+                                "the server's result is not a JSON object",
+                            ),
+                        );
                         return;
                     }
                 },
@@ -699,13 +698,11 @@ impl<R: Recorder> Core<R> {
                     None,
                 ),
                 (None, None) => {
-                    let refusal = Refusal {
-                        code: ToolErrorCode::Internal,
-                        message: "the worker sent an empty answer",
-                        rule: None,
-                        decision: decision::ERROR,
-                    };
-                    self.refuse(x, started, &refusal);
+                    self.refuse(
+                        x,
+                        started,
+                        &Refusal::error(ToolErrorCode::Internal, "the worker sent an empty answer"),
+                    );
                     return;
                 }
             };
