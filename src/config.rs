@@ -28,6 +28,9 @@ pub const MAX_TIMEOUT_SECS: u64 = 24 * 3600;
 /// Longest `gateway.linger_secs`.
 pub const MAX_LINGER_SECS: u64 = 60;
 
+/// Most calls per thread `gateway.pool_prefetch` may queue at a worker.
+const MAX_POOL_PREFETCH: usize = 16;
+
 /// Most threads a worker pool may be configured with.
 pub const MAX_POOL_THREADS: usize = 1024;
 
@@ -125,6 +128,12 @@ pub struct GatewayConfig {
     /// or waiting. Calls beyond a pool's threads wait in the gateway, one queue per
     /// principal served in turn, so another principal's call goes at the next free thread.
     pub pool_share_percent: usize,
+    /// Calls a pool's worker is sent per thread beyond the one the thread runs, so a
+    /// thread that ends a call starts its next without waiting for the gateway's loop
+    /// turn. Another principal's call may then wait behind up to this many calls per
+    /// thread (0: it goes at the next free thread, at the cost of answers arriving in
+    /// bursts of at most `threads`: more loop turns and ledger commits per call).
+    pub pool_prefetch: usize,
     /// Messages (frames, lines, HTTP requests) taken from one connection per loop turn
     /// before the other connections get theirs: a pipelined burst cannot stall the loop.
     pub max_messages_per_turn: usize,
@@ -218,6 +227,7 @@ impl Default for GatewayConfig {
             max_bytes_in_flight_per_principal: 32 * 1024 * 1024,
             max_bytes_in_flight: 64 * 1024 * 1024,
             pool_share_percent: 50,
+            pool_prefetch: 1,
             max_messages_per_turn: 32,
             max_connections: 1024,
             max_connections_per_peer: None,
@@ -421,6 +431,11 @@ impl Config {
                     "{origin}: {key} must be at most {max}"
                 )));
             }
+        }
+        if g.pool_prefetch > MAX_POOL_PREFETCH {
+            return Err(ConfigError(format!(
+                "{origin}: gateway.pool_prefetch must be at most {MAX_POOL_PREFETCH}"
+            )));
         }
         if g.pool_share_percent > 100 {
             return Err(ConfigError(format!(
@@ -635,5 +650,11 @@ allow = ["not an address"]
         assert!(err.contains("gateway.max_in_flight_per_principal"), "{err}");
         let err = share("[gateway]\nmax_messages_per_turn = 0\n").unwrap_err();
         assert!(err.contains("gateway.max_messages_per_turn"), "{err}");
+        let err = share("[gateway]\npool_prefetch = 17\n").unwrap_err();
+        assert!(err.contains("gateway.pool_prefetch"), "{err}");
+        assert!(
+            share("[gateway]\npool_prefetch = 0\n").is_ok(),
+            "0 is strict turns"
+        );
     }
 }

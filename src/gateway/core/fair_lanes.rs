@@ -2,9 +2,12 @@
 //! in the aggregator) wait here, not in the pool's own first-come queue, so one principal's
 //! queued calls cannot delay another's indefinitely.
 //!
-//! A lane sends at most `window` calls (the pool's threads) to its worker at once; the rest
-//! wait in one queue per principal and leave in round-robin order across principals as
-//! calls end. A lane holds at most `capacity` calls (threads + queue), and one principal at
+//! A lane sends at most `window` calls to its worker at once: one per thread, plus
+//! `gateway.pool_prefetch` more per thread waiting in the worker's own queue, so a thread
+//! that ends a call starts the next without waiting for the gateway's turn (with none,
+//! answers came back in bursts of at most `threads` and every loop turn and ledger commit
+//! carried that few). The rest wait in one queue per principal and leave in round-robin
+//! order across principals as calls end. A lane holds at most `capacity` calls (threads + queue), and one principal at
 //! most `share` of them (`gateway.pool_share_percent` of the capacity), so another
 //! principal always finds room. Sans-IO: the core decides, the call table keeps the count.
 
@@ -32,7 +35,9 @@ pub struct LaneKey {
 /// A lane's bounds, from its pool's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
-    /// Calls sent to the worker at once (its threads).
+    /// The pool's threads.
+    pub threads: usize,
+    /// Calls sent to the worker at once (its threads and their prefetched calls).
     pub window: usize,
     /// Calls running or waiting (threads + queue).
     pub capacity: usize,
@@ -41,13 +46,18 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// Bounds of a pool of `threads` threads and a queue of `queue`, a principal taking at
-    /// most `percent` of it (at least one call).
-    pub fn of_pool(threads: usize, queue: usize, percent: usize) -> Bounds {
-        let window = threads.max(1);
-        let capacity = window.saturating_add(queue);
+    /// Bounds of a pool of `threads` threads and a queue of `queue`, `prefetch` calls
+    /// queued at the worker per thread, a principal taking at most `percent` of it (at
+    /// least one call).
+    pub fn of_pool(threads: usize, queue: usize, prefetch: usize, percent: usize) -> Bounds {
+        let threads = threads.max(1);
+        let capacity = threads.saturating_add(queue);
+        let window = threads
+            .saturating_mul(prefetch.saturating_add(1))
+            .min(capacity);
         let share = (capacity.saturating_mul(percent.min(100)) / 100).max(1);
         Bounds {
+            threads,
             window,
             capacity,
             share,
@@ -199,13 +209,14 @@ impl<R: Recorder> Core<R> {
         server: &str,
     ) -> Option<(LaneKey, Bounds, &'static str)> {
         let percent = self.limits.pool_share_percent;
+        let prefetch = self.limits.pool_prefetch;
         if let Some(u) = self.upstreams.as_ref().filter(|u| u.is_worker(worker)) {
             let (threads, queue) = u.pool();
             let key = LaneKey {
                 worker,
                 server: server.to_owned(),
             };
-            let bounds = Bounds::of_pool(threads, queue, percent);
+            let bounds = Bounds::of_pool(threads, queue, prefetch, percent);
             return Some((key, bounds, "servers.threads, servers.queue"));
         }
         if server == crate::workspace::tools::SERVER {
@@ -216,7 +227,7 @@ impl<R: Recorder> Core<R> {
             worker,
             server: String::new(),
         };
-        let bounds = Bounds::of_pool(threads, queue, percent);
+        let bounds = Bounds::of_pool(threads, queue, prefetch, percent);
         Some((key, bounds, "builtin.threads, builtin.queue"))
     }
 
@@ -321,8 +332,8 @@ pub fn refusal(
         ),
         _ => format!(
             "{who} is busy: {} threads and a queue of {} are in use ({keys})",
-            bounds.window,
-            bounds.capacity - bounds.window
+            bounds.threads,
+            bounds.capacity - bounds.threads
         ),
     }
 }
@@ -352,24 +363,53 @@ mod tests {
     #[test]
     fn bounds_of_a_pool() {
         assert_eq!(
-            Bounds::of_pool(16, 256, 50),
+            Bounds::of_pool(16, 256, 0, 50),
             Bounds {
+                threads: 16,
                 window: 16,
                 capacity: 272,
                 share: 136
             }
         );
-        assert_eq!(Bounds::of_pool(0, 0, 1).share, 1);
+        assert_eq!(Bounds::of_pool(0, 0, 0, 1).share, 1);
         assert_eq!(
-            Bounds::of_pool(2, 2, 500).share,
+            Bounds::of_pool(2, 2, 0, 500).share,
             4,
             "at most the whole pool"
+        );
+        // Prefetch widens the window, never past the pool.
+        assert_eq!(Bounds::of_pool(16, 256, 1, 50).window, 32);
+        assert_eq!(Bounds::of_pool(4, 2, 3, 50).window, 6);
+        assert_eq!(Bounds::of_pool(4, 2, 3, 50).threads, 4);
+    }
+
+    #[test]
+    fn prefetched_calls_wait_at_the_worker_and_the_rest_still_take_turns() {
+        let b = Bounds::of_pool(2, 100, 1, 90);
+        let mut l = Lanes::default();
+        for call in 1..=10 {
+            let a = add(&mut l, "hog", call, b);
+            let expect = if call <= 4 {
+                Admission::Run
+            } else {
+                Admission::Wait
+            };
+            assert_eq!(a, expect, "call {call}");
+        }
+        assert_eq!(add(&mut l, "probe", 100, b), Admission::Wait);
+        l.leave(&key(), "hog", 1, false);
+        assert_eq!(l.next(&key()), Some(5));
+        l.leave(&key(), "hog", 2, false);
+        assert_eq!(
+            l.next(&key()),
+            Some(100),
+            "the probe goes next, ahead of the hog's queue"
         );
     }
 
     #[test]
     fn another_principal_is_served_next_however_many_the_first_queued() {
-        let b = Bounds::of_pool(2, 100, 90);
+        let b = Bounds::of_pool(2, 100, 0, 90);
         let mut l = Lanes::default();
         for call in 1..=50 {
             let a = add(&mut l, "hog", call, b);
@@ -396,7 +436,7 @@ mod tests {
 
     #[test]
     fn a_principal_holds_at_most_its_share_and_the_lane_its_capacity() {
-        let b = Bounds::of_pool(1, 3, 50);
+        let b = Bounds::of_pool(1, 3, 0, 50);
         let mut l = Lanes::default();
         assert_eq!(add(&mut l, "hog", 1, b), Admission::Run);
         assert_eq!(add(&mut l, "hog", 2, b), Admission::Wait);
@@ -408,7 +448,7 @@ mod tests {
 
     #[test]
     fn a_waiting_call_that_leaves_never_runs() {
-        let b = Bounds::of_pool(1, 10, 100);
+        let b = Bounds::of_pool(1, 10, 0, 100);
         let mut l = Lanes::default();
         add(&mut l, "a", 1, b);
         add(&mut l, "a", 2, b);
