@@ -468,6 +468,17 @@ mod tests {
         use super::super::super::tests::{AGENT, Harness, reply, to_worker};
         use crate::workers::rpc::{Message, Op};
 
+        /// A harness whose lanes send no call ahead of a thread (`pool_prefetch = 0`): the
+        /// strict turns these tests pin down.
+        fn strict() -> Harness {
+            let mut h = Harness::new("");
+            h.core.set_limits(crate::config::GatewayConfig {
+                pool_prefetch: 0,
+                ..Default::default()
+            });
+            h
+        }
+
         fn echo(h: &mut Harness) -> Vec<Action> {
             h.send(
                 "tools/call",
@@ -495,7 +506,7 @@ mod tests {
 
         #[test]
         fn calls_beyond_the_threads_wait_and_go_in_turn_across_principals() {
-            let mut h = Harness::new("");
+            let mut h = strict();
             h.core.set_builtin_pool(1, 9);
             let (first, ..) = to_worker(&echo(&mut h)).expect("the first call runs");
             assert!(to_worker(&echo(&mut h)).is_none(), "the second waits");
@@ -522,7 +533,7 @@ mod tests {
 
         #[test]
         fn a_call_over_the_pool_share_is_refused_before_any_row() {
-            let mut h = Harness::new("");
+            let mut h = strict();
             h.core.set_builtin_pool(1, 1);
             assert!(to_worker(&echo(&mut h)).is_some(), "the first call runs");
             let (_, v) = reply(&echo(&mut h)).expect("the second is refused at once");
@@ -541,7 +552,7 @@ mod tests {
 
         #[test]
         fn a_cancelled_call_keeps_its_slot_until_the_worker_says_it_ended() {
-            let mut h = Harness::new("");
+            let mut h = strict();
             h.core.set_builtin_pool(1, 9);
             let (first, ..) = to_worker(&echo(&mut h)).expect("the first call runs");
             let hog_request = h.next_id;
@@ -565,7 +576,7 @@ mod tests {
 
         #[test]
         fn a_hang_up_cancels_running_calls_and_waiting_ones_never_start() {
-            let mut h = Harness::new("");
+            let mut h = strict();
             h.core.set_builtin_pool(1, 9);
             let (first, ..) = to_worker(&echo(&mut h)).expect("the first call runs");
             assert!(to_worker(&echo(&mut h)).is_none(), "the second waits");
