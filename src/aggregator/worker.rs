@@ -164,10 +164,16 @@ impl AggregatorRole {
     }
 
     /// The gateway cancelled call `target`: its thread stops waiting and its connections
-    /// close (the worker's loop drops its response).
-    pub fn cancel(&self, target: u64) {
-        if let Some(link) = self.links.get(target) {
-            link.cancel();
+    /// close, or a thread that takes it from the queue skips it (the worker's loop
+    /// replaces its response with word that it ended). False when no call `target` is
+    /// queued or running here (its answer already left).
+    pub fn cancel(&self, target: u64) -> bool {
+        match self.links.get(target) {
+            Some(link) => {
+                link.cancel();
+                true
+            }
+            None => false,
         }
     }
 
@@ -411,6 +417,14 @@ impl AggregatorRole {
 
 fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message {
     let id = job.id;
+    // Cancelled while it waited in the queue: it never reaches the server.
+    if job
+        .call
+        .as_ref()
+        .is_some_and(|(_, link)| link.is_cancelled())
+    {
+        return crate::workers::worker_main::cancelled_end(id);
+    }
     // An agent's call: its relay context, and its connections tracked for cancellation.
     let mut ctx = match (job.call, events) {
         (Some((meta, link)), Some(events)) => Some(CallContext::new(
