@@ -233,8 +233,8 @@ impl<R: Recorder> Core<R> {
         }
     }
 
-    /// Refuse at once, before any row is staged, a call whose principal holds its whole
-    /// share of the pool the call would go to: counted in `toolwall_share_refusals_total`,
+    /// Refuse at once, before any row is staged, a call (a tool, a prompt, a resource by its
+    /// URI) whose principal holds its whole share of the pool the call would go to: counted in `toolwall_share_refusals_total`,
     /// not recorded one by one, so an agent that keeps its share full and retries cannot
     /// fill the ledger with refusals. True when refused.
     pub(super) fn refuse_over_pool_share(
@@ -248,20 +248,29 @@ impl<R: Recorder> Core<R> {
         struct Named<'a> {
             #[serde(borrow, default)]
             name: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            uri: Option<Cow<'a, str>>,
         }
-        if routed == Routed::ReadResource {
-            return false;
-        }
-        let Some(name) = params
-            .and_then(|p| serde_json::from_str::<Named>(p.get()).ok())
-            .and_then(|n| n.name)
-        else {
-            return false;
+        let named = params.and_then(|p| serde_json::from_str::<Named>(p.get()).ok());
+        // A resource goes by its URI to the server that owns it (the same rule the
+        // pipeline routes by), so a read is refused here too, before any row.
+        let (worker, server) = if routed.target_field() == "uri" {
+            let Some(uri) = named.and_then(|n| n.uri) else {
+                return false;
+            };
+            match self.resource_entry(&uri) {
+                Ok(Some(route)) => (route.worker, route.server),
+                _ => return false,
+            }
+        } else {
+            let Some(name) = named.and_then(|n| n.name) else {
+                return false;
+            };
+            let Some(entry) = self.catalog.get(routed.kind(), &name) else {
+                return false;
+            };
+            (entry.worker, entry.server.clone())
         };
-        let Some(entry) = self.catalog.get(routed.kind(), &name) else {
-            return false;
-        };
-        let (worker, server) = (entry.worker, entry.server.clone());
         let Some((key, bounds, keys)) = self.lane_of(worker, &server) else {
             return false;
         };
@@ -497,6 +506,22 @@ mod tests {
                 "it waits"
             );
             assert_eq!(h.rows().len(), 2);
+        }
+
+        #[test]
+        fn a_resource_read_over_the_pool_share_is_refused_before_any_row() {
+            let mut h = Harness::new("");
+            h.core.set_builtin_pool(1, 1);
+            assert!(to_worker(&echo(&mut h)).is_some(), "the first call runs");
+            h.send("resources/read", json!({"uri": "file:///report"}));
+            let (_, v) = reply(&h.turn()).expect("the read is refused at once");
+            assert_eq!(v["error"]["data"]["limit"], super::super::SHARE_KEY, "{v}");
+            assert_eq!(
+                h.rows().len(),
+                1,
+                "the refusal is not recorded, as for tools"
+            );
+            assert_eq!(h.core.counters.share_refusals, 1);
         }
 
         #[test]
