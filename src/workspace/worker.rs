@@ -410,6 +410,12 @@ impl Worker {
             for (rpc, result) in finished {
                 self.pending_jobs.remove(&rpc);
                 if self.cancelled_jobs.remove(&rpc) {
+                    // Word that it ended, not its answer: the gateway keeps the call's
+                    // place in the file tools' lane until then.
+                    push(
+                        &mut self.out,
+                        &crate::workers::worker_main::cancelled_end(rpc),
+                    );
                     continue;
                 }
                 push(

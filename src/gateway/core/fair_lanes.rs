@@ -220,6 +220,41 @@ impl<R: Recorder> Core<R> {
         Some((key, bounds, "builtin.threads, builtin.queue"))
     }
 
+    /// The lane of a call as routed (`forward`): [`Core::lane_of`], and for a workspace
+    /// worker the lane of its file-tool threads when `tool` runs on them (the shell and
+    /// task tools hold no thread: their bound is the workspace's `max_tasks`).
+    pub(super) fn lane_of_call(
+        &self,
+        worker: WorkerId,
+        server: &str,
+        tool: &str,
+    ) -> Option<(LaneKey, Bounds, &'static str)> {
+        if server != crate::workspace::tools::SERVER {
+            return self.lane_of(worker, server);
+        }
+        let tool = tool.strip_prefix("ws__").unwrap_or(tool);
+        if !crate::workspace::tools::on_file_threads(tool) {
+            return None;
+        }
+        let &(threads, queue) = self.workspace_pools.get(&worker)?;
+        let key = LaneKey {
+            worker,
+            server: String::new(),
+        };
+        let bounds = Bounds::of_pool(threads, queue, self.limits.pool_share_percent);
+        Some((
+            key,
+            bounds,
+            "workspaces.NAME.threads, workspaces.NAME.queue",
+        ))
+    }
+
+    /// A workspace worker's file-tool threads and queue (`[workspaces.NAME] threads`,
+    /// `queue`): its file tools' calls go through a lane of that size.
+    pub fn set_workspace_pool(&mut self, worker: WorkerId, threads: usize, queue: usize) {
+        self.workspace_pools.insert(worker, (threads, queue));
+    }
+
     /// What a lane's refusal calls its pool.
     pub(super) fn pool_name(&self, key: &LaneKey) -> String {
         if key.server.is_empty() {
