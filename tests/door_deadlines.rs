@@ -1,7 +1,8 @@
 //! Stage deadlines the floods do not reach, against the real binary: a framed connection
 //! idle too long is closed while pings or a call in flight keep another alive; a reader
 //! that stops reading is closed at the write stall; the admin socket's own reserve and
-//! deadline. Each close is counted in `/metrics`.
+//! deadline. Each close is counted in `/metrics`. A connection cut off or displaced is
+//! told why in its own protocol, naming the limit that applied.
 
 mod common;
 
@@ -180,4 +181,107 @@ fn the_admin_socket_has_its_own_reserve_and_deadline() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("seats: framed "), "{text}");
+}
+
+/// The admin socket's `status`: seats taken on the framed door.
+fn framed_seats(gw: &HttpGateway) -> u64 {
+    let mut s = UnixStream::connect(&gw.admin).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(b"{\"op\":\"status\"}\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    let v: Value = serde_json::from_str(&line).expect("status is JSON");
+    v["seats"]["framed"]["taken"].as_u64().expect("seats")
+}
+
+/// A peer whose share (`gateway.max_connections_per_peer`) is full makes room by closing
+/// its own oldest silent connection; that connection is told the per-peer limit (before:
+/// `gateway.max_connections`, the door's, which was far from full).
+#[test]
+fn a_connection_displaced_for_its_peers_share_is_told_that_limit() {
+    let gw = HttpGateway::start(
+        "",
+        "[gateway]\nmax_connections = 50\nmax_connections_per_peer = 2\n",
+    );
+    let mut silent = vec![gw.connect(), gw.connect()];
+    let deadline = Instant::now() + PATIENCE;
+    while framed_seats(&gw) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the two connections are never seated"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A third of the same uid is served: the oldest silent one gives up its seat.
+    let mut third = gw.connect();
+    assert_eq!(third.call("ping", json!({}))["result"], json!({}));
+    let displaced = silent.remove(0);
+    let mut displaced = displaced;
+    let refusal = displaced
+        .recv()
+        .expect("the displaced connection gets an error frame");
+    assert_eq!(refusal.stream, 0, "{}", refusal.body);
+    let message = refusal.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        message.contains("gateway.max_connections_per_peer"),
+        "{}",
+        refusal.body
+    );
+    assert_eq!(
+        refusal.body["error"]["data"]["limit"], "gateway.max_connections_per_peer",
+        "{}",
+        refusal.body
+    );
+    assert!(displaced.closed_by_peer());
+}
+
+/// A framed peer that sends half a frame and stalls is cut off at
+/// `gateway.frame_timeout_secs` with an error frame naming that deadline, then EOF (a
+/// lingering close, as the HTTP door's 408): before, it got a bare close with no word.
+#[test]
+fn a_half_frame_is_answered_with_an_error_naming_the_frame_deadline() {
+    let gw = HttpGateway::start("", "[gateway]\nframe_timeout_secs = 2\n");
+    let mut c = gw.connect();
+    // One call answered first: the connection is an agent's, not a silent one.
+    assert_eq!(c.call("ping", json!({}))["result"], json!({}));
+    let mut bytes = Vec::new();
+    toolwall_relay::frame::encode(&mut bytes, 9, 0, "agent", b"{\"jsonrpc\":\"2.0\",\"id\":1}")
+        .unwrap();
+    c.send_raw(&bytes[..bytes.len() / 2]);
+    let error = c
+        .recv()
+        .expect("an error frame before the connection closes");
+    assert_eq!(error.stream, 0, "{}", error.body);
+    assert_eq!(error.body["id"], Value::Null, "{}", error.body);
+    assert!(
+        error.body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("gateway.frame_timeout_secs"),
+        "{}",
+        error.body
+    );
+    assert_eq!(
+        error.body["error"]["data"]["limit"],
+        "gateway.frame_timeout_secs"
+    );
+    // Lingering: the rest it sends is read away, and the close is an EOF, not a reset.
+    c.send_raw(&bytes[bytes.len() / 2..]);
+    let mut rest = [0u8; 64];
+    use std::io::Read;
+    assert_eq!(
+        c.stream.read(&mut rest).expect("EOF, not a reset"),
+        0,
+        "nothing more is answered"
+    );
+    let m = metrics(&gw);
+    assert!(
+        counted(
+            &m,
+            "toolwall_connections_closed_total{door=\"framed\",reason=\"frame_timeout\"}"
+        ) >= 1,
+        "{m}"
+    );
 }

@@ -263,3 +263,71 @@ fn a_hang_up_cancels_its_calls_and_the_waiting_ones_never_start() {
         "calls waiting when the hog hung up never reached the server ({reached} did)"
     );
 }
+
+/// A workspace worker's file-tool threads are shared fairly too: one principal (uid 0 on
+/// the framed socket) floods `file_search` over a large tree; another (`bob`, over HTTP)
+/// asks for `file_list` meanwhile and is served once a thread frees, not told `busy`.
+/// Before, workspace calls bypassed the lanes: the hog's calls filled the worker's one
+/// thread and its queue, and bob's call was refused by the worker.
+#[test]
+fn another_principal_is_served_by_a_workspace_one_principal_floods() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = std::fs::canonicalize(dir.path())
+        .expect("canonical")
+        .join("ws");
+    std::fs::create_dir_all(&root).expect("mkdir");
+    // Files of many short lines: a search reads each line through the pattern, which
+    // keeps a thread busy for seconds (up to scan_time_limit_ms, checked between files).
+    let lines = "a\n".repeat(1024 * 1024);
+    for n in 0..12 {
+        std::fs::write(root.join(format!("f{n}.txt")), &lines).expect("write");
+    }
+    common::give_to_agent(&root);
+    let gw = HttpGateway::start_in(
+        dir,
+        "",
+        &format!(
+            "[workspaces.shared]\nroot = \"{}\"\nowners = [\"uid:0\", \"bob\"]\nthreads = 1\nqueue = 1\nscan_time_limit_ms = 4000\n",
+            root.display()
+        ),
+    );
+    wait_listed(&gw, "ws__file_search");
+    let bob = gw.client_token("bob");
+    let mut hog = gw.connect();
+    let search = json!({"name": "ws__file_search",
+                        "arguments": {"worker": "shared", "pattern": "zzz"}});
+    for i in 0..3 {
+        hog.request(json!(i), "tools/call", Some(search.clone()));
+    }
+    // The hog's first search holds the thread.
+    gw.wait_rows("the hog's calls recorded", |rows| {
+        rows.iter().filter(|r| r["principal"] == "uid:0").count() >= 2
+    });
+    let mut http = gw.http();
+    http.send(
+        &modern(
+            gw.port,
+            1,
+            "tools/call",
+            json!({"name": "ws__file_list", "arguments": {"worker": "shared", "path": "."}}),
+            Some("ws__file_list"),
+        )
+        .bearer(&bob),
+    );
+    let r = http.response().expect("bob is answered");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer: Value = r.answer();
+    assert_ne!(
+        answer["result"]["isError"],
+        json!(true),
+        "bob's call is served, not refused: {answer}"
+    );
+    assert!(answer.to_string().contains("f0.txt"), "{answer}");
+    // The hog held its share (half of one thread and a queue of one): its other two
+    // searches were refused naming the key.
+    let refused = (0..3)
+        .filter_map(|_| hog.recv())
+        .filter(|r| r.body.to_string().contains("gateway.pool_share_percent"))
+        .count();
+    assert_eq!(refused, 2);
+}

@@ -1,6 +1,6 @@
 //! Cancellation over HTTP against the real binary: a legacy-era `notifications/cancelled`
 //! finds its call from any connection of the same session (and only of that session); a
-//! modern-era call is cancelled when its client closes the connection. Either way the call
+//! call of either era is cancelled when its client closes the connection. Either way the call
 //! leaves the approval queue or its worker is told, nobody is answered, and the ledger row
 //! says `cancelled`.
 
@@ -148,9 +148,9 @@ fn a_modern_call_is_cancelled_when_its_client_closes_the_connection() {
 
 #[test]
 fn a_legacy_held_call_ends_with_its_connection() {
-    // Legacy era: a disconnect is not a cancel for a call already running (the spec), but
-    // a call held for approval has nobody left to answer: it ends as cancelled and can no
-    // longer be approved (an approval would run the tool for an answer nobody gets).
+    // Legacy era: a call held for approval has nobody left to answer once its client
+    // closes: it ends as cancelled and can no longer be approved (an approval would run
+    // the tool for an answer nobody gets).
     let gw = HttpGateway::start("", ASK_ECHO);
     let token = gw.client_token("alice");
     let mut http = gw.http();
@@ -236,4 +236,51 @@ fn a_legacy_cancel_reaches_a_call_already_at_its_worker() {
     // The door serves the session on.
     let r = second.call(&echo_in_session(gw.port, 2, &session, "on").bearer(&token));
     assert_eq!(common::http::result_text(&r.json()), "on");
+}
+
+/// A client that closes its connection while its call is at the worker has hung up, in
+/// either era: the gateway sees only the end of its input (a FIN) until a write fails, and
+/// treats that as the hang-up it is (as proxies do): the call is cancelled at once, the
+/// worker told and the row `cancelled`. Before, a legacy-era call ran on until its answer
+/// found the connection gone (here: the site holds the fetch 60 s).
+#[test]
+fn a_client_that_closes_while_its_call_runs_cancels_it_at_once() {
+    let (site, hits) = slow_site(Duration::from_secs(60));
+    let gw = HttpGateway::start(
+        "",
+        &format!("[builtin.http]\nallow = [\"127.0.0.1:{site}\"]\ntimeout_secs = 60\n"),
+    );
+    let token = gw.client_token("alice");
+    let mut http = gw.http();
+    let session = open_session(&mut http, gw.port, Some(&token));
+    let call = json!({"jsonrpc": "2.0", "id": "walk-away", "method": "tools/call",
+                      "params": {"name": "local__fetch_http",
+                                 "arguments": {"url": format!("http://127.0.0.1:{site}/slow")}}});
+    http.send(
+        &gw.post(&call)
+            .bearer(&token)
+            .session(&session)
+            .header("MCP-Protocol-Version", LEGACY),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    while hits.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the fetch never reached the site"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(http);
+    let rows = gw.wait_rows("a cancelled row", |rows| {
+        rows.iter().any(|r| r["decision"] == "cancelled")
+    });
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(
+        rows[0]["error_message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("closed the connection"),
+        "{}",
+        rows[0]
+    );
 }

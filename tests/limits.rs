@@ -177,3 +177,120 @@ fn answers_wait_for_an_agent_that_stops_reading() {
     }
     assert!(seen.iter().all(|s| *s));
 }
+
+/// A site that takes connections and never answers; notes when one is closed by its
+/// client.
+fn silent_site_noting_hang_ups() -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::Read;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&closed);
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let flag = std::sync::Arc::clone(&flag);
+            std::thread::spawn(move || {
+                let mut sink = [0u8; 4096];
+                while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+    (port, closed)
+}
+
+/// A site that answers every request with `ok` at once and records the paths it was asked.
+fn recording_site() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let paths = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&paths);
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut line = String::new();
+            let _ = BufReader::new(&s).read_line(&mut line);
+            if let Some(path) = line.split(' ').nth(1) {
+                seen.lock().unwrap().push(path.to_owned());
+            }
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    (port, paths)
+}
+
+/// A call cancelled while it waits in the builtin worker's own queue never runs: the
+/// worker's one thread is held by a fetch the gateway already gave up on (its slot freed
+/// after one more timeout), the next call queues behind it at the worker and is cancelled
+/// there; when the thread frees, the cancelled call is skipped (its site is never asked)
+/// and its end frees the slot for the next call. Before, the queued call ran anyway.
+#[test]
+fn a_call_cancelled_in_the_workers_queue_never_runs() {
+    let (slow, given_up) = silent_site_noting_hang_ups();
+    let (site, paths) = recording_site();
+    let gw = TestGateway::start(&format!(
+        "[gateway]\ntool_call_timeout_secs = 2\n\n[builtin]\nthreads = 1\nqueue = 4\n\n\
+         [builtin.http]\nallow = [\"127.0.0.1:{slow}\", \"127.0.0.1:{site}\"]\ntimeout_secs = 8\n"
+    ));
+    let mut c = gw.connect();
+    let fetch = |url: String| json!({"name": "local__fetch_http", "arguments": {"url": url}});
+    // The worker's thread is held by a fetch of a site that never answers (8 s).
+    let first = c.request(
+        json!("held"),
+        "tools/call",
+        Some(fetch(format!("http://127.0.0.1:{slow}/"))),
+    );
+    let r = c.recv().expect("the held call times out at the gateway");
+    assert_eq!(r.stream, first);
+    // Its slot stays taken one more timeout (2 s), then the next call goes to the worker,
+    // which queues it behind the busy thread.
+    std::thread::sleep(Duration::from_secs(3));
+    c.request(
+        json!("queued"),
+        "tools/call",
+        Some(fetch(format!("http://127.0.0.1:{site}/queued"))),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    c.notify(
+        "notifications/cancelled",
+        Some(json!({"requestId": "queued", "reason": "not any more"})),
+    );
+    gw.wait_rows("the queued call cancelled", |rows| {
+        rows.iter().any(|r| {
+            r["decision"] == "cancelled"
+                && r["error_message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("not any more"))
+        })
+    });
+    // The thread gives up on the silent site (builtin.http.timeout_secs) and takes the
+    // next job from its queue: the cancelled one, which it would run at once.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !given_up.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fetch never ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    // The next call goes once the worker says the cancelled one ended, and is served.
+    let next = c.request(
+        json!("next"),
+        "tools/call",
+        Some(fetch(format!("http://127.0.0.1:{site}/next"))),
+    );
+    let r = loop {
+        let r = c.recv().expect("the next call is answered");
+        if r.stream == next {
+            break r;
+        }
+    };
+    assert_ne!(r.body["result"]["isError"], json!(true), "{}", r.body);
+    assert_eq!(
+        *paths.lock().unwrap(),
+        vec!["/next".to_owned()],
+        "the cancelled call never reached its site"
+    );
+}

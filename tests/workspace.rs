@@ -939,6 +939,46 @@ fn a_healthy_workspace_worker_is_confined_in_status_health_and_a_live_reattestat
     }
 }
 
+/// A file call cancelled while it waits in the file tools' queue never runs, and the
+/// worker says it ended (`cancelled`) so the gateway frees its place in the lane. Before,
+/// the queued write ran anyway and nothing was sent for it.
+#[test]
+fn a_file_call_cancelled_in_the_queue_never_runs_and_ends_as_cancelled() {
+    let tree = Tree::new();
+    // Many short lines: a search keeps the one thread busy for a second or more.
+    let lines = "a\n".repeat(1024 * 1024);
+    for n in 0..12 {
+        std::fs::write(tree.path(&format!("ws/f{n}.txt")), &lines).expect("write");
+    }
+    let mut w = Worker::start(tree.settings(|ws| {
+        ws.threads = 1;
+        ws.queue = 4;
+        ws.scan_time_limit_ms = 3000;
+    }));
+    let name = w.settings.name.clone();
+    let search = w.send(call_op(
+        "file_search",
+        json!({"worker": name, "pattern": "zzz"}),
+    ));
+    let write = w.send(call_op(
+        "file_write",
+        json!({"worker": name, "path": "cancelled.txt", "content": "ran"}),
+    ));
+    w.send(Op::Cancel { target: write });
+    let mut ends = std::collections::HashMap::new();
+    while ends.len() < 2 {
+        if let Message::Response { id, error, .. } = w.recv() {
+            ends.insert(id, error.map(|e| e.kind));
+        }
+    }
+    assert_eq!(ends[&search], None, "the search is answered");
+    assert_eq!(ends[&write].as_deref(), Some("cancelled"), "{ends:?}");
+    assert!(
+        !w.root().join("cancelled.txt").exists(),
+        "the cancelled write never ran"
+    );
+}
+
 /// A `call_tool` of the workspace worker's own `tool`.
 fn call_op(tool: &str, args: Value) -> Op {
     Op::CallTool {

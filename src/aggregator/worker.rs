@@ -164,10 +164,16 @@ impl AggregatorRole {
     }
 
     /// The gateway cancelled call `target`: its thread stops waiting and its connections
-    /// close (the worker's loop drops its response).
-    pub fn cancel(&self, target: u64) {
-        if let Some(link) = self.links.get(target) {
-            link.cancel();
+    /// close, or a thread that takes it from the queue skips it (the worker's loop
+    /// replaces its response with word that it ended). False when no call `target` is
+    /// queued or running here (its answer already left).
+    pub fn cancel(&self, target: u64) -> bool {
+        match self.links.get(target) {
+            Some(link) => {
+                link.cancel();
+                true
+            }
+            None => false,
         }
     }
 
@@ -411,6 +417,14 @@ impl AggregatorRole {
 
 fn run_job(upstream: &Upstream, job: Job, events: Option<&EventSink>) -> Message {
     let id = job.id;
+    // Cancelled while it waited in the queue: it never reaches the server.
+    if job
+        .call
+        .as_ref()
+        .is_some_and(|(_, link)| link.is_cancelled())
+    {
+        return crate::workers::worker_main::cancelled_end(id);
+    }
     // An agent's call: its relay context, and its connections tracked for cancellation.
     let mut ctx = match (job.call, events) {
         (Some((meta, link)), Some(events)) => Some(CallContext::new(
@@ -509,6 +523,45 @@ fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kind of error a job ended with.
+    fn error_kind(msg: &Message) -> Option<String> {
+        match msg {
+            Message::Response { error: Some(e), .. } => Some(e.kind.clone()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_call_cancelled_while_queued_never_reaches_its_server() {
+        let setup: super::super::setup::UpstreamSetup = serde_json::from_value(json!({
+            "name": "fx", "url": "http://127.0.0.1:9/mcp", "headers": [],
+            "bearer_token": null, "timeout_secs": 5, "addresses": [],
+            "unusable": "no server in this test"}))
+        .unwrap();
+        let limits: super::super::setup::Limits = serde_json::from_value(json!({
+            "threads": 1, "queue": 1, "max_body_bytes": 4096,
+            "connect_timeout_secs": 1, "retry_max_secs": 1}))
+        .unwrap();
+        let events: EventSink = Arc::new(|_: &str, _: Value| {});
+        let up = Upstream::with_channel(&setup, &limits, Arc::clone(&events), Err("none".into()));
+        let job = |id: u64, link: Arc<CallLink>| Job {
+            id,
+            work: Work::CallTool {
+                tool: "echo".into(),
+                args: "{}".into(),
+            },
+            call: Some((CallMeta::default(), link)),
+        };
+        // Not cancelled: it goes to its server (here: unreachable, and says so).
+        let msg = run_job(&up, job(1, CallLink::new(1)), Some(&events));
+        assert_ne!(error_kind(&msg).as_deref(), Some("cancelled"), "{msg:?}");
+        // Cancelled while it waited: word that it ended, nothing sent.
+        let link = CallLink::new(2);
+        link.cancel();
+        let msg = run_job(&up, job(2, link), Some(&events));
+        assert_eq!(msg, crate::workers::worker_main::cancelled_end(2));
+    }
 
     #[test]
     fn targets() {

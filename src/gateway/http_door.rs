@@ -778,11 +778,6 @@ impl HttpConn {
         self.pending.is_none() && self.reader.mid_request(buffered(self))
     }
 
-    /// The call with the core is of the modern era (closing the connection cancels it).
-    pub fn pending_is_modern(&self) -> bool {
-        self.pending.as_ref().is_some_and(|c| c.era.is_modern())
-    }
-
     /// Whether a head authenticated a principal on this connection (until then the auth
     /// deadline applies, whatever it sent: `/health`, refused tokens, wrong routes).
     pub fn authenticated(&self) -> bool {

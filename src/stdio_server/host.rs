@@ -260,9 +260,14 @@ fn serve(
                 })) => {
                     // Marked before the call's thread can answer: its late answer is
                     // dropped (`RpcOutput::queue`). The link is cancelled (a legacy
-                    // server is told).
+                    // server is told; a queued call never starts). A call no longer
+                    // held here was answered already: its mark is forgotten, so the set
+                    // holds at most the calls queued or running (`servers.threads` +
+                    // `servers.queue`).
                     RpcOutput::lock(&output).cancel(target);
-                    upstream.cancel(target);
+                    if !upstream.cancel(target) {
+                        RpcOutput::lock(&output).forget(target);
+                    }
                 }
                 Ok(Some(Message::Request { id, op: Op::Attest })) => {
                     report.probes = sandbox::attest_workspace(&grant, &probe_context);

@@ -43,6 +43,12 @@ impl RpcOutput {
         self.cancelled.insert(id);
     }
 
+    /// Call `id` is no longer held here (its answer already went, or will go as an
+    /// answer): its cancel mark goes.
+    pub fn forget(&mut self, id: u64) {
+        self.cancelled.remove(&id);
+    }
+
     /// Queue `msg` (an answer of a cancelled call is dropped instead).
     pub fn queue(&mut self, msg: &Message) {
         if let Message::Response { id, .. } = msg

@@ -7,7 +7,6 @@
 
 use mio::net::UnixStream;
 use mio::{Events, Poll, Token, Waker};
-use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
@@ -17,6 +16,7 @@ use crate::aggregator::worker::AggregatorRole;
 use crate::sandbox::{self, Role};
 use crate::tools;
 use crate::transport::write_interest::WriteInterest;
+use crate::workers::pool_calls::{self, CancelledCalls, PoolCalls};
 use crate::workers::rpc::{self, ListKind, Message, Op, RpcError, RpcReader};
 use crate::workers::settings::WorkerSettings;
 
@@ -134,15 +134,16 @@ fn serve(
     // builtin's pool starts now.
     let mut aggregator = (role == Role::Aggregator)
         .then(|| AggregatorRole::new(Arc::clone(&done), Arc::clone(&waker)));
+    // Calls at the pool (or the aggregator's), and those the gateway cancelled.
+    let mut calls = PoolCalls::default();
     let jobs = if aggregator.is_some() {
         sync_channel::<Job>(0).0
     } else {
-        start_pool(&settings, &done, &waker)?
+        start_pool(&settings, &done, &waker, calls.shared())?
     };
 
     let mut reader = RpcReader::default();
     let mut out: Vec<u8> = Vec::new();
-    let mut cancelled: HashSet<u64> = HashSet::new();
     let mut events = Events::with_capacity(64);
     let mut report = report;
     loop {
@@ -172,19 +173,12 @@ fn serve(
                 }
                 Ok(Some(msg)) if aggregator.is_some() && cancel_target(&msg).is_some() => {
                     // The aggregator closes the call's upstream connection (and tells a
-                    // legacy upstream); the common handler drops the call's response.
+                    // legacy upstream); its response is replaced by word that it ended,
+                    // if the aggregator still holds the call (else it was answered).
                     if let (Some(a), Some(t)) = (aggregator.as_ref(), cancel_target(&msg)) {
-                        a.cancel(t);
+                        let held = a.cancel(t);
+                        calls.cancel(t, held);
                     }
-                    handle(
-                        role,
-                        &settings,
-                        msg,
-                        &jobs,
-                        &mut out,
-                        &mut cancelled,
-                        &mut report,
-                    );
                 }
                 Ok(Some(msg)) => handle(
                     role,
@@ -192,7 +186,7 @@ fn serve(
                     msg,
                     &jobs,
                     &mut out,
-                    &mut cancelled,
+                    &mut calls,
                     &mut report,
                 ),
                 Ok(None) => break,
@@ -204,7 +198,7 @@ fn serve(
         let finished = std::mem::take(&mut *done.lock().unwrap_or_else(|p| p.into_inner()));
         for msg in finished {
             if let Message::Response { id, .. } = &msg
-                && cancelled.remove(id)
+                && calls.ended(*id)
             {
                 // Not its answer (the call is over), but word that it ended: the gateway
                 // keeps the call's pool slot until then (`fair_lanes.rs`).
@@ -325,7 +319,7 @@ fn handle(
     msg: Message,
     jobs: &SyncSender<Job>,
     out: &mut Vec<u8>,
-    cancelled: &mut HashSet<u64>,
+    calls: &mut PoolCalls,
     report: &mut sandbox::ConfinementReport,
 ) {
     let Message::Request { id, op } = msg else {
@@ -354,7 +348,9 @@ fn handle(
         // Only the aggregator relays upstream requests; no response is owed.
         Op::Answer { .. } => return,
         Op::Cancel { target } => {
-            cancelled.insert(target);
+            // Kept only for a call the pool still holds (a cancel that crossed its answer
+            // is forgotten); a queued one is skipped by the thread that takes it.
+            calls.cancel(target, false);
             return;
         }
         Op::Attest => {
@@ -368,7 +364,10 @@ fn handle(
                 response_ok(id, tools::echo::call(&args), None)
             } else {
                 match jobs.try_send(Job { id, name, args }) {
-                    Ok(()) => return,
+                    Ok(()) => {
+                        calls.held(id);
+                        return;
+                    }
                     Err(TrySendError::Full(_)) => response_err(
                         id,
                         "busy",
@@ -391,6 +390,7 @@ fn start_pool(
     settings: &Arc<WorkerSettings>,
     done: &Done,
     waker: &Arc<Waker>,
+    cancelled: CancelledCalls,
 ) -> std::io::Result<SyncSender<Job>> {
     let (tx, rx) = sync_channel::<Job>(settings.queue);
     let rx = Arc::new(Mutex::new(rx));
@@ -399,6 +399,7 @@ fn start_pool(
         let done = Arc::clone(done);
         let waker = Arc::clone(waker);
         let settings = Arc::clone(settings);
+        let cancelled = Arc::clone(&cancelled);
         std::thread::Builder::new()
             .name(format!("tool-{n}"))
             .spawn(move || {
@@ -410,7 +411,12 @@ fn start_pool(
                             Err(_) => return,
                         }
                     };
-                    let msg = run_job(&settings, job);
+                    // Cancelled while it waited in the queue: it never runs.
+                    let msg = if pool_calls::skips(&cancelled, job.id) {
+                        cancelled_end(job.id)
+                    } else {
+                        run_job(&settings, job)
+                    };
                     done.lock().unwrap_or_else(|p| p.into_inner()).push(msg);
                     let _ = waker.wake();
                 }

@@ -39,6 +39,15 @@ pub const ALL: [&str; 14] = [
     FILE_SEARCH,
 ];
 
+/// Tools the worker runs on its file-tool threads (`threads`, `queue`); the others answer
+/// on its loop or start and wait for tasks (`max_tasks`).
+pub fn on_file_threads(name: &str) -> bool {
+    matches!(
+        name,
+        FILE_LIST | FILE_READ | FILE_WRITE | FILE_EDIT | FILE_FIND | FILE_SEARCH
+    )
+}
+
 /// Tools that only read (the MCP `readOnlyHint`).
 fn read_only(name: &str) -> bool {
     matches!(

@@ -12,7 +12,6 @@ use mio::net::UnixStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::{Value, json};
-use std::collections::HashSet;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -31,6 +30,7 @@ use super::tools;
 use crate::sandbox::{self, ConfinementReport, Role};
 use crate::transport::write_interest::WriteInterest;
 use crate::workers::agent_host_start::confine_and_attest;
+use crate::workers::pool_calls::{self, CancelledCalls, PoolCalls};
 use crate::workers::rpc::{ListKind, Message, Op, RpcError, RpcReader};
 use crate::workers::worker_main::{flush, push, read_settings};
 
@@ -316,8 +316,7 @@ struct Worker {
     unreaped: Vec<(libc::pid_t, Option<std::path::PathBuf>)>,
     out: Vec<u8>,
     /// File tool calls at the pool, and those of them the gateway cancelled.
-    pending_jobs: HashSet<u64>,
-    cancelled_jobs: HashSet<u64>,
+    calls: PoolCalls,
     jobs: SyncSender<Job>,
     done: Done,
     poll: Poll,
@@ -349,7 +348,8 @@ impl Worker {
             root,
             settings: (*settings).clone(),
         });
-        let jobs = start_pool(&settings, &shared, &done, &waker)?;
+        let calls = PoolCalls::default();
+        let jobs = start_pool(&settings, &shared, &done, &waker, calls.shared())?;
         Ok(Worker {
             env: settings.task_env(),
             tasks: Tasks::new(settings.task_limits()),
@@ -361,8 +361,7 @@ impl Worker {
             slots: Vec::new(),
             unreaped: Vec::new(),
             out: Vec::new(),
-            pending_jobs: HashSet::new(),
-            cancelled_jobs: HashSet::new(),
+            calls,
             jobs,
             done,
             poll,
@@ -408,8 +407,13 @@ impl Worker {
             let finished =
                 std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()));
             for (rpc, result) in finished {
-                self.pending_jobs.remove(&rpc);
-                if self.cancelled_jobs.remove(&rpc) {
+                if self.calls.ended(rpc) {
+                    // Word that it ended, not its answer: the gateway keeps the call's
+                    // place in the file tools' lane until then.
+                    push(
+                        &mut self.out,
+                        &crate::workers::worker_main::cancelled_end(rpc),
+                    );
                     continue;
                 }
                 push(
@@ -478,9 +482,9 @@ impl Worker {
             Op::Cancel { target: t } => {
                 // A waiting call stops waiting; its task goes on.
                 self.tasks.forget(t);
-                if self.pending_jobs.contains(&t) {
-                    self.cancelled_jobs.insert(t);
-                }
+                // Kept only while its file call is queued or running (a queued one is
+                // skipped by the thread that takes it).
+                self.calls.cancel(t, false);
                 None
             }
             Op::Attest => {
@@ -609,7 +613,7 @@ impl Worker {
                 };
                 match self.jobs.try_send(job) {
                     Ok(()) => {
-                        self.pending_jobs.insert(id);
+                        self.calls.held(id);
                         None
                     }
                     Err(TrySendError::Full(_)) => value(Err(WsError::new(
@@ -922,6 +926,7 @@ fn start_pool(
     tools: &Arc<FileTools>,
     done: &Done,
     waker: &Arc<Waker>,
+    cancelled: CancelledCalls,
 ) -> std::io::Result<SyncSender<Job>> {
     let (tx, rx) = sync_channel::<Job>(settings.workspace.queue);
     let rx = Arc::new(Mutex::new(rx));
@@ -930,6 +935,7 @@ fn start_pool(
         let done = Arc::clone(done);
         let waker = Arc::clone(waker);
         let tools = Arc::clone(tools);
+        let cancelled = Arc::clone(&cancelled);
         std::thread::Builder::new()
             .name(format!("files-{n}"))
             .spawn(move || {
@@ -941,9 +947,15 @@ fn start_pool(
                             Err(_) => return,
                         }
                     };
-                    let result = match tools.call(&job.name, &job.args) {
-                        Ok(v) => ok_result(v),
-                        Err(e) => e.to_result(),
+                    // Cancelled while it waited in the queue: it never runs (the loop
+                    // sends word that it ended instead of this).
+                    let result = if pool_calls::skips(&cancelled, job.rpc) {
+                        Value::Null
+                    } else {
+                        match tools.call(&job.name, &job.args) {
+                            Ok(v) => ok_result(v),
+                            Err(e) => e.to_result(),
+                        }
                     };
                     done.lock()
                         .unwrap_or_else(|p| p.into_inner())

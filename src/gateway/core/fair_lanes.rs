@@ -231,6 +231,46 @@ impl<R: Recorder> Core<R> {
         Some((key, bounds, "builtin.threads, builtin.queue"))
     }
 
+    /// The lane of a call as routed (`forward`): [`Core::lane_of`], and for a workspace
+    /// worker the lane of its file-tool threads when `tool` runs on them (the shell and
+    /// task tools hold no thread: their bound is the workspace's `max_tasks`).
+    pub(super) fn lane_of_call(
+        &self,
+        worker: WorkerId,
+        server: &str,
+        tool: &str,
+    ) -> Option<(LaneKey, Bounds, &'static str)> {
+        if server != crate::workspace::tools::SERVER {
+            return self.lane_of(worker, server);
+        }
+        let tool = tool.strip_prefix("ws__").unwrap_or(tool);
+        if !crate::workspace::tools::on_file_threads(tool) {
+            return None;
+        }
+        let &(threads, queue) = self.workspace_pools.get(&worker)?;
+        let key = LaneKey {
+            worker,
+            server: String::new(),
+        };
+        let bounds = Bounds::of_pool(
+            threads,
+            queue,
+            self.limits.pool_prefetch,
+            self.limits.pool_share_percent,
+        );
+        Some((
+            key,
+            bounds,
+            "workspaces.NAME.threads, workspaces.NAME.queue",
+        ))
+    }
+
+    /// A workspace worker's file-tool threads and queue (`[workspaces.NAME] threads`,
+    /// `queue`): its file tools' calls go through a lane of that size.
+    pub fn set_workspace_pool(&mut self, worker: WorkerId, threads: usize, queue: usize) {
+        self.workspace_pools.insert(worker, (threads, queue));
+    }
+
     /// What a lane's refusal calls its pool.
     pub(super) fn pool_name(&self, key: &LaneKey) -> String {
         if key.server.is_empty() {
@@ -244,8 +284,8 @@ impl<R: Recorder> Core<R> {
         }
     }
 
-    /// Refuse at once, before any row is staged, a call whose principal holds its whole
-    /// share of the pool the call would go to: counted in `toolwall_share_refusals_total`,
+    /// Refuse at once, before any row is staged, a call (a tool, a prompt, a resource by its
+    /// URI) whose principal holds its whole share of the pool the call would go to: counted in `toolwall_share_refusals_total`,
     /// not recorded one by one, so an agent that keeps its share full and retries cannot
     /// fill the ledger with refusals. True when refused.
     pub(super) fn refuse_over_pool_share(
@@ -259,20 +299,29 @@ impl<R: Recorder> Core<R> {
         struct Named<'a> {
             #[serde(borrow, default)]
             name: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            uri: Option<Cow<'a, str>>,
         }
-        if routed == Routed::ReadResource {
-            return false;
-        }
-        let Some(name) = params
-            .and_then(|p| serde_json::from_str::<Named>(p.get()).ok())
-            .and_then(|n| n.name)
-        else {
-            return false;
+        let named = params.and_then(|p| serde_json::from_str::<Named>(p.get()).ok());
+        // A resource goes by its URI to the server that owns it (the same rule the
+        // pipeline routes by), so a read is refused here too, before any row.
+        let (worker, server) = if routed.target_field() == "uri" {
+            let Some(uri) = named.and_then(|n| n.uri) else {
+                return false;
+            };
+            match self.resource_entry(&uri) {
+                Ok(Some(route)) => (route.worker, route.server),
+                _ => return false,
+            }
+        } else {
+            let Some(name) = named.and_then(|n| n.name) else {
+                return false;
+            };
+            let Some(entry) = self.catalog.get(routed.kind(), &name) else {
+                return false;
+            };
+            (entry.worker, entry.server.clone())
         };
-        let Some(entry) = self.catalog.get(routed.kind(), &name) else {
-            return false;
-        };
-        let (worker, server) = (entry.worker, entry.server.clone());
         let Some((key, bounds, keys)) = self.lane_of(worker, &server) else {
             return false;
         };
@@ -548,6 +597,22 @@ mod tests {
                 "it waits"
             );
             assert_eq!(h.rows().len(), 2);
+        }
+
+        #[test]
+        fn a_resource_read_over_the_pool_share_is_refused_before_any_row() {
+            let mut h = Harness::new("");
+            h.core.set_builtin_pool(1, 1);
+            assert!(to_worker(&echo(&mut h)).is_some(), "the first call runs");
+            h.send("resources/read", json!({"uri": "file:///report"}));
+            let (_, v) = reply(&h.turn()).expect("the read is refused at once");
+            assert_eq!(v["error"]["data"]["limit"], super::super::SHARE_KEY, "{v}");
+            assert_eq!(
+                h.rows().len(),
+                1,
+                "the refusal is not recorded, as for tools"
+            );
+            assert_eq!(h.core.counters.share_refusals, 1);
         }
 
         #[test]

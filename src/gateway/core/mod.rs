@@ -242,6 +242,8 @@ pub struct Core<R: Recorder = Ledger> {
     output_waiting: HashMap<String, usize>,
     /// The builtin worker's threads and queue (its lane, `fair_lanes.rs`).
     builtin_pool: (usize, usize),
+    /// Each workspace worker's file-tool threads and queue (its lane, `fair_lanes.rs`).
+    workspace_pools: HashMap<WorkerId, (usize, usize)>,
     /// Unsubscribes toolwall sent for sessions that went, not answered yet (`subscriptions.rs`).
     releases: subscriptions::PendingReleases,
 }
@@ -287,6 +289,7 @@ impl<R: Recorder> Core<R> {
             offers: Default::default(),
             output_waiting: HashMap::new(),
             builtin_pool: (16, 256),
+            workspace_pools: HashMap::new(),
         }
     }
 

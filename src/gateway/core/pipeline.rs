@@ -551,7 +551,7 @@ impl<R: Recorder> Core<R> {
             return;
         }
         // Each pool is shared fairly between principals (`fair_lanes.rs`).
-        let lane = self.lane_of(x.target.worker, &x.target.server);
+        let lane = self.lane_of_call(x.target.worker, &x.target.server, &x.target.upstream);
         let mut stage = Stage::AtWorker;
         if let Some((key, bounds, keys)) = &lane {
             let admission = self.calls.admission(key, &x.from.principal, *bounds);

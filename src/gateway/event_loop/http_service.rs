@@ -29,9 +29,7 @@ impl Gateway {
                 // bound, or pipelined bytes filling the room): it is gone all the same.
                 if c.hung_up && h.is_waiting() && !c.read_closed {
                     c.read_closed = true;
-                    if h.pending_is_modern() {
-                        c.broken = true;
-                    }
+                    c.broken = true;
                 }
                 if !self.serving
                     || self.core.in_flight_total() >= self.config.gateway.max_in_flight_total
@@ -103,7 +101,11 @@ impl Gateway {
                     match c.io.read(&mut buf[..room]) {
                         Ok(0) => {
                             c.read_closed = true;
-                            if h.is_waiting() && h.pending_is_modern() {
+                            // The end of its input while its call is pending: the client
+                            // hung up (HTTP has no half-close to wait on an answer; a FIN
+                            // is all a closed connection shows until a write fails). The
+                            // connection closes now, which cancels its call in either era.
+                            if h.is_waiting() {
                                 c.broken = true;
                             }
                             break None;

@@ -287,6 +287,7 @@ impl Gateway {
                 crate::workspace::hosting::host(&mut ws, user, &agents, supervisor.secrets());
             let stdin = serde_json::to_vec(&ws).map_err(|e| format!("workspaces: {e}"))?;
             let id = core.add_worker(&spec.name, &spec.server);
+            core.set_workspace_pool(id, ws.workspace.threads, ws.workspace.queue);
             ws_workers.insert(ws.id.clone(), id);
             let token = Token(WORKER_BASE + 2 + n);
             supervisor.add_program_host(spec, id, token, stdin, host, allowed);

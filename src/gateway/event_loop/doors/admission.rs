@@ -210,7 +210,7 @@ impl Gateway {
                     Full::HttpDoor => Some((Door::Http, None)),
                     _ => Some((door, key)),
                 };
-                if self.displace(among, None, now) {
+                if self.displace(among, None, full, now) {
                     self.doors.budgets.admit_agent(door, key)
                 } else {
                     Err(full)
@@ -223,11 +223,14 @@ impl Gateway {
     /// yet — a framed one that sent no byte, an HTTP one with no head authenticated (silent, or a
     /// head still trickling in) — read first in case its bytes are already here; else the
     /// HTTP connection idle longest between requests. `among` narrows it to a door and a
-    /// peer or principal; `except` is the connection asking. Returns whether one was closed.
+    /// peer or principal; `except` is the connection asking; `full` is the limit that
+    /// applied, which the displaced connection's refusal names (a peer's share, not the
+    /// door's, when the peer's share was full). Returns whether one was closed.
     fn displace(
         &mut self,
         among: Option<(Door, Option<&str>)>,
         except: Option<usize>,
+        full: Full,
         now: Instant,
     ) -> bool {
         let fits = |c: &super::super::Conn| {
@@ -266,10 +269,6 @@ impl Gateway {
                 .as_ref()
                 .is_some_and(|c| unproven(c) && !c.broken && c.guard.lingering_since.is_none());
             if still_silent {
-                let full = match self.conns[slot].as_ref().map(|c| c.guard.door) {
-                    Some(Door::Http) => Full::HttpDoor,
-                    _ => Full::FramedDoor,
-                };
                 self.retire(slot, Some(full), now);
                 return true;
             }
@@ -456,7 +455,7 @@ impl Gateway {
         match self.doors.budgets.bind(seat, principal) {
             Ok(()) => true,
             Err(full) => {
-                if self.displace(Some((Door::Http, Some(principal))), Some(slot), now)
+                if self.displace(Some((Door::Http, Some(principal))), Some(slot), full, now)
                     && let Some(Some(c)) = self.conns.get_mut(slot)
                     && let Some(seat) = c.guard.seat.as_mut()
                     && self.doors.budgets.bind(seat, principal).is_ok()

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::super::{Gateway, Wire};
-use super::SWEEP_EVERY;
+use super::{SWEEP_EVERY, frame_timeout_error};
 use crate::gateway::core::ConnRef;
 use crate::gateway::door_limits::{Check, Door, Expiry, Facts, Seat, Stage, deadline};
 
@@ -139,9 +139,30 @@ impl Gateway {
         let answer_408 = matches!(why, Expiry::Head | Expiry::Body | Expiry::Auth)
             && c.guard.lingering_since.is_none()
             && c.queued() == 0;
+        // A framed peer cut off mid-frame is told so in its protocol, like the 408 above:
+        // an error frame naming the deadline, then a lingering close (never a bare reset).
+        let answer_frame = why == Expiry::Frame
+            && door == Door::Framed
+            && c.guard.lingering_since.is_none()
+            && !c.guard.close_when_drained
+            && c.queued() == 0;
         match (&mut c.wire, self.http.as_mut()) {
             (Wire::Http(h), Some(d)) if answer_408 => {
                 d.time_out(h, &mut c.out);
+                self.flush_conn(slot);
+            }
+            (Wire::Framed(_), _) if answer_frame => {
+                let secs = self.config.gateway.frame_timeout_secs;
+                c.out.extend_from_slice(&frame_timeout_error(secs));
+                // Nothing more it sends is read (the half frame is dropped with the rest);
+                // it lingers once the error is written (close_finished).
+                c.partial_since = None;
+                c.guard.close_when_drained = true;
+                // The half frame's grant goes back now, not at the end of the linger.
+                if let Some(hold) = c.grant.take() {
+                    self.doors.partial.release(hold);
+                    self.doors.yielded = true;
+                }
                 self.flush_conn(slot);
             }
             _ => c.broken = true,
