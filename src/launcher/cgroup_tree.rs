@@ -507,6 +507,58 @@ fn hand(path: &Path, uid: Option<u32>, gid: u32, mode: u32) -> Result<(), String
 mod tests {
     use super::*;
 
+    /// On a real cgroup v2 file system (it needs no controller, only a cgroup this test may
+    /// make, as root): a process that left its session and ignores SIGTERM, moved into a
+    /// cgroup, is gone after `kill_all`, and `populated` says so. Skipped, saying why,
+    /// where no cgroup can be made.
+    #[test]
+    fn kill_all_ends_every_process_of_a_real_cgroup() {
+        let made = (|| -> Result<PathBuf, String> {
+            let mount = cgroup::cgroup2_mount(&read(Path::new("/proc/self/mountinfo"))?)
+                .ok_or("no cgroup v2 mount")?;
+            let own = cgroup::own_cgroup_path(&read(Path::new("/proc/self/cgroup"))?)
+                .ok_or("in no cgroup v2")?;
+            let dir =
+                cgroup::dir_of(&mount, &own).join(format!("toolwall-test-{}", std::process::id()));
+            std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            Ok(dir)
+        })();
+        let dir = match made {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("SKIPPED kill_all on a real cgroup: {e}");
+                return;
+            }
+        };
+        let mut child = std::process::Command::new("setsid")
+            .args(["sh", "-c", "trap '' TERM; sleep 600 & wait"])
+            .spawn()
+            .expect("spawn");
+        let moved = std::fs::write(dir.join("cgroup.procs"), child.id().to_string());
+        if let Err(e) = moved {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir(&dir);
+            eprintln!("SKIPPED kill_all on a real cgroup: moving a process: {e}");
+            return;
+        }
+        // Its grandchild (`sleep`) is born inside too.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(populated(&dir));
+        kill_all(&dir).expect("kill_all");
+        let status = child.wait().expect("wait");
+        assert!(!status.success());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while populated(&dir) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "processes left in {dir:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::fs::remove_dir(&dir).expect("rmdir");
+    }
+
     #[test]
     fn the_gateway_leaves_its_cgroup_before_controllers_go_down_and_limits_land_in_place() {
         let layout = CgroupLayout {
