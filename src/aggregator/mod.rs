@@ -21,6 +21,7 @@ pub mod error;
 pub mod exchange;
 pub mod gateway_state;
 pub(crate) mod inline_secret;
+pub mod job_queue;
 pub mod json_nodes;
 pub mod listing_pages;
 pub mod message;

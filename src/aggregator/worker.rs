@@ -17,7 +17,6 @@
 use mio::Waker;
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 
 use super::answer_bound;
@@ -25,6 +24,7 @@ use super::budget::ListingBudget;
 use super::call_link::{CallLink, CallLinks, Serving};
 use super::call_relay::CallContext;
 use super::error::{UpstreamError, UpstreamErrorCode};
+use super::job_queue::{JobSender, SendRefused, job_queue};
 use super::setup::AggregatorSetup;
 use super::upstream::{EventSink, Upstream};
 use crate::mcp::catalog::Kind;
@@ -78,7 +78,7 @@ struct Job {
 }
 
 struct Server {
-    jobs: SyncSender<Job>,
+    jobs: JobSender<Job>,
     queue: usize,
     threads: usize,
 }
@@ -267,7 +267,7 @@ impl AggregatorRole {
         let refused = |links: &CallLinks| links.remove(id);
         match server.jobs.try_send(job) {
             Ok(()) => None,
-            Err(TrySendError::Full(_)) => Some({
+            Err(SendRefused::Full(_)) => Some({
                 refused(&self.links);
                 response_err(
                     id,
@@ -280,7 +280,7 @@ impl AggregatorRole {
                     ),
                 )
             }),
-            Err(TrySendError::Disconnected(_)) => Some({
+            Err(SendRefused::Closed(_)) => Some({
                 refused(&self.links);
                 response_err(
                     id,
@@ -379,11 +379,10 @@ impl AggregatorRole {
         upstream: &Arc<Upstream>,
         threads: usize,
         queue: usize,
-    ) -> std::io::Result<SyncSender<Job>> {
-        let (tx, rx) = sync_channel::<Job>(queue);
-        let rx = Arc::new(Mutex::new(rx));
+    ) -> std::io::Result<JobSender<Job>> {
+        let (tx, rx) = job_queue::<Job>(queue);
         for n in 0..threads {
-            let rx: Arc<Mutex<Receiver<Job>>> = Arc::clone(&rx);
+            let rx = rx.clone();
             let upstream = Arc::clone(upstream);
             let outbox = Arc::clone(&self.outbox);
             let waker = Arc::clone(&self.waker);
@@ -393,14 +392,7 @@ impl AggregatorRole {
             std::thread::Builder::new()
                 .name(format!("up-{n}"))
                 .spawn(move || {
-                    loop {
-                        let job = {
-                            let guard = rx.lock().unwrap_or_else(|p| p.into_inner());
-                            match guard.recv() {
-                                Ok(job) => job,
-                                Err(_) => return,
-                            }
-                        };
+                    while let Some(job) = rx.recv() {
                         let id = job.id;
                         let msg = run_job(&upstream, job, events.as_ref());
                         links.remove(id);

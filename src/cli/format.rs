@@ -161,6 +161,26 @@ pub fn format_server_status(s: &serde_json::Value) -> String {
     if !s["worker"].is_null() {
         format_worker(&mut out, &s["worker"]);
     }
+    let cg = &s["cgroup"];
+    if cg["in_force"] == true {
+        let f = |k: &str| cg[k].as_str().unwrap_or("?").to_string();
+        let _ = writeln!(
+            out,
+            "cgroup: {}  pids {} of {}  memory {} of {} bytes  oom kills {}",
+            cg["path"].as_str().unwrap_or(""),
+            f("pids.current"),
+            f("pids.max"),
+            f("memory.current"),
+            f("memory.max"),
+            f("memory.events.oom_kill"),
+        );
+    } else if cg["in_force"] == false {
+        let _ = writeln!(
+            out,
+            "cgroup: none ({}): rlimits only",
+            cg["reason"].as_str().unwrap_or("unknown")
+        );
+    }
     let stderr = &s["server"]["stderr"];
     if let Some(lines) = stderr["lines"].as_array() {
         let dropped = stderr["dropped"].as_u64().unwrap_or(0);

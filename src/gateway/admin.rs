@@ -125,14 +125,38 @@ fn server_status(gw: &Gateway, name: &str) -> Value {
     let Some(entry) = u.server_json(name, core.catalog()) else {
         return json!({"ok": false, "error": format!("no server named {name:?} is configured")});
     };
-    let worker = u.worker_of(name).and_then(|id| {
-        gw.supervisor()
-            .workers
-            .iter()
-            .find(|w| w.id == id)
-            .map(worker_json)
-    });
-    json!({"ok": true, "server": entry, "worker": worker})
+    let proc_ = u
+        .worker_of(name)
+        .and_then(|id| gw.supervisor().workers.iter().find(|w| w.id == id));
+    let worker = proc_.map(worker_json);
+    let cgroup = proc_
+        .filter(|w| w.spec.role == crate::sandbox::Role::StdioServer)
+        .map(|w| host_cgroup_json(gw, &w.host));
+    json!({"ok": true, "server": entry, "worker": worker, "cgroup": cgroup})
+}
+
+/// A local server's cgroup, its limits and use; or why it has none.
+fn host_cgroup_json(gw: &Gateway, host: &crate::workers::supervisor::WorkerHost) -> Value {
+    use crate::workers::supervisor::WorkerHost;
+    if let WorkerHost::AgentUser {
+        cgroup: Some(dir), ..
+    } = host
+    {
+        let mut v = crate::launcher::cgroup_tree::usage_json(dir);
+        v["in_force"] = json!(true);
+        return v;
+    }
+    let reason = match (host, gw.supervisor().agents.as_ref()) {
+        (WorkerHost::Gateway, _) => {
+            "it runs as toolwall's own user, outside the cgroup tree".to_string()
+        }
+        (_, Some(plan)) => match &plan.cgroups {
+            crate::launcher::cgroup_tree::CgroupTree::Off(reason) => reason.clone(),
+            _ => "none was made for it".to_string(),
+        },
+        (_, None) => "no agent plan".to_string(),
+    };
+    json!({"in_force": false, "reason": reason})
 }
 
 fn worker_json(w: &crate::workers::supervisor::WorkerProc) -> Value {

@@ -39,6 +39,8 @@ pub enum CgroupTree {
         controllers: Vec<&'static str>,
         /// By workspace id.
         workspaces: BTreeMap<String, WorkspaceCgroup>,
+        /// `servers/` was made: local servers get a cgroup each ([`CgroupTree::server`]).
+        servers: bool,
     },
     Off(String),
 }
@@ -53,6 +55,28 @@ impl CgroupTree {
             CgroupTree::InForce { workspaces, .. } => workspaces.get(id),
             CgroupTree::Off(_) => None,
         }
+    }
+
+    /// Makes (or finds) local server `name`'s cgroup and writes `limits` there; its path.
+    /// Called at start and on each reload, so changed limits land before the server
+    /// starts again.
+    pub fn server(&self, name: &str, limits: CgroupLimits) -> Result<PathBuf, String> {
+        let CgroupTree::InForce {
+            layout,
+            controllers,
+            servers: true,
+            ..
+        } = self
+        else {
+            return Err(match self {
+                CgroupTree::Off(reason) => reason.clone(),
+                _ => "no local server was configured at start (restart toolwall)".into(),
+            });
+        };
+        for op in server_ops(layout, controllers, name, limits)? {
+            apply(&op)?;
+        }
+        Ok(layout.server(name))
     }
 
     pub fn controllers(&self) -> &[&'static str] {
@@ -73,6 +97,7 @@ impl CgroupTree {
                 layout,
                 controllers,
                 workspaces,
+                ..
             } => json!({
                 "in_force": true,
                 "path": layout.service,
@@ -99,16 +124,17 @@ pub struct WorkspaceRequest {
     pub agent: Option<AgentIdentity>,
 }
 
-/// Builds the tree when `[sandbox] cgroups` allows and toolwall's cgroup is delegated.
-/// Moves this process into the gateway's leaf. Call before starting any process.
-pub fn build(config: &Config, workspaces: &[WorkspaceRequest]) -> CgroupTree {
+/// Builds the tree when `[sandbox] cgroups` allows and toolwall's cgroup is delegated
+/// (`servers`: with the parent of the local servers' cgroups). Moves this process into
+/// the gateway's leaf. Call before starting any process.
+pub fn build(config: &Config, workspaces: &[WorkspaceRequest], servers: bool) -> CgroupTree {
     if config.sandbox.cgroups == CgroupMode::Off {
         return CgroupTree::Off("[sandbox] cgroups = \"off\"".into());
     }
-    if workspaces.is_empty() {
-        return CgroupTree::Off("no workspace".into());
+    if workspaces.is_empty() && !servers {
+        return CgroupTree::Off("no workspace and no local server".into());
     }
-    match try_build(workspaces) {
+    match try_build(workspaces, servers) {
         Ok(tree) => tree,
         Err(reason) => CgroupTree::Off(reason),
     }
@@ -156,7 +182,7 @@ fn writable(path: &Path) -> bool {
         .is_some_and(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0)
 }
 
-fn try_build(workspaces: &[WorkspaceRequest]) -> Result<CgroupTree, String> {
+fn try_build(workspaces: &[WorkspaceRequest], servers: bool) -> Result<CgroupTree, String> {
     use std::os::unix::fs::MetadataExt;
     let mount = cgroup::cgroup2_mount(&read(Path::new("/proc/self/mountinfo"))?)
         .ok_or("no cgroup v2 hierarchy is mounted")?;
@@ -195,6 +221,7 @@ fn try_build(workspaces: &[WorkspaceRequest]) -> Result<CgroupTree, String> {
         &layout,
         &controllers,
         workspaces,
+        servers,
         std::process::id(),
         euid == 0,
     )?;
@@ -249,6 +276,112 @@ fn try_build(workspaces: &[WorkspaceRequest]) -> Result<CgroupTree, String> {
         layout,
         controllers,
         workspaces: out,
+        servers,
+    })
+}
+
+/// Makes a directory or writes a file of the tree (a `Hand` is the caller's).
+fn apply(op: &TreeOp) -> Result<(), String> {
+    match op {
+        TreeOp::Mkdir(path) => mkdir(path),
+        TreeOp::Write {
+            path,
+            value,
+            optional,
+        } => {
+            if *optional && !path.exists() {
+                return Ok(());
+            }
+            write(path, value)
+        }
+        TreeOp::Hand { .. } => Ok(()),
+    }
+}
+
+/// A local server's cgroup with its limits. Pure.
+pub fn server_ops(
+    layout: &CgroupLayout,
+    controllers: &[&str],
+    name: &str,
+    limits: CgroupLimits,
+) -> Result<Vec<TreeOp>, String> {
+    if !cgroup::valid_leaf_name(name) {
+        return Err(format!("server name {name:?} is no cgroup name"));
+    }
+    let dir = layout.server(name);
+    let mut ops = vec![TreeOp::Mkdir(dir.clone())];
+    for (file, value) in limits.writes(controllers) {
+        ops.push(TreeOp::Write {
+            path: dir.join(file),
+            value,
+            optional: file == "memory.swap.max",
+        });
+    }
+    Ok(ops)
+}
+
+/// Kills every process in the cgroup `dir` (`cgroup.kill`, Linux 5.14; before it, each
+/// pid of `cgroup.procs` gets SIGKILL until none is left). What a program started,
+/// however it detached (new session, double fork), is in its cgroup and dies here.
+pub fn kill_all(dir: &Path) -> Result<(), String> {
+    match std::fs::write(dir.join("cgroup.kill"), "1") {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(format!("{}/cgroup.kill: {e}", dir.display()));
+        }
+        Err(_) => {}
+    }
+    // Processes forking as fast as they are killed: pids.max bounds them, and so do the
+    // rounds here.
+    for _ in 0..100 {
+        let procs = read(&dir.join("cgroup.procs"))?;
+        let pids: Vec<i32> = procs
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .filter(|p| *p > 0)
+            .collect();
+        if pids.is_empty() {
+            return Ok(());
+        }
+        for pid in pids {
+            // SAFETY: kill(2) with a pid read from the cgroup; a pid reused since is
+            // reused inside the same cgroup only while it still holds processes.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err(format!(
+        "{}: processes left after 100 rounds of SIGKILL",
+        dir.display()
+    ))
+}
+
+/// Whether a process is left in the cgroup `dir` (`cgroup.events`: `populated 1`).
+pub fn populated(dir: &Path) -> bool {
+    read(&dir.join("cgroup.events"))
+        .map(|e| e.lines().any(|l| l.trim() == "populated 1"))
+        .unwrap_or(false)
+}
+
+/// A cgroup's limits and use for `toolwall status` (each file as the kernel says it).
+pub fn usage_json(dir: &Path) -> Value {
+    let file = |name: &str| {
+        crate::config::read_bounded(&dir.join(name), 4096)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    json!({
+        "path": dir,
+        "pids.max": file("pids.max"),
+        "pids.current": file("pids.current"),
+        "memory.max": file("memory.max"),
+        "memory.current": file("memory.current"),
+        "memory.events.oom_kill": file("memory.events").and_then(|e| {
+            e.lines()
+                .find_map(|l| l.strip_prefix("oom_kill ").map(|v| v.trim().to_string()))
+        }),
     })
 }
 
@@ -282,6 +415,7 @@ pub fn tree_ops(
     layout: &CgroupLayout,
     controllers: &[&str],
     workspaces: &[WorkspaceRequest],
+    servers: bool,
     pid: u32,
     root: bool,
 ) -> Result<Vec<TreeOp>, String> {
@@ -304,6 +438,15 @@ pub fn tree_ops(
             control.clone(),
         ),
     ];
+    if servers {
+        // Each server's cgroup is a leaf below (made by `server_ops`, at start and on
+        // reload): the controllers go down to it so its limits bind.
+        ops.push(TreeOp::Mkdir(layout.servers()));
+        ops.push(write(
+            layout.servers().join("cgroup.subtree_control"),
+            control.clone(),
+        ));
+    }
     for ws in workspaces {
         if !cgroup::valid_leaf_name(&ws.id) {
             return Err(format!("workspace id {:?} is no cgroup name", ws.id));
@@ -364,6 +507,58 @@ fn hand(path: &Path, uid: Option<u32>, gid: u32, mode: u32) -> Result<(), String
 mod tests {
     use super::*;
 
+    /// On a real cgroup v2 file system (it needs no controller, only a cgroup this test may
+    /// make, as root): a process that left its session and ignores SIGTERM, moved into a
+    /// cgroup, is gone after `kill_all`, and `populated` says so. Skipped, saying why,
+    /// where no cgroup can be made.
+    #[test]
+    fn kill_all_ends_every_process_of_a_real_cgroup() {
+        let made = (|| -> Result<PathBuf, String> {
+            let mount = cgroup::cgroup2_mount(&read(Path::new("/proc/self/mountinfo"))?)
+                .ok_or("no cgroup v2 mount")?;
+            let own = cgroup::own_cgroup_path(&read(Path::new("/proc/self/cgroup"))?)
+                .ok_or("in no cgroup v2")?;
+            let dir =
+                cgroup::dir_of(&mount, &own).join(format!("toolwall-test-{}", std::process::id()));
+            std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            Ok(dir)
+        })();
+        let dir = match made {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("SKIPPED kill_all on a real cgroup: {e}");
+                return;
+            }
+        };
+        let mut child = std::process::Command::new("setsid")
+            .args(["sh", "-c", "trap '' TERM; sleep 600 & wait"])
+            .spawn()
+            .expect("spawn");
+        let moved = std::fs::write(dir.join("cgroup.procs"), child.id().to_string());
+        if let Err(e) = moved {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir(&dir);
+            eprintln!("SKIPPED kill_all on a real cgroup: moving a process: {e}");
+            return;
+        }
+        // Its grandchild (`sleep`) is born inside too.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(populated(&dir));
+        kill_all(&dir).expect("kill_all");
+        let status = child.wait().expect("wait");
+        assert!(!status.success());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while populated(&dir) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "processes left in {dir:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::fs::remove_dir(&dir).expect("rmdir");
+    }
+
     #[test]
     fn the_gateway_leaves_its_cgroup_before_controllers_go_down_and_limits_land_in_place() {
         let layout = CgroupLayout {
@@ -383,7 +578,15 @@ mod tests {
             },
             agent: Some(agent),
         };
-        let ops = tree_ops(&layout, &["pids", "memory", "cpu"], &[ws], 4242, false).expect("ops");
+        let ops = tree_ops(
+            &layout,
+            &["pids", "memory", "cpu"],
+            &[ws],
+            true,
+            4242,
+            false,
+        )
+        .expect("ops");
         let pos = |want: &TreeOp| {
             ops.iter()
                 .position(|o| o == want)
@@ -428,6 +631,24 @@ mod tests {
             limits: CgroupLimits::default(),
             agent: None,
         };
-        assert!(tree_ops(&layout, &["pids", "memory"], &[bad], 1, true).is_err());
+        assert!(tree_ops(&layout, &["pids", "memory"], &[bad], false, 1, true).is_err());
+        // The servers' parent hands the controllers down; a server's leaf holds its limits.
+        pos(&w(
+            "/cg/toolwall.service/servers/cgroup.subtree_control",
+            "+pids +memory +cpu",
+        ));
+        let limits = CgroupLimits {
+            pids_max: Some(64),
+            memory_max_bytes: Some(32 << 20),
+            cpu_weight: None,
+        };
+        let server = server_ops(&layout, &["pids", "memory"], "fs", limits).expect("ops");
+        assert_eq!(
+            server[0],
+            TreeOp::Mkdir(PathBuf::from("/cg/toolwall.service/servers/fs"))
+        );
+        assert!(server.contains(&w("/cg/toolwall.service/servers/fs/pids.max", "64")));
+        assert!(server.contains(&w("/cg/toolwall.service/servers/fs/memory.max", "33554432")));
+        assert!(server_ops(&layout, &["pids"], "../gateway", limits).is_err());
     }
 }

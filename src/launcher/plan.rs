@@ -58,6 +58,11 @@ pub fn agent_user_names(config: &Config) -> BTreeSet<String> {
         .collect()
 }
 
+/// Whether any enabled server is a local program.
+fn has_local_servers(config: &Config) -> bool {
+    config.servers.enabled().any(|(_, s)| s.is_local())
+}
+
 /// One note per agent user that several workspaces share: Unix permissions cannot keep
 /// them apart, only Landlock can, and Landlock does not cover metadata changes.
 pub fn shared_user_notes(config: &Config) -> Vec<String> {
@@ -89,7 +94,7 @@ impl AgentPlan {
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let mut plan = AgentPlan {
             hosting: AgentHosting::Unused,
-            cgroups: super::cgroup_tree::CgroupTree::Off("no workspace".into()),
+            cgroups: super::cgroup_tree::CgroupTree::Off("no workspace and no local server".into()),
             identities: Vec::new(),
             gateway_uid: uid,
             gateway_gid: gid,
@@ -126,13 +131,15 @@ impl AgentPlan {
                 controllers,
                 ..
             } => crate::info!(
-                "cgroup limits in force for workspaces under {} ({})",
+                "cgroup limits in force for workspaces and local servers under {} ({})",
                 layout.service.display(),
                 controllers.join(", ")
             ),
-            super::cgroup_tree::CgroupTree::Off(reason) if !config.workspaces.0.is_empty() => {
+            super::cgroup_tree::CgroupTree::Off(reason)
+                if !config.workspaces.0.is_empty() || has_local_servers(config) =>
+            {
                 crate::warn!(
-                    "cgroup limits are not in force ({reason}): workspaces are bounded by rlimits only, and RLIMIT_NPROC counts every process of their agent user"
+                    "cgroup limits are not in force ({reason}): workspaces and local servers are bounded by rlimits only, and RLIMIT_NPROC counts every process of their agent user"
                 )
             }
             super::cgroup_tree::CgroupTree::Off(_) => {}
@@ -154,8 +161,11 @@ impl AgentPlan {
                 names.iter().cloned().collect::<Vec<_>>().join(", ")
             );
             return if config.sandbox.run_agents_as_gateway_user {
-                self.cgroups =
-                    super::cgroup_tree::build(config, &self.cgroup_requests(config, false));
+                self.cgroups = super::cgroup_tree::build(
+                    config,
+                    &self.cgroup_requests(config, false),
+                    has_local_servers(config),
+                );
                 AgentHosting::GatewayUser(format!(
                     "{why}: they run as toolwall's own uid {} ([sandbox] run_agents_as_gateway_user = true), and can change the metadata of toolwall's files and read what toolwall's user may read beyond Landlock's reach",
                     self.gateway_uid
@@ -194,7 +204,11 @@ impl AgentPlan {
             }
             self.identities.push(identity);
         }
-        self.cgroups = super::cgroup_tree::build(config, &self.cgroup_requests(config, true));
+        self.cgroups = super::cgroup_tree::build(
+            config,
+            &self.cgroup_requests(config, true),
+            has_local_servers(config),
+        );
         if config.sandbox.cgroups == crate::sandbox::CgroupMode::Required
             && !self.cgroups.in_force()
         {
@@ -241,17 +255,18 @@ impl AgentPlan {
             .collect()
     }
 
-    /// With `[sandbox] cgroups = "required"`, why workspaces stay offline.
+    /// With `[sandbox] cgroups = "required"`, why workspaces and local servers stay
+    /// offline.
     fn cgroups_refusal(&self, config: &Config) -> Option<String> {
         if config.sandbox.cgroups != crate::sandbox::CgroupMode::Required
             || matches!(self.hosting, AgentHosting::Refused(_))
-            || config.workspaces.0.is_empty()
+            || (config.workspaces.0.is_empty() && !has_local_servers(config))
         {
             return None;
         }
         match &self.cgroups {
             super::cgroup_tree::CgroupTree::Off(reason) => Some(format!(
-                "[sandbox] cgroups = \"required\", and cgroup limits are not in force: {reason}; workspaces stay offline"
+                "[sandbox] cgroups = \"required\", and cgroup limits are not in force: {reason}; workspaces and local servers stay offline"
             )),
             super::cgroup_tree::CgroupTree::InForce { .. } => None,
         }
@@ -373,7 +388,7 @@ pub fn format_status(agents: &Value) -> String {
         }
     } else if !agents["mode"].is_null() && agents["mode"] != "unused" {
         out.push_str(&format!(
-            "cgroups: NOT in force ({}); workspaces have rlimits only\n",
+            "cgroups: NOT in force ({}); workspaces and local servers have rlimits only\n",
             cg["reason"].as_str().unwrap_or("unknown")
         ));
     }

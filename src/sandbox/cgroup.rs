@@ -13,6 +13,9 @@
 //!       worker/                   the workspace's worker
 //!       tasks/
 //!         <task id>/              pids.max, memory.max of one task (set by the worker)
+//!   servers/
+//!     <server name>/              pids.max, memory.max of one local server: its host, the
+//!                                 host's leader and every process of its program
 //! ```
 //!
 //! cgroup v2 lets only leaves hold processes once controllers are enabled below a cgroup,
@@ -36,6 +39,8 @@ pub const WORKSPACES_DIR: &str = "workspaces";
 pub const WORKER_LEAF: &str = "worker";
 /// Parent of a workspace's task cgroups.
 pub const TASKS_DIR: &str = "tasks";
+/// Parent of the local servers' cgroups.
+pub const SERVERS_DIR: &str = "servers";
 
 /// `cpu.weight` bounds (the kernel's).
 pub const CPU_WEIGHT_MIN: u64 = 1;
@@ -190,6 +195,16 @@ impl CgroupLayout {
 
     pub fn tasks(&self, id: &str) -> PathBuf {
         self.workspace(id).join(TASKS_DIR)
+    }
+
+    pub fn servers(&self) -> PathBuf {
+        self.service.join(SERVERS_DIR)
+    }
+
+    /// A local server's cgroup (a leaf: its host and everything below it); `name` is
+    /// checked by [`valid_leaf_name`].
+    pub fn server(&self, name: &str) -> PathBuf {
+        self.servers().join(name)
     }
 }
 

@@ -67,9 +67,9 @@ pub struct SandboxConfig {
     /// `CAP_SETGID`): `false` keeps workspaces offline (fail closed); `true` runs agent
     /// programs as toolwall's own user, loudly reported.
     pub run_agents_as_gateway_user: bool,
-    /// cgroup v2 limits of workspaces: `auto` uses toolwall's delegated cgroup when it has
-    /// one (else rlimits only, and status says so); `required` keeps workspaces offline
-    /// without one; `off` never touches cgroups.
+    /// cgroup v2 limits of workspaces and local servers: `auto` uses toolwall's delegated
+    /// cgroup when it has one (else rlimits only, and status says so); `required` keeps
+    /// workspaces and local servers offline without one; `off` never touches cgroups.
     pub cgroups: CgroupMode,
 }
 

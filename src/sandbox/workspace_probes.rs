@@ -84,7 +84,9 @@ pub fn attest_workspace(grant: &RoleGrant, context: &WorkspaceProbeContext) -> V
     }
     probes.extend(super::secrets::probe_secrets(&grant.secrets));
     if offline {
-        probes.push(probe_udp());
+        probes.push(probe_udp("seccomp offline filter"));
+    } else if context.udp_refused_with_ports {
+        probes.push(probe_udp("seccomp: no IP datagram sockets"));
     }
     probes
 }
@@ -213,7 +215,7 @@ fn probe_connect(grant: &RoleGrant) -> Probe {
     }
 }
 
-fn probe_udp() -> Probe {
+fn probe_udp(layer: &str) -> Probe {
     let name = "udp_socket";
     // SAFETY: plain socket call; the fd is closed below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
@@ -222,11 +224,11 @@ fn probe_udp() -> Probe {
         unsafe { libc::close(fd) };
         return allowed(
             name,
-            "created a UDP socket with no network granted".to_string(),
+            "created a UDP socket (Landlock does not govern UDP)".to_string(),
         );
     }
     match last_errno() {
-        libc::EPERM => denied_by(name, libc::EPERM, "seccomp offline filter"),
+        libc::EPERM => denied_by(name, libc::EPERM, layer),
         e => allowed(name, format!("not proven: {}", errno_text(e))),
     }
 }
@@ -418,6 +420,10 @@ pub struct WorkspaceProbeContext {
     pub gateway_uid: u32,
     /// Files in `/etc` (and one level below) that neither group nor others may read.
     pub root_only_files: Vec<std::path::PathBuf>,
+    /// The role's seccomp profile refuses IP datagram sockets even with TCP ports granted
+    /// (a local server: Landlock's port rules cover TCP only), so `udp_socket` is probed
+    /// then too.
+    pub udp_refused_with_ports: bool,
 }
 
 impl WorkspaceProbeContext {
@@ -455,6 +461,7 @@ impl WorkspaceProbeContext {
         WorkspaceProbeContext {
             gateway_uid,
             root_only_files: candidates,
+            udp_refused_with_ports: false,
         }
     }
 }

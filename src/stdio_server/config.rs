@@ -33,6 +33,15 @@ pub const DEFAULT_DISCOVER_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_MAX_PROCESSES: u64 = 4096;
 /// Default of `[servers.NAME] max_file_size_bytes` (RLIMIT_FSIZE).
 pub const DEFAULT_MAX_FILE_SIZE_BYTES: u64 = 1 << 30;
+/// Default of `[servers.NAME] pids_max`: processes and threads of the server's cgroup
+/// (its host, leader and program), where cgroups are in force. A Node or Python server
+/// uses tens; `npx` fetching a package a few more.
+pub const DEFAULT_PIDS_MAX: u64 = 512;
+/// Default of `[servers.NAME] memory_max_bytes`: memory of the server's cgroup (swap
+/// closed), where cgroups are in force.
+pub const DEFAULT_MEMORY_MAX_BYTES: u64 = 2 << 30;
+/// Smallest `memory_max_bytes` (the host and its leader need some).
+pub const MIN_MEMORY_MAX_BYTES: u64 = 32 << 20;
 /// Default of `[servers] stderr_lines`.
 pub const DEFAULT_STDERR_LINES: usize = 50;
 /// Most `stderr_lines`.
@@ -89,6 +98,10 @@ pub struct LocalServerKeys {
     pub max_processes: u64,
     /// RLIMIT_FSIZE of its programs.
     pub max_file_size_bytes: u64,
+    /// cgroup v2 `pids.max` of its cgroup (host and program), where cgroups are in force.
+    pub pids_max: u64,
+    /// cgroup v2 `memory.max` of its cgroup (swap closed), where cgroups are in force.
+    pub memory_max_bytes: u64,
 }
 
 impl Default for LocalServerKeys {
@@ -107,6 +120,8 @@ impl Default for LocalServerKeys {
             discover_timeout_ms: DEFAULT_DISCOVER_TIMEOUT_MS,
             max_processes: DEFAULT_MAX_PROCESSES,
             max_file_size_bytes: DEFAULT_MAX_FILE_SIZE_BYTES,
+            pids_max: DEFAULT_PIDS_MAX,
+            memory_max_bytes: DEFAULT_MEMORY_MAX_BYTES,
         }
     }
 }
@@ -144,12 +159,17 @@ impl LocalServerKeys {
             self.max_file_size_bytes != d.max_file_size_bytes,
             "max_file_size_bytes",
         );
+        check(self.pids_max != d.pids_max, "pids_max");
+        check(
+            self.memory_max_bytes != d.memory_max_bytes,
+            "memory_max_bytes",
+        );
         out
     }
 }
 
 /// Keys only a local server has, for the list of known keys in errors.
-pub const LOCAL_KEYS: &str = "command, cwd, env, secret_env, secret_env_from, read_paths, write_paths, network, agent_user, start_timeout_secs, stop_grace_ms, discover_timeout_ms, max_processes, max_file_size_bytes";
+pub const LOCAL_KEYS: &str = "command, cwd, env, secret_env, secret_env_from, read_paths, write_paths, network, agent_user, start_timeout_secs, stop_grace_ms, discover_timeout_ms, max_processes, max_file_size_bytes, pids_max, memory_max_bytes";
 
 /// A portable environment variable name.
 pub fn valid_env_name(name: &str) -> bool {
@@ -367,10 +387,17 @@ pub fn validate(name: &str, s: &ServerConfig) -> Result<(), String> {
     for (key, v) in [
         ("max_processes", l.max_processes),
         ("max_file_size_bytes", l.max_file_size_bytes),
+        ("pids_max", l.pids_max),
     ] {
         if v == 0 {
             return Err(format!("{} must be greater than 0", at(key)));
         }
+    }
+    if l.memory_max_bytes < MIN_MEMORY_MAX_BYTES {
+        return Err(format!(
+            "{} must be at least {MIN_MEMORY_MAX_BYTES} (its host and leader need that much)",
+            at("memory_max_bytes")
+        ));
     }
     Ok(())
 }
@@ -481,16 +508,25 @@ fn read_secret_file(key: &str, path: &Path) -> Result<String, String> {
     Ok(trimmed.to_owned())
 }
 
+/// `RES_OPTIONS` of a server with network ports: glibc's resolver asks over TCP (port
+/// 53 must be among the ports), since no UDP socket may be made.
+pub const TCP_DNS_RES_OPTIONS: &str = "use-vc";
+
 /// The environment of a server's program: the defaults, `env`, then the secrets.
-/// `state_dir` is its private state directory (`HOME`, and `TMPDIR` inside it).
+/// `state_dir` is its private state directory (`HOME`, and `TMPDIR` inside it); with
+/// `network` ports, `RES_OPTIONS=use-vc` (unless `env` sets it).
 pub fn child_env(
     env: &BTreeMap<String, String>,
     state_dir: &Path,
     secrets: &[(String, Secret)],
+    network: &Network,
 ) -> Vec<(String, String)> {
     let mut vars: BTreeMap<String, String> = BTreeMap::new();
     vars.insert("PATH".into(), DEFAULT_PATH.into());
     vars.insert("LANG".into(), DEFAULT_LANG.into());
+    if !network.ports().is_empty() {
+        vars.insert("RES_OPTIONS".into(), TCP_DNS_RES_OPTIONS.into());
+    }
     for (k, v) in env {
         vars.insert(k.clone(), v.clone());
     }
@@ -659,7 +695,7 @@ start_timeout_secs = 5
         // The environment: defaults, env, then secrets; HOME and TMPDIR are toolwall's.
         let mut env = BTreeMap::new();
         env.insert("PATH".to_string(), "/opt/bin:/usr/bin".to_string());
-        let vars = child_env(&env, Path::new("/st/a"), &got);
+        let vars = child_env(&env, Path::new("/st/a"), &got, &Network::Off);
         let get = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("PATH"), Some("/opt/bin:/usr/bin"));
         assert_eq!(get("LANG"), Some(DEFAULT_LANG));
@@ -667,5 +703,8 @@ start_timeout_secs = 5
         assert_eq!(get("TMPDIR"), Some("/st/a/tmp"));
         assert_eq!(get("TOK"), Some("s3cr3t-value"));
         assert_eq!(vars.len(), 5);
+        // With ports, glibc's resolver goes over TCP (no UDP socket may be made).
+        let vars = child_env(&env, Path::new("/st/a"), &got, &Network::Ports(vec![53]));
+        assert!(vars.contains(&("RES_OPTIONS".to_string(), "use-vc".to_string())));
     }
 }

@@ -4,7 +4,7 @@
 //! toolwall's own user). In order: scrub fds, read the settings, check who it runs as,
 //! make the private state directory, confine itself (Landlock: the system directories,
 //! `read_paths`, its state directory and `write_paths`; the deny-list seccomp of
-//! `sandbox-profiles/stdio-server.json`; no IP socket without `network`), attest, say
+//! `sandbox-profiles/stdio-server.json`; no IP socket without `network`, no IP datagram socket with it), attest, say
 //! `ready`. The gateway then sends `configure` (with the secret variables) only if the
 //! attestation passed, and only then is the program started — under a leader that scopes
 //! its signals, applies its rlimits and programs filter, and on the host's end stops
@@ -188,7 +188,7 @@ fn channel_factory(
             .ok_or_else(|| "the server's channel exists already".to_string())?;
         let s = &settings;
         let cwd = s.cwd();
-        let env: Vec<String> = child_env(&s.env, &s.state_dir, &setup.secret_env)
+        let env: Vec<String> = child_env(&s.env, &s.state_dir, &setup.secret_env, &s.network)
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();

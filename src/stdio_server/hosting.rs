@@ -125,7 +125,12 @@ pub fn plan_server(
         retry_max_secs: servers.retry_max_secs,
         stderr_lines_per_sec: servers.stderr_lines_per_sec,
     };
-    let (host, allowed) = hosting(&mut settings, name, &user, plan);
+    let limits = crate::sandbox::cgroup::CgroupLimits {
+        pids_max: Some(s.local.pids_max),
+        memory_max_bytes: Some(s.local.memory_max_bytes),
+        cpu_weight: None,
+    };
+    let (host, allowed) = hosting(&mut settings, name, &user, plan, limits);
     if let Err(e) = prepare_state_dir(&root, &state_dir, &host, plan) {
         // The host says it again, more precisely, if it cannot make it itself.
         crate::warn!("server {name}: {e}");
@@ -189,6 +194,7 @@ fn hosting(
     name: &str,
     user: &str,
     plan: &AgentPlan,
+    limits: crate::sandbox::cgroup::CgroupLimits,
 ) -> (WorkerHost, Vec<String>) {
     settings.agent.gateway_uid = plan.gateway_uid;
     settings.agent.user = None;
@@ -196,11 +202,28 @@ fn hosting(
         AgentHosting::Launcher(_) => match plan.identity(user) {
             Some((index, identity)) => {
                 settings.agent.user = Some(identity.clone());
+                // Its own cgroup where cgroups are in force: the launcher places the host
+                // there, and everything it starts is born inside.
+                let cgroup = if plan.cgroups.in_force() {
+                    match plan.cgroups.server(name, limits) {
+                        Ok(dir) => Some(dir),
+                        Err(e) => {
+                            return (
+                                WorkerHost::Refused(format!(
+                                    "server {name}: its cgroup cannot be made: {e}"
+                                )),
+                                Vec::new(),
+                            );
+                        }
+                    }
+                } else {
+                    None
+                };
                 (
                     WorkerHost::AgentUser {
                         identity: index,
                         uid: identity.uid,
-                        cgroup: None,
+                        cgroup,
                     },
                     Vec::new(),
                 )

@@ -141,7 +141,12 @@ struct Instance {
     stdin: Mutex<Option<OwnedFd>>,
     control: Mutex<OwnedFd>,
     shared: Mutex<Shared>,
+    /// Requests waiting for their answer (or their call's notices) wait here.
     cond: Condvar,
+    /// The watcher (`listen`) waits here, woken only for what is its own (notices, list
+    /// changes, drops, a break): an answer to a call wakes the call alone, not a second
+    /// thread per call.
+    watch_cond: Condvar,
 }
 
 impl Instance {
@@ -157,6 +162,7 @@ impl Instance {
         }
         drop(sh);
         self.cond.notify_all();
+        self.watch_cond.notify_all();
     }
 
     fn broken(&self) -> Option<UpstreamError> {
@@ -272,6 +278,7 @@ impl StdioLink {
             control: Mutex::new(launched.control),
             shared: Mutex::new(Shared::default()),
             cond: Condvar::new(),
+            watch_cond: Condvar::new(),
         });
         let reader = Reader {
             server: self.cfg.server.clone(),
@@ -617,7 +624,7 @@ impl LineChannel for StdioLink {
                     && sh.dropped_notices.is_empty()
                     && sh.broken.is_none()
                 {
-                    sh = inst.cond.wait(sh).unwrap_or_else(|p| p.into_inner());
+                    sh = inst.watch_cond.wait(sh).unwrap_or_else(|p| p.into_inner());
                 }
                 let mut batch: Vec<Notice> = sh.notices.drain(..).collect();
                 batch.extend(sh.dropped_notices.drain().map(|(progress_token, count)| {
@@ -931,6 +938,7 @@ impl Reader {
                 }
                 drop(sh);
                 self.inst.cond.notify_all();
+                self.inst.watch_cond.notify_all();
             }
             Ok(Incoming::ServerRequest { id, method, params }) => {
                 let mut sh = self.inst.lock();
@@ -950,6 +958,7 @@ impl Reader {
                 }
                 drop(sh);
                 self.inst.cond.notify_all();
+                self.inst.watch_cond.notify_all();
             }
             Ok(Incoming::Dropped {
                 method,
@@ -967,6 +976,7 @@ impl Reader {
                 }
                 drop(sh);
                 self.inst.cond.notify_all();
+                self.inst.watch_cond.notify_all();
             }
             Ok(Incoming::Unrelated) => {
                 // An answer to an id nobody waits for (a request that timed out).

@@ -27,7 +27,8 @@ pub(crate) fn confine_and_attest(
     gateway_uid: u32,
 ) -> Result<ConfinedHost, i32> {
     // Gathered before confinement: it reads what the walls then hide.
-    let probe_context = sandbox::WorkspaceProbeContext::gather(gateway_uid);
+    let mut probe_context = sandbox::WorkspaceProbeContext::gather(gateway_uid);
+    probe_context.udp_refused_with_ports = role == Role::StdioServer;
     let mut report = match sandbox::confine(role, grant, mode) {
         Ok(r) => r,
         Err(e) => {

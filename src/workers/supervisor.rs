@@ -777,6 +777,7 @@ impl Supervisor {
                         _ => "ended".to_owned(),
                     };
                     w.child = None;
+                    kill_cgroup(&w.host, &w.spec.name);
                     events.push(WorkerEvent::Exited(w.id, pid, how.clone()));
                     let why = format!("worker {} (pid {pid}) {how}", w.spec.name);
                     if !w.gone && !w.retired {
@@ -881,6 +882,20 @@ impl Supervisor {
             }
             w.state = WorkerState::Down;
         }
+        // What is left in a host's cgroup (its program's processes, stopping within
+        // their grace, or ones that detached from it) gets until the same deadline, then
+        // SIGKILL, all of it.
+        for w in &self.workers {
+            if let WorkerHost::AgentUser {
+                cgroup: Some(dir), ..
+            } = &w.host
+            {
+                while crate::launcher::cgroup_tree::populated(dir) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                kill_cgroup(&w.host, &w.spec.name);
+            }
+        }
     }
 
     pub fn kill_now(&mut self) {
@@ -890,6 +905,21 @@ impl Supervisor {
                 let _ = child.kill();
                 child.wait();
             }
+            kill_cgroup(&w.host, &w.spec.name);
         }
+    }
+}
+
+/// A host of agent programs in a cgroup of its own has been reaped: whatever is left in
+/// that cgroup (a process that left its process group and session, or outlived the
+/// host's leader) is killed, so nothing of it runs on once its host is gone and the next
+/// incarnation starts in an empty cgroup.
+fn kill_cgroup(host: &WorkerHost, name: &str) {
+    if let WorkerHost::AgentUser {
+        cgroup: Some(dir), ..
+    } = host
+        && let Err(e) = crate::launcher::cgroup_tree::kill_all(dir)
+    {
+        crate::warn!("worker {name}: killing what is left in its cgroup: {e}");
     }
 }
