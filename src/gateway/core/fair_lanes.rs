@@ -241,6 +241,11 @@ impl<R: Recorder> Core<R> {
         tool: &str,
     ) -> Option<(LaneKey, Bounds, &'static str)> {
         if server != crate::workspace::tools::SERVER {
+            // The builtin worker answers echo on its loop thread: it holds no pool thread,
+            // so it takes no place in the pool's lane either (slow fetches cannot hold it).
+            if tool == crate::tools::echo::NAME && !self.is_aggregator(worker) {
+                return None;
+            }
             return self.lane_of(worker, server);
         }
         let tool = tool.strip_prefix("ws__").unwrap_or(tool);
@@ -305,12 +310,12 @@ impl<R: Recorder> Core<R> {
         let named = params.and_then(|p| serde_json::from_str::<Named>(p.get()).ok());
         // A resource goes by its URI to the server that owns it (the same rule the
         // pipeline routes by), so a read is refused here too, before any row.
-        let (worker, server) = if routed.target_field() == "uri" {
+        let (worker, server, tool) = if routed.target_field() == "uri" {
             let Some(uri) = named.and_then(|n| n.uri) else {
                 return false;
             };
             match self.resource_entry(&uri) {
-                Ok(Some(route)) => (route.worker, route.server),
+                Ok(Some(route)) => (route.worker, route.server, String::new()),
                 _ => return false,
             }
         } else {
@@ -320,9 +325,19 @@ impl<R: Recorder> Core<R> {
             let Some(entry) = self.catalog.get(routed.kind(), &name) else {
                 return false;
             };
-            (entry.worker, entry.server.clone())
+            let upstream = if routed.target_field() == "name" && method == "tools/call" {
+                entry.upstream.clone()
+            } else {
+                String::new()
+            };
+            (entry.worker, entry.server.clone(), upstream)
         };
-        let Some((key, bounds, keys)) = self.lane_of(worker, &server) else {
+        // A workspace call's worker is known only once its arguments are routed: its share
+        // is checked there (after its row).
+        if server == crate::workspace::tools::SERVER {
+            return false;
+        }
+        let Some((key, bounds, keys)) = self.lane_of_call(worker, &server, &tool) else {
             return false;
         };
         let held = self.calls.lane_held(&key, &ctx.peer.principal);
@@ -528,12 +543,30 @@ mod tests {
             h
         }
 
-        fn echo(h: &mut Harness) -> Vec<Action> {
+        /// A call that runs on one of the builtin pool's threads (the harness's `leak`;
+        /// echo holds none, see `echo_takes_no_place_in_the_pool`).
+        fn pooled(h: &mut Harness) -> Vec<Action> {
+            h.send(
+                "tools/call",
+                json!({"name": "local__leak", "arguments": {"text": "x"}}),
+            );
+            h.turn()
+        }
+
+        #[test]
+        fn echo_takes_no_place_in_the_pool() {
+            let mut h = strict();
+            h.core.set_builtin_pool(1, 9);
+            to_worker(&pooled(&mut h)).expect("the first call runs");
+            assert!(to_worker(&pooled(&mut h)).is_none(), "the second waits");
             h.send(
                 "tools/call",
                 json!({"name": "local__echo", "arguments": {"text": "x"}}),
             );
-            h.turn()
+            assert!(
+                to_worker(&h.turn()).is_some(),
+                "echo goes to the worker at once: it answers on its loop thread"
+            );
         }
 
         fn cancels(actions: &[Action]) -> Vec<u64> {
@@ -557,11 +590,11 @@ mod tests {
         fn calls_beyond_the_threads_wait_and_go_in_turn_across_principals() {
             let mut h = strict();
             h.core.set_builtin_pool(1, 9);
-            let (first, ..) = to_worker(&echo(&mut h)).expect("the first call runs");
-            assert!(to_worker(&echo(&mut h)).is_none(), "the second waits");
-            assert!(to_worker(&echo(&mut h)).is_none(), "the third waits");
+            let (first, ..) = to_worker(&pooled(&mut h)).expect("the first call runs");
+            assert!(to_worker(&pooled(&mut h)).is_none(), "the second waits");
+            assert!(to_worker(&pooled(&mut h)).is_none(), "the third waits");
             h.peer.principal = "uid:1001".into();
-            assert!(to_worker(&echo(&mut h)).is_none(), "another's waits too");
+            assert!(to_worker(&pooled(&mut h)).is_none(), "another's waits too");
             // The running call ends: the hog's second goes, then the other principal's,
             // ahead of the hog's third.
             h.worker_ok(first, r#"{"content":[]}"#);
@@ -584,14 +617,14 @@ mod tests {
         fn a_call_over_the_pool_share_is_refused_before_any_row() {
             let mut h = strict();
             h.core.set_builtin_pool(1, 1);
-            assert!(to_worker(&echo(&mut h)).is_some(), "the first call runs");
-            let (_, v) = reply(&echo(&mut h)).expect("the second is refused at once");
+            assert!(to_worker(&pooled(&mut h)).is_some(), "the first call runs");
+            let (_, v) = reply(&pooled(&mut h)).expect("the second is refused at once");
             assert_eq!(v["error"]["data"]["limit"], super::super::SHARE_KEY, "{v}");
             assert_eq!(h.rows().len(), 1, "the refusal is not recorded");
             assert_eq!(h.core.counters.share_refusals, 1);
             // Another principal still has room in the pool.
             h.peer.principal = "uid:1001".into();
-            let actions = echo(&mut h);
+            let actions = pooled(&mut h);
             assert!(
                 reply(&actions).is_none() && to_worker(&actions).is_none(),
                 "it waits"
@@ -603,7 +636,7 @@ mod tests {
         fn a_resource_read_over_the_pool_share_is_refused_before_any_row() {
             let mut h = Harness::new("");
             h.core.set_builtin_pool(1, 1);
-            assert!(to_worker(&echo(&mut h)).is_some(), "the first call runs");
+            assert!(to_worker(&pooled(&mut h)).is_some(), "the first call runs");
             h.send("resources/read", json!({"uri": "file:///report"}));
             let (_, v) = reply(&h.turn()).expect("the read is refused at once");
             assert_eq!(v["error"]["data"]["limit"], super::super::SHARE_KEY, "{v}");
@@ -619,10 +652,10 @@ mod tests {
         fn a_cancelled_call_keeps_its_slot_until_the_worker_says_it_ended() {
             let mut h = strict();
             h.core.set_builtin_pool(1, 9);
-            let (first, ..) = to_worker(&echo(&mut h)).expect("the first call runs");
+            let (first, ..) = to_worker(&pooled(&mut h)).expect("the first call runs");
             let hog_request = h.next_id;
             h.peer.principal = "uid:1001".into();
-            assert!(to_worker(&echo(&mut h)).is_none(), "another's call waits");
+            assert!(to_worker(&pooled(&mut h)).is_none(), "another's call waits");
             h.peer.principal = "uid:1000".into();
             h.send_raw(&format!(
                 r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{hog_request}}}}}"#
@@ -643,8 +676,8 @@ mod tests {
         fn a_hang_up_cancels_running_calls_and_waiting_ones_never_start() {
             let mut h = strict();
             h.core.set_builtin_pool(1, 9);
-            let (first, ..) = to_worker(&echo(&mut h)).expect("the first call runs");
-            assert!(to_worker(&echo(&mut h)).is_none(), "the second waits");
+            let (first, ..) = to_worker(&pooled(&mut h)).expect("the first call runs");
+            assert!(to_worker(&pooled(&mut h)).is_none(), "the second waits");
             let now = h.now;
             h.core.on_peer_gone(AGENT, now);
             let actions = h.turn();
