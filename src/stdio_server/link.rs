@@ -732,7 +732,7 @@ impl Reader {
 
     fn run(mut self) {
         let mut out_lines = LineSplitter::new(self.max_line, Overflow::Fail);
-        let mut err_lines = LineSplitter::new(super::stderr_log::MAX_LINE_BYTES, Overflow::Cut);
+        let mut err_lines = LineSplitter::new(self.stderr_log.read_limit(), Overflow::Cut);
         let mut buf = vec![0u8; READ_CHUNK];
         let mut status = Vec::with_capacity(8);
         let (mut out_open, mut err_open, mut status_open) = (true, true, true);

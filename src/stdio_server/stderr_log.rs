@@ -4,6 +4,8 @@
 //! server's secret values replaced by `<secret NAME>` before it goes anywhere.
 
 use std::collections::VecDeque;
+
+use crate::aggregator::error::quote_upstream;
 use std::time::Instant;
 
 /// Lines kept for error messages.
@@ -50,10 +52,19 @@ impl StderrLog {
         redact(&self.secrets, text)
     }
 
-    /// One line the server wrote (`cut`: its end was dropped).
+    /// Bytes of a stderr line to read before its end is dropped: the kept length plus the
+    /// longest secret, so a secret that starts before the cut is read whole and replaced
+    /// whole (cut first, its head would pass as text no secret matches).
+    pub fn read_limit(&self) -> usize {
+        MAX_LINE_BYTES + self.secrets.first().map_or(0, |(_, v)| v.len())
+    }
+
+    /// One line the server wrote, at most [`StderrLog::read_limit`] bytes (`cut`: its end
+    /// was dropped).
     pub fn line(&mut self, raw: &[u8], cut: bool, now: Instant) {
-        let mut text = self.redact(&String::from_utf8_lossy(raw));
-        if cut {
+        let (mut text, shortened) =
+            redact_cut(&self.secrets, &String::from_utf8_lossy(raw), MAX_LINE_BYTES);
+        if cut || shortened {
             text.push_str(" …(cut)");
         }
         if self.tail.len() == TAIL_LINES {
@@ -95,7 +106,13 @@ impl StderrLog {
         if lines.is_empty() {
             return String::new();
         }
-        format!("; its last stderr lines: {}", lines.join(" | "))
+        // Escaped: the lines go into log lines and agents' errors, where a raw CR or
+        // escape sequence could forge or hide what an operator reads.
+        let quoted: Vec<String> = lines
+            .iter()
+            .map(|l| quote_upstream(l, MAX_LINE_BYTES + 100))
+            .collect();
+        format!("; its last stderr lines: {}", quoted.join(" | "))
     }
 }
 
@@ -108,6 +125,45 @@ pub fn redact(secrets: &[(String, String)], text: &str) -> String {
         }
     }
     out
+}
+
+/// [`redact`], and cut to at most `max` bytes of the text (on a char boundary): a secret
+/// that starts before the cut is replaced whole, one that starts after it is dropped with
+/// the rest. True when something was cut.
+pub fn redact_cut(secrets: &[(String, String)], text: &str, max: usize) -> (String, bool) {
+    let mut hits: Vec<(usize, usize, &str)> = Vec::new();
+    for (name, value) in secrets {
+        if value.is_empty() {
+            continue;
+        }
+        for (at, _) in text.match_indices(value.as_str()) {
+            hits.push((at, at + value.len(), name));
+        }
+    }
+    // At one position the longest secret wins; an occurrence inside a replaced one is
+    // already gone.
+    hits.sort_by_key(|&(at, end, _)| (at, std::cmp::Reverse(end)));
+    let mut limit = max.min(text.len());
+    while !text.is_char_boundary(limit) {
+        limit -= 1;
+    }
+    let mut out = String::with_capacity(limit + 32);
+    let mut pos = 0;
+    for (at, end, name) in hits {
+        if at < pos {
+            continue;
+        }
+        if at >= limit {
+            break;
+        }
+        out.push_str(&text[pos..at]);
+        out.push_str(&format!("<secret {name}>"));
+        pos = end;
+    }
+    if pos < limit {
+        out.push_str(&text[pos..limit]);
+    }
+    (out, text.len() > limit.max(pos))
 }
 
 #[cfg(test)]
@@ -139,5 +195,44 @@ mod tests {
         let (lines, _) = log.take_batch().unwrap();
         assert_eq!(lines, vec!["later …(cut)".to_string()]);
         assert!(log.tail_text(2).contains("line 99 | later"));
+    }
+
+    #[test]
+    fn a_secret_across_the_cut_is_replaced_whole_and_lines_are_escaped_in_errors() {
+        let t0 = Instant::now();
+        let secret = "TWSECRETplainAlpha987654321x";
+        let secrets = vec![("S".to_string(), secret.to_string())];
+        let mut log = StderrLog::new(100, &secrets, t0);
+        assert_eq!(log.read_limit(), MAX_LINE_BYTES + secret.len());
+        // The secret starts 27 bytes before the cut (the attack that leaked 27 of 28).
+        let mut raw = "f".repeat(MAX_LINE_BYTES - 27).into_bytes();
+        raw.extend_from_slice(secret.as_bytes());
+        log.line(&raw, false, t0);
+        let (lines, _) = log.take_batch().unwrap();
+        assert!(!lines[0].contains("TWSECRET"), "{}", lines[0]);
+        assert!(lines[0].ends_with("<secret S> …(cut)") || lines[0].ends_with("<secret S>"));
+        // A secret that starts after the cut is dropped with the rest.
+        let mut raw = "f".repeat(MAX_LINE_BYTES + 1).into_bytes();
+        raw.extend_from_slice(secret.as_bytes());
+        let (text, cut) = redact_cut(&secrets, &String::from_utf8_lossy(&raw), MAX_LINE_BYTES);
+        assert!(cut && !text.contains('T') && text.len() == MAX_LINE_BYTES);
+        // Overlapping secrets: the longest at a position wins.
+        let two = vec![
+            ("LONG".to_string(), "abcdef".to_string()),
+            ("SHORT".to_string(), "cd".to_string()),
+        ];
+        assert_eq!(
+            redact_cut(&two, "xabcdefcd", 100).0,
+            "x<secret LONG><secret SHORT>"
+        );
+        // Control characters and direction marks are escaped where the tail is quoted.
+        log.line(
+            "innocent\r1796189999.000 info: forged\x1b[8m\u{202e}".as_bytes(),
+            false,
+            t0,
+        );
+        let tail = log.tail_text(1);
+        assert!(!tail.chars().any(|c| c.is_control()), "{tail:?}");
+        assert!(tail.contains("\\u{d}"), "{tail}");
     }
 }
