@@ -62,6 +62,9 @@ pub struct UpstreamsState {
     jobs_cap: usize,
     /// Per server: tools its pins hide, with the message their calls are refused with.
     hidden: HashMap<String, HashMap<String, String>>,
+    /// Per server: resource URIs its pins hide (a changed definition under enforce), with
+    /// the message their reads are refused with.
+    hidden_uris: HashMap<String, HashMap<String, String>>,
     owners: OwnerRules,
     /// Servers whose resources (and templates) have been listed in this run.
     resources_listed: BTreeSet<(String, Kind)>,
@@ -98,6 +101,7 @@ fn server_rules(config: &ServersConfig, name: &str) -> Arc<ServerRules> {
             .unwrap_or(i64::MAX),
         absent_cap: config.budget(name).max_tools,
         prefix: s.prefix,
+        max_resource_pins: config.max_resource_pins,
     })
 }
 
@@ -177,6 +181,7 @@ impl UpstreamsState {
             jobs: Vec::new(),
             jobs_cap: intake_capacity(config),
             hidden: HashMap::new(),
+            hidden_uris: HashMap::new(),
             owners,
             resources_listed: BTreeSet::new(),
             applied_text: HashMap::new(),
@@ -282,6 +287,7 @@ impl UpstreamsState {
         self.board.remove(server);
         self.schedule.forget(server);
         self.hidden.remove(server);
+        self.hidden_uris.remove(server);
         self.rules.remove(server);
         self.owners_refreshed.remove(server);
         self.resources_listed.retain(|(s, _)| s != server);
@@ -537,6 +543,19 @@ impl UpstreamsState {
                 change.changed
             }
             Kind::Resources | Kind::Templates => {
+                if kind == Kind::Resources {
+                    let prefix = format!("resource/{server}{NAMESPACE_SEP}");
+                    let uris: HashMap<String, String> = reviewed
+                        .hidden
+                        .into_iter()
+                        .filter_map(|(key, why)| Some((key.strip_prefix(&prefix)?.to_owned(), why)))
+                        .collect();
+                    if uris.is_empty() {
+                        self.hidden_uris.remove(server);
+                    } else {
+                        self.hidden_uris.insert(server.to_owned(), uris);
+                    }
+                }
                 self.resources_listed.insert((server.to_owned(), kind));
                 self.candidates.heard(server, kind);
                 let key = (server.to_owned(), kind);
@@ -782,6 +801,10 @@ impl UpstreamsState {
         catalog: &'a Catalog,
         uri: &str,
     ) -> Result<Option<&'a crate::mcp::catalog::Entry>, String> {
+        // A pinned resource whose definition changed is refused whoever else lists it.
+        if let Some(why) = self.hidden_uris.values().find_map(|h| h.get(uri)) {
+            return Err(why.clone());
+        }
         catalog.resource_route(uri, &self.owners)
     }
 
@@ -879,6 +902,11 @@ impl UpstreamsState {
         let server = after.server.clone();
         if let Some(h) = self.hidden.get_mut(&server) {
             h.remove(tool);
+        }
+        if let Some(uri) = tool.strip_prefix(&format!("resource/{server}{NAMESPACE_SEP}"))
+            && let Some(h) = self.hidden_uris.get_mut(&server)
+        {
+            h.remove(uri);
         }
         let what = match &before.approved {
             Some(old) => format!(
