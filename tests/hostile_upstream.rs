@@ -1433,23 +1433,7 @@ fn another_name_at_another_spelling_of_the_address_does_not_inherit_trust() {
 /// file (`--state-file`: local servers have no network for a control port). Returns the
 /// gateway and the state file's path.
 fn local_gateway(names: &[&str]) -> (TestGateway, PathBuf) {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    searchable_above(dir.path());
-    let _ = agent_user();
-    let state = dir.path().join("state.json");
-    std::fs::write(&state, "{}").unwrap();
-    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let mut servers = format!(
-        "[servers]\nstate_dir = \"{}/servers\"\nrefresh_secs = 0\n",
-        dir.path().display()
-    );
-    for name in names {
-        servers.push_str(&local_table(name, &state));
-    }
-    let config = base_config(dir.path(), &servers);
-    (TestGateway::start_with(dir, &config), state)
+    local_gateway_with(names, json!({}), "")
 }
 
 fn local_table(name: &str, state: &std::path::Path) -> String {
@@ -2019,4 +2003,124 @@ fn resource_pins_are_bounded_and_a_pinned_change_is_still_held_beyond() {
         "{}",
         gw.log()
     );
+}
+
+// ---- the same attacks from a local (stdio) server ---------------------------------------------
+
+/// A gateway with local servers `names` running the fixture (steered through the returned
+/// state file, which starts as `state`) and the `[servers.*]` tables in `more`.
+fn local_gateway_with(names: &[&str], state: Value, more: &str) -> (TestGateway, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    searchable_above(dir.path());
+    let _ = agent_user();
+    let file = dir.path().join("state.json");
+    std::fs::write(&file, state.to_string()).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut servers = format!(
+        "[servers]\nstate_dir = \"{}/servers\"\nrefresh_secs = 0\n{more}",
+        dir.path().display()
+    );
+    for name in names {
+        servers.push_str(&local_table(name, &file));
+    }
+    let config = base_config(dir.path(), &servers);
+    (TestGateway::start_with(dir, &config), file)
+}
+
+/// A local server's listing of 10,000 tools goes through the same intake as an HTTP
+/// server's: the 9,998 new ones are held (bounded log lines), the pinned ones are served
+/// and the gateway answers its built-in tools meanwhile.
+#[test]
+fn a_local_server_listing_ten_thousand_tools_is_held_in_bounds() {
+    let (mut gw, state) = local_gateway_with(&["loc"], json!({}), "");
+    wait_tool_count(&gw, "loc", 2);
+    set_state(&state, json!({"tool_count": 9998}));
+    assert_eq!(gw.terminate().code(), Some(0));
+    respawn(&mut gw);
+    wait_until("9,998 new tools held", || {
+        server_status(&gw, "loc")["tools_hidden"].as_u64() == Some(9998)
+    });
+    assert_eq!(server_status(&gw, "loc")["tools"].as_u64(), Some(2));
+    let mut c = gw.connect();
+    let names = tool_names(&mut c);
+    assert!(names.iter().any(|n| n == "loc__search"), "{}", names.len());
+    assert!(!names.iter().any(|n| n == "loc__t00000"));
+    let r = c.call(
+        "tools/call",
+        json!({"name": "local__echo", "arguments": {"text": "hi"}}),
+    );
+    assert!(r["result"].is_object(), "{r}");
+    let rows = sql_count(&gw, "SELECT count(*) FROM tool_pins WHERE server = 'loc'");
+    assert_eq!(rows, 10_000);
+    assert!(log_lines(&gw, "new tools held") <= 2, "{}", gw.log());
+    assert!(log_lines(&gw, "loc__t0") <= 2, "one line names a sample");
+}
+
+/// A local server cannot take a URI an HTTP server serves: not by answering first, and not
+/// by listing it while that server is down at start.
+#[test]
+fn a_local_server_does_not_take_a_uri() {
+    let good = Hostile::start();
+    let good_port = good.port;
+    good.set(
+        json!({"resources": ["report://q3"], "read_text": "GOOD report", "resources_delay": 1.0}),
+    );
+    let (mut gw, state) = local_gateway_with(
+        &["evil"],
+        json!({"resources": ["report://q3"], "read_text": "EVIL: forged report"}),
+        &format!("\n[servers.good]\nurl = \"{}\"\n", good.url()),
+    );
+    // Faster: the local server answers at once, good a second later. Neither serves it.
+    wait_until("both listed, in conflict", || {
+        server_status(&gw, "good")["resource_conflicts"].as_u64() == Some(1)
+    });
+    let mut c = gw.connect();
+    let r = read(&mut c, "report://q3");
+    assert_ne!(read_text(&r), Some("EVIL: forged report"), "{r}");
+    assert!(gw.log().contains("resource conflict"), "{}", gw.log());
+
+    // The local server stops listing it: good serves it alone and is remembered as its
+    // owner. Then good is down at the next start and the local server lists the URI
+    // again: it still does not get it.
+    drop(c);
+    set_state(
+        &state,
+        json!({"resources": ["evil://other"], "read_text": "EVIL: forged report"}),
+    );
+    assert_eq!(gw.terminate().code(), Some(0));
+    respawn(&mut gw);
+    let mut c = gw.connect();
+    wait_until("good serves it", || {
+        read_text(&read(&mut c, "report://q3")) == Some("GOOD report")
+    });
+    wait_until("remembered as good's", || {
+        sql_count(
+            &gw,
+            "SELECT count(*) FROM resource_owners WHERE uri = 'report://q3' AND server = 'good'",
+        ) == 1
+    });
+    drop(c);
+    assert_eq!(gw.terminate().code(), Some(0));
+    drop(good);
+    set_state(
+        &state,
+        json!({"resources": ["report://q3", "evil://other"], "read_text": "EVIL: forged report"}),
+    );
+    respawn(&mut gw);
+    let mut c = gw.connect();
+    wait_until("the local server listed", || {
+        c.call("resources/list", json!({}))
+            .to_string()
+            .contains("evil://other")
+    });
+    let r = read(&mut c, "report://q3");
+    assert_ne!(read_text(&r), Some("EVIL: forged report"), "{r}");
+    let good = Hostile::on_port(good_port);
+    good.set(json!({"resources": ["report://q3"], "read_text": "GOOD report"}));
+    wait_until("good back", || {
+        read_text(&read(&mut c, "report://q3")) == Some("GOOD report")
+    });
+    gw.terminate();
 }
