@@ -2124,3 +2124,47 @@ fn a_local_server_does_not_take_a_uri() {
     });
     gw.terminate();
 }
+
+/// `local__echo` latency while a server lists 10,000 tools whose names rotate on every
+/// listing (served at once: `new_tools = "serve"`, so every listing changes 20,000 names
+/// of the catalog), relisted as fast as the schedule allows. Prints; asserts nothing about
+/// time. `cargo test --release --test hostile_upstream -- --ignored --nocapture rotating_ten`
+#[test]
+#[ignore = "measurement, run by hand"]
+fn measure_echo_latency_during_rotating_ten_thousand_tools() {
+    let up = Hostile::start();
+    up.set(json!({"page_size": 2500}));
+    let gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 200\nrelist_loop_share_percent = 100\nmax_tools = 20000\n\n[servers.fx]\nurl = \"{}\"\nnew_tools = \"serve\"\n",
+        up.url()
+    ));
+    wait_tool_count(&gw, "fx", 2);
+    let probe = Probe::start(&gw);
+    std::thread::sleep(Duration::from_secs(3));
+    probe.finish("nothing (baseline, 3 s)");
+    up.set(json!({"tool_count": 9998}));
+    notify_and_wait_listing(&up, &gw);
+    wait_tool_count(&gw, "fx", 10_000);
+    let probe = Probe::start(&gw);
+    let before = listings_applied(&gw);
+    for _ in 0..5 {
+        notify_and_wait_listing(&up, &gw);
+    }
+    probe.finish("5 relistings of the same 10,000 tools");
+    println!("({} listings)", listings_applied(&gw) - before);
+    let probe = Probe::start(&gw);
+    let before = listings_applied(&gw);
+    up.set(json!({"rotate": true, "list_flood_count": 10}));
+    up.notify("notifications/tools/list_changed", 1);
+    std::thread::sleep(Duration::from_secs(20));
+    up.set(json!({"rotate": false, "list_flood_count": 0}));
+    probe.finish("20 s of 10,000 rotating names (served), relisted back to back");
+    println!(
+        "({} listings applied; gateway peak RSS {} KiB)",
+        listings_applied(&gw) - before,
+        memory_kib(gw.pid(), "VmHWM")
+    );
+    if std::env::var_os("TOOLWALL_MEASURE_LOG").is_some() {
+        println!("{}", gw.log());
+    }
+}

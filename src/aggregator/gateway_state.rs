@@ -25,6 +25,7 @@ use super::setup::AggregatorSetup;
 use super::spec;
 use super::status::{Relist, UpstreamBoard};
 use crate::mcp::catalog::claims::ClaimChange;
+use crate::mcp::catalog::delta::{self, Delta, Fingerprints};
 use crate::mcp::catalog::listing::Refusal;
 use crate::mcp::catalog::resource_owners::OwnerRules;
 use crate::mcp::catalog::{Catalog, Kind, NAMESPACE_SEP, WorkerId, split_namespaced};
@@ -71,6 +72,9 @@ pub struct UpstreamsState {
     /// The digest of the resources (templates) listing last applied per server: the same
     /// listing again changes nothing and is not applied entry by entry.
     applied_text: HashMap<(String, Kind), [u8; 32]>,
+    /// What the catalog holds of each server and kind, as the intake diffs listings
+    /// against it (`crate::mcp::catalog::delta`).
+    bases: HashMap<(String, Kind), Arc<Fingerprints>>,
     /// URIs served alone since start, waiting for every other server to list before they
     /// are remembered (ownership does not depend on who answers first).
     candidates: crate::aggregator::owner_candidates::OwnerCandidates,
@@ -182,6 +186,7 @@ impl UpstreamsState {
             jobs_cap: intake_capacity(config),
             hidden: HashMap::new(),
             hidden_uris: HashMap::new(),
+            bases: HashMap::new(),
             owners,
             resources_listed: BTreeSet::new(),
             applied_text: HashMap::new(),
@@ -292,6 +297,7 @@ impl UpstreamsState {
         self.owners_refreshed.remove(server);
         self.resources_listed.retain(|(s, _)| s != server);
         self.applied_text.retain(|(s, _), _| s != server);
+        self.bases.retain(|(s, _), _| s != server);
         for kind in [Kind::Tools, Kind::Prompts] {
             if catalog.replace(kind, server, Vec::new()).changed && !applied.changed.contains(&kind)
             {
@@ -369,6 +375,11 @@ impl UpstreamsState {
             budget: self.config.budget(server).listing(server, kind),
             rules,
             now_ms: wall_ms,
+            base: Arc::clone(
+                self.bases
+                    .entry((server.to_owned(), kind))
+                    .or_insert_with(delta::fresh),
+            ),
         }));
         match self.stage(job) {
             Ok(()) => Ok(()),
@@ -513,7 +524,7 @@ impl UpstreamsState {
         (now, wall_ms): (Instant, i64),
         applied: &mut Applied,
     ) {
-        let reviewed = match outcome {
+        let mut reviewed = match outcome {
             Ok(r) => r,
             Err(refusal) => {
                 let more = self.listing_over(server, kind, Some(refusal.message));
@@ -525,7 +536,35 @@ impl UpstreamsState {
         let more = self.listing_over(server, kind, None);
         applied.logs.extend(more.logs);
         applied.events.extend(more.events);
-        let count = reviewed.entries.len();
+        let base_key = (server.to_owned(), kind);
+        // The change was computed off the loop against the base this job carried; applied
+        // only if the catalog still holds that base (else list again, in full).
+        let mut count = reviewed.entries.len();
+        let mut removed: Option<Vec<String>> = None;
+        if let Some(d) = reviewed.delta.take() {
+            let Delta {
+                full,
+                removed: gone,
+                base,
+                after,
+            } = d;
+            if !full
+                && !self
+                    .bases
+                    .get(&base_key)
+                    .is_some_and(|c| Arc::ptr_eq(c, &base))
+            {
+                self.bases.insert(base_key.clone(), delta::fresh());
+                self.applied_text.remove(&base_key);
+                self.schedule.pend(server, kind);
+                return;
+            }
+            count = after.len();
+            self.bases.insert(base_key, after);
+            if !full {
+                removed = Some(gone);
+            }
+        }
         if let Some(summary) = &reviewed.summary {
             if summary.eventful() {
                 applied.events.push(("pin", summary.event()));
@@ -538,7 +577,14 @@ impl UpstreamsState {
                     self.hidden
                         .insert(server.to_owned(), reviewed.hidden.into_iter().collect());
                 }
-                let change = catalog.replace(kind, server, reviewed.entries);
+                let change = match removed {
+                    Some(gone) => {
+                        catalog
+                            .apply_delta(kind, server, reviewed.entries, gone, &self.owners)
+                            .0
+                    }
+                    None => catalog.replace(kind, server, reviewed.entries),
+                };
                 name_clashes(kind, &change.new_clashes, applied);
                 change.changed
             }
@@ -569,7 +615,14 @@ impl UpstreamsState {
                         Some(d) => self.applied_text.insert(key, d),
                         None => self.applied_text.remove(&key),
                     };
-                    let change = catalog.claim(kind, server, reviewed.entries, &self.owners);
+                    let change = match removed {
+                        Some(gone) => {
+                            catalog
+                                .apply_delta(kind, server, reviewed.entries, gone, &self.owners)
+                                .1
+                        }
+                        None => catalog.claim(kind, server, reviewed.entries, &self.owners),
+                    };
                     let changed = change.changed;
                     self.claims_changed(catalog, kind, change, wall_ms, applied);
                     changed

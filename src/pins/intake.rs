@@ -25,6 +25,7 @@ use super::store::{PIN_TX_BUDGET, PIN_TX_PAUSE, PinStore, ServerRecord};
 use super::{NewTools, PinMode};
 use crate::aggregator::budget::ListingBudget;
 use crate::aggregator::error::quote_upstream;
+use crate::mcp::catalog::delta::{self, Delta, Fingerprints};
 use crate::mcp::catalog::listing::{self, Refusal};
 use crate::mcp::catalog::{Entry, Kind, WorkerId};
 use std::time::Instant;
@@ -68,6 +69,9 @@ pub struct ListingJob {
     pub budget: ListingBudget,
     pub rules: Arc<ServerRules>,
     pub now_ms: i64,
+    /// What the loop has applied of this server and kind: the result is the change
+    /// against it (see [`crate::mcp::catalog::delta`]).
+    pub base: Arc<Fingerprints>,
 }
 
 pub enum Job {
@@ -382,6 +386,9 @@ pub struct Reviewed {
     /// listing identical to the one it applied last (a relisting flood of the same
     /// catalog costs it nothing per entry).
     pub text_digest: Option<[u8; 32]>,
+    /// Set: `entries` are only those new or changed against the loop's base (the change
+    /// computed here, off the loop). `None`: `entries` are the whole listing.
+    pub delta: Option<Delta>,
 }
 
 pub enum Done {
@@ -483,7 +490,10 @@ fn run(path: PathBuf, jobs: Receiver<Job>, done: std::sync::mpsc::Sender<Done>, 
             Job::Listing(j) => Done::Listing {
                 server: j.server.clone(),
                 kind: j.kind,
-                outcome: Box::new(process(store.as_mut(), &j)),
+                outcome: Box::new(process(store.as_mut(), &j).map(|mut r| {
+                    r.delta = Some(delta::diff(j.kind, j.base.clone(), &mut r.entries));
+                    r
+                })),
             },
             Job::Owners {
                 server,
@@ -1045,6 +1055,7 @@ mod tests {
             budget: ListingBudget::plain(1000, 1 << 20, 10),
             rules,
             now_ms,
+            base: delta::fresh(),
         }
     }
 

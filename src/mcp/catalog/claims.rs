@@ -79,6 +79,52 @@ impl Claims {
         change
     }
 
+    /// Apply what changed in what `server` lists: `upserts` (entries new or changed) and
+    /// `removed` (keys it no longer lists). Touches only those keys.
+    pub fn apply_delta(
+        &mut self,
+        server: &str,
+        upserts: Vec<Entry>,
+        removed: Vec<String>,
+        rules: &OwnerRules,
+    ) -> ClaimChange {
+        let mut touched: BTreeSet<Arc<str>> = BTreeSet::new();
+        let mut mine = self.by_server.remove(server).unwrap_or_default();
+        for gone in removed {
+            let Some((key, _)) = self.by_key.get_key_value(gone.as_str()) else {
+                continue;
+            };
+            let key = Arc::clone(key);
+            if let Some(list) = self.by_key.get_mut(&key) {
+                list.retain(|e| e.server != server);
+                if list.is_empty() {
+                    self.by_key.remove(&key);
+                }
+            }
+            mine.remove(&key);
+            touched.insert(key);
+        }
+        for entry in upserts {
+            let key: Arc<str> = match self.by_key.get_key_value(entry.name.as_str()) {
+                Some((k, _)) => Arc::clone(k),
+                None => Arc::from(entry.name.as_str()),
+            };
+            let list = self.by_key.entry(Arc::clone(&key)).or_default();
+            list.retain(|e| e.server != server);
+            list.push(entry);
+            mine.insert(Arc::clone(&key));
+            touched.insert(key);
+        }
+        if !mine.is_empty() {
+            self.by_server.insert(server.to_owned(), mine);
+        }
+        let mut change = ClaimChange::default();
+        for key in touched {
+            self.decide(&key, rules, &mut change);
+        }
+        change
+    }
+
     /// Decide every key again (owners changed: reload, a remembered owner).
     pub fn recheck(&mut self, rules: &OwnerRules) -> ClaimChange {
         let keys: Vec<Arc<str>> = self

@@ -4,6 +4,7 @@
 //!
 //! - [`listing`]: an upstream's listing checked (budget, names) and turned into entries.
 //! - [`claims`]: every server's resources, and the ones agents see.
+//! - [`delta`]: a listing as the change it makes (computed off the loop).
 //! - [`resource_owners`]: the ownership rule.
 //! - [`templates`]: reading a URI through a resource template.
 //!
@@ -11,6 +12,7 @@
 //! upstream (HTTP servers through the aggregator worker, local servers).
 
 pub mod claims;
+pub mod delta;
 pub mod listing;
 pub mod names;
 pub mod resource_owners;
@@ -268,6 +270,37 @@ impl Catalog {
             Kind::Tools => self.tools.replace_server(server, entries),
             Kind::Prompts => self.prompts.replace_server(server, entries),
             _ => NameChange::default(),
+        }
+    }
+
+    /// Apply a listing's change (see [`delta`]) to the tools, prompts, resources or
+    /// templates of `server`, at once: `upserts` (new or changed entries), `removed` (keys
+    /// gone); `rules` decide who serves a URI.
+    pub fn apply_delta(
+        &mut self,
+        kind: Kind,
+        server: &str,
+        upserts: Vec<Entry>,
+        removed: Vec<String>,
+        rules: &OwnerRules,
+    ) -> (NameChange, ClaimChange) {
+        match kind {
+            Kind::Tools => (
+                self.tools.apply_delta(server, upserts, removed),
+                ClaimChange::default(),
+            ),
+            Kind::Prompts => (
+                self.prompts.apply_delta(server, upserts, removed),
+                ClaimChange::default(),
+            ),
+            Kind::Resources => (
+                NameChange::default(),
+                self.resources.apply_delta(server, upserts, removed, rules),
+            ),
+            Kind::Templates => (
+                NameChange::default(),
+                self.templates.apply_delta(server, upserts, removed, rules),
+            ),
         }
     }
 

@@ -55,6 +55,37 @@ impl Names {
         change
     }
 
+    /// Apply what changed in `server`'s offer: `upserts` (entries new or changed) and
+    /// `removed` (keys it no longer lists). Touches only those keys.
+    pub fn apply_delta(
+        &mut self,
+        server: &str,
+        upserts: Vec<Entry>,
+        removed: Vec<String>,
+    ) -> NameChange {
+        let mut touched: BTreeSet<String> = BTreeSet::new();
+        for key in removed {
+            if let Some(list) = self.offers.get_mut(&key) {
+                list.retain(|e| e.server != server);
+                if list.is_empty() {
+                    self.offers.remove(&key);
+                }
+            }
+            touched.insert(key);
+        }
+        for e in upserts {
+            let list = self.offers.entry(e.key.clone()).or_default();
+            list.retain(|o| o.server != server);
+            touched.insert(e.key.clone());
+            list.push(e);
+        }
+        let mut change = NameChange::default();
+        for key in touched {
+            self.decide(&key, &mut change);
+        }
+        change
+    }
+
     /// Serve `key` if exactly one server offers it in a form that is its own. An
     /// unprefixed name of another server's form is refused alone: it never takes a name
     /// from the server whose namespace it imitates (a built-in's included).
