@@ -1288,6 +1288,97 @@ mod tests {
         );
     }
 
+    /// Listings after the first reach the catalog as their change (computed by the intake
+    /// against the base the job carried); a change computed against a base the loop no
+    /// longer holds is not applied, and the list is listed again in full.
+    #[test]
+    fn listings_apply_as_changes_and_a_stale_change_is_listed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        drop(
+            crate::ledger::Ledger::open(&crate::ledger::LedgerConfig {
+                path: path.clone(),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let mut config = ServersConfig::default();
+        config.servers.insert(
+            "gh".into(),
+            ServerConfig {
+                url: "http://127.0.0.1:1/".into(),
+                pin: PinMode::Off,
+                ..ServerConfig::default()
+            },
+        );
+        let setup = AggregatorSetup {
+            limits: Limits::from_config(&config),
+            servers: vec![],
+        };
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let mut intake = crate::pins::intake::Intake::start(&path, waker, 8);
+        let t0 = Instant::now();
+        let mut s = UpstreamsState::new(3, &config, setup, Vec::new(), t0);
+        let mut catalog = Catalog::default();
+        let mut list = |s: &mut UpstreamsState, text: &str, n: i64| {
+            let _ = s.want("gh", Kind::Tools, t0 + Duration::from_secs(n as u64 * 5));
+            s.listing_answered("gh", Kind::Tools, 3, Some(text.into()), None, None, n)
+                .map_err(|_| "refused")
+                .unwrap();
+            for job in s.take_jobs() {
+                assert!(intake.submit(job).is_ok());
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let done = intake.poll();
+                if !done.is_empty() {
+                    break done;
+                }
+                assert!(Instant::now() < deadline, "the intake answered");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let names = |c: &Catalog| -> Vec<String> {
+            c.entries(Kind::Tools).map(|e| e.key.clone()).collect()
+        };
+        let done = list(&mut s, r#"[{"name":"a"},{"name":"b"}]"#, 1);
+        s.apply_reviewed(&mut catalog, done, t0, 1);
+        assert_eq!(names(&catalog), vec!["gh__a", "gh__b"]);
+        let done = list(&mut s, r#"[{"name":"a"},{"name":"c"}]"#, 2);
+        let Done::Listing { outcome, .. } = &done[0] else {
+            panic!()
+        };
+        let r = outcome.as_ref().as_ref().unwrap();
+        assert_eq!(r.entries.len(), 1, "only the new entry travels");
+        assert_eq!(r.delta.as_ref().unwrap().removed, vec!["gh__b".to_string()]);
+        let a = s.apply_reviewed(&mut catalog, done, t0, 2);
+        assert_eq!(a.changed, vec![Kind::Tools]);
+        assert_eq!(names(&catalog), vec!["gh__a", "gh__c"]);
+        // The same listing again: nothing travels, nothing changes.
+        let done = list(&mut s, r#"[{"name":"a"},{"name":"c"}]"#, 3);
+        assert!(
+            s.apply_reviewed(&mut catalog, done, t0, 3)
+                .changed
+                .is_empty()
+        );
+        // The catalog changed under a listing in flight: not applied, listed again.
+        let done = list(&mut s, r#"[{"name":"d"}]"#, 4);
+        s.bases.insert(
+            ("gh".into(), Kind::Tools),
+            crate::mcp::catalog::delta::fresh(),
+        );
+        let a = s.apply_reviewed(&mut catalog, done, t0, 4);
+        assert!(a.changed.is_empty());
+        assert_eq!(names(&catalog), vec!["gh__a", "gh__c"]);
+        let due = s.due(t0 + Duration::from_secs(60), |_| true);
+        assert_eq!(due, vec![("gh".to_string(), Kind::Tools)]);
+        // The next listing is applied whole.
+        let done = list(&mut s, r#"[{"name":"d"}]"#, 5);
+        s.apply_reviewed(&mut catalog, done, t0, 5);
+        assert_eq!(names(&catalog), vec!["gh__d"]);
+    }
+
     #[test]
     fn a_job_the_intake_refuses_ends_the_listing_and_staging_is_bounded() {
         let config = ServersConfig::default();
