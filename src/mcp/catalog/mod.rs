@@ -206,7 +206,7 @@ pub struct Catalog {
 pub struct CatalogError(pub String);
 
 impl Catalog {
-    fn served(&self, kind: Kind) -> &BTreeMap<String, Entry> {
+    fn served(&self, kind: Kind) -> &BTreeMap<String, std::sync::Arc<Entry>> {
         match kind {
             Kind::Tools => &self.tools.served,
             Kind::Prompts => &self.prompts.served,
@@ -339,7 +339,7 @@ impl Catalog {
     }
 
     pub fn get(&self, kind: Kind, name: &str) -> Option<&Entry> {
-        self.served(kind).get(name)
+        self.served(kind).get(name).map(|e| &**e)
     }
 
     pub fn len(&self, kind: Kind) -> usize {
@@ -376,7 +376,7 @@ impl Catalog {
         for entry in self
             .served(kind)
             .range((start, Bound::Unbounded))
-            .map(|(_, e)| e)
+            .map(|(_, e)| &**e)
         {
             if !visible(entry) {
                 continue;
@@ -412,7 +412,7 @@ impl Catalog {
 
     /// Every entry of a kind agents see (for status and policy explain).
     pub fn entries(&self, kind: Kind) -> impl Iterator<Item = &Entry> {
-        self.served(kind).values()
+        self.served(kind).values().map(|e| &**e)
     }
 
     /// Where a `resources/read` of `uri` goes: the server that serves it as a listed
@@ -444,7 +444,7 @@ impl Catalog {
                 ));
             }
         }
-        if let Some(e) = self.resources.served.get(uri) {
+        if let Some(e) = self.resources.served.get(uri).map(|e| &**e) {
             let rivals = self.template_rivals(uri, &e.server);
             if rivals.is_empty() {
                 return Ok(Some(e));
