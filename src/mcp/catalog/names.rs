@@ -48,7 +48,10 @@ impl Names {
         });
         for e in entries {
             touched.insert(e.key.clone());
-            self.offers.entry(e.key.clone()).or_default().push(Arc::new(e));
+            self.offers
+                .entry(e.key.clone())
+                .or_default()
+                .push(Arc::new(e));
         }
         let mut change = NameChange::default();
         for key in touched {
