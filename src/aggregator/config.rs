@@ -53,6 +53,10 @@ pub const MAX_PIN_RETENTION_SECS: u64 = 10 * 365 * 24 * 3600;
 /// Default of `[servers] max_remembered_uris`: resource URIs and templates remembered as
 /// one server's (and waiting to be), at most; more are served but not remembered.
 pub const DEFAULT_MAX_REMEMBERED_URIS: usize = 20_000;
+/// Default of `[servers] max_resource_pins`: resource URIs pinned at most per server
+/// (twice the default `max_resources`, so pins of URIs gone lately are kept beside a full
+/// listing).
+pub const DEFAULT_MAX_RESOURCE_PINS: usize = 20_000;
 /// Default of `[servers] reuse_idle_ms`: a kept-alive connection to a server idle longer
 /// than this is not used again (a new one is opened). Below the 2 to 5 s after which
 /// common servers close an idle connection (uvicorn, Node, Apache 5 s; gunicorn 2 s), so a
@@ -120,6 +124,7 @@ const SETTING_KEYS: &[&str] = &[
     "relist_loop_share_percent",
     "pin_retention_secs",
     "max_remembered_uris",
+    "max_resource_pins",
     "max_server_subscriptions",
     "subscription_recheck_secs",
     "reuse_idle_ms",
@@ -168,6 +173,9 @@ pub struct ServersConfig {
     /// Resource URIs and templates remembered as one server's owned (and waiting to be),
     /// at most per server: bounds `resource_owners` and its copy in memory.
     pub max_remembered_uris: usize,
+    /// Resource URIs pinned at most per server: a new URI beyond is served unpinned
+    /// (logged), a pinned one keeps its pin and a change of it is held.
+    pub max_resource_pins: usize,
     /// Resource URIs one server may be asked to watch at once, for all agents together;
     /// beyond, a subscribe is refused (`busy`).
     pub max_server_subscriptions: usize,
@@ -211,6 +219,7 @@ impl Default for ServersConfig {
             relist_loop_share_percent: DEFAULT_RELIST_LOOP_SHARE_PERCENT,
             pin_retention_secs: DEFAULT_PIN_RETENTION_SECS,
             max_remembered_uris: DEFAULT_MAX_REMEMBERED_URIS,
+            max_resource_pins: DEFAULT_MAX_RESOURCE_PINS,
             max_server_subscriptions: DEFAULT_MAX_SERVER_SUBSCRIPTIONS,
             subscription_recheck_secs: DEFAULT_SUBSCRIPTION_RECHECK_SECS,
             reuse_idle_ms: DEFAULT_REUSE_IDLE_MS,
@@ -402,6 +411,7 @@ impl<'de> Visitor<'de> for ServersVisitor {
                 "relist_loop_share_percent" => cfg.relist_loop_share_percent = map.next_value()?,
                 "pin_retention_secs" => cfg.pin_retention_secs = map.next_value()?,
                 "max_remembered_uris" => cfg.max_remembered_uris = map.next_value()?,
+                "max_resource_pins" => cfg.max_resource_pins = map.next_value()?,
                 "max_server_subscriptions" => cfg.max_server_subscriptions = map.next_value()?,
                 "subscription_recheck_secs" => cfg.subscription_recheck_secs = map.next_value()?,
                 "reuse_idle_ms" => cfg.reuse_idle_ms = map.next_value()?,
@@ -517,6 +527,7 @@ impl ServersConfig {
             ("max_listing_bytes", self.max_listing_bytes as u64),
             ("pin_retention_secs", self.pin_retention_secs),
             ("max_remembered_uris", self.max_remembered_uris as u64),
+            ("max_resource_pins", self.max_resource_pins as u64),
             (
                 "max_server_subscriptions",
                 self.max_server_subscriptions as u64,

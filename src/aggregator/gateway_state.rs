@@ -25,6 +25,7 @@ use super::setup::AggregatorSetup;
 use super::spec;
 use super::status::{Relist, UpstreamBoard};
 use crate::mcp::catalog::claims::ClaimChange;
+use crate::mcp::catalog::delta::{self, Delta, Fingerprints};
 use crate::mcp::catalog::listing::Refusal;
 use crate::mcp::catalog::resource_owners::OwnerRules;
 use crate::mcp::catalog::{Catalog, Kind, NAMESPACE_SEP, WorkerId, split_namespaced};
@@ -62,12 +63,18 @@ pub struct UpstreamsState {
     jobs_cap: usize,
     /// Per server: tools its pins hide, with the message their calls are refused with.
     hidden: HashMap<String, HashMap<String, String>>,
+    /// Per server: resource URIs its pins hide (a changed definition under enforce), with
+    /// the message their reads are refused with.
+    hidden_uris: HashMap<String, HashMap<String, String>>,
     owners: OwnerRules,
     /// Servers whose resources (and templates) have been listed in this run.
     resources_listed: BTreeSet<(String, Kind)>,
     /// The digest of the resources (templates) listing last applied per server: the same
     /// listing again changes nothing and is not applied entry by entry.
     applied_text: HashMap<(String, Kind), [u8; 32]>,
+    /// What the catalog holds of each server and kind, as the intake diffs listings
+    /// against it (`crate::mcp::catalog::delta`).
+    bases: HashMap<(String, Kind), Arc<Fingerprints>>,
     /// URIs served alone since start, waiting for every other server to list before they
     /// are remembered (ownership does not depend on who answers first).
     candidates: crate::aggregator::owner_candidates::OwnerCandidates,
@@ -98,6 +105,7 @@ fn server_rules(config: &ServersConfig, name: &str) -> Arc<ServerRules> {
             .unwrap_or(i64::MAX),
         absent_cap: config.budget(name).max_tools,
         prefix: s.prefix,
+        max_resource_pins: config.max_resource_pins,
     })
 }
 
@@ -177,6 +185,8 @@ impl UpstreamsState {
             jobs: Vec::new(),
             jobs_cap: intake_capacity(config),
             hidden: HashMap::new(),
+            hidden_uris: HashMap::new(),
+            bases: HashMap::new(),
             owners,
             resources_listed: BTreeSet::new(),
             applied_text: HashMap::new(),
@@ -282,10 +292,12 @@ impl UpstreamsState {
         self.board.remove(server);
         self.schedule.forget(server);
         self.hidden.remove(server);
+        self.hidden_uris.remove(server);
         self.rules.remove(server);
         self.owners_refreshed.remove(server);
         self.resources_listed.retain(|(s, _)| s != server);
         self.applied_text.retain(|(s, _), _| s != server);
+        self.bases.retain(|(s, _), _| s != server);
         for kind in [Kind::Tools, Kind::Prompts] {
             if catalog.replace(kind, server, Vec::new()).changed && !applied.changed.contains(&kind)
             {
@@ -363,6 +375,11 @@ impl UpstreamsState {
             budget: self.config.budget(server).listing(server, kind),
             rules,
             now_ms: wall_ms,
+            base: Arc::clone(
+                self.bases
+                    .entry((server.to_owned(), kind))
+                    .or_insert_with(delta::fresh),
+            ),
         }));
         match self.stage(job) {
             Ok(()) => Ok(()),
@@ -507,7 +524,7 @@ impl UpstreamsState {
         (now, wall_ms): (Instant, i64),
         applied: &mut Applied,
     ) {
-        let reviewed = match outcome {
+        let mut reviewed = match outcome {
             Ok(r) => r,
             Err(refusal) => {
                 let more = self.listing_over(server, kind, Some(refusal.message));
@@ -519,7 +536,35 @@ impl UpstreamsState {
         let more = self.listing_over(server, kind, None);
         applied.logs.extend(more.logs);
         applied.events.extend(more.events);
-        let count = reviewed.entries.len();
+        let base_key = (server.to_owned(), kind);
+        // The change was computed off the loop against the base this job carried; applied
+        // only if the catalog still holds that base (else list again, in full).
+        let mut count = reviewed.entries.len();
+        let mut removed: Option<Vec<String>> = None;
+        if let Some(d) = reviewed.delta.take() {
+            let Delta {
+                full,
+                removed: gone,
+                base,
+                after,
+            } = d;
+            if !full
+                && !self
+                    .bases
+                    .get(&base_key)
+                    .is_some_and(|c| Arc::ptr_eq(c, &base))
+            {
+                self.bases.insert(base_key.clone(), delta::fresh());
+                self.applied_text.remove(&base_key);
+                self.schedule.pend(server, kind);
+                return;
+            }
+            count = after.len();
+            self.bases.insert(base_key, after);
+            if !full {
+                removed = Some(gone);
+            }
+        }
         if let Some(summary) = &reviewed.summary {
             if summary.eventful() {
                 applied.events.push(("pin", summary.event()));
@@ -532,11 +577,31 @@ impl UpstreamsState {
                     self.hidden
                         .insert(server.to_owned(), reviewed.hidden.into_iter().collect());
                 }
-                let change = catalog.replace(kind, server, reviewed.entries);
+                let change = match removed {
+                    Some(gone) => {
+                        catalog
+                            .apply_delta(kind, server, reviewed.entries, gone, &self.owners)
+                            .0
+                    }
+                    None => catalog.replace(kind, server, reviewed.entries),
+                };
                 name_clashes(kind, &change.new_clashes, applied);
                 change.changed
             }
             Kind::Resources | Kind::Templates => {
+                if kind == Kind::Resources {
+                    let prefix = format!("resource/{server}{NAMESPACE_SEP}");
+                    let uris: HashMap<String, String> = reviewed
+                        .hidden
+                        .into_iter()
+                        .filter_map(|(key, why)| Some((key.strip_prefix(&prefix)?.to_owned(), why)))
+                        .collect();
+                    if uris.is_empty() {
+                        self.hidden_uris.remove(server);
+                    } else {
+                        self.hidden_uris.insert(server.to_owned(), uris);
+                    }
+                }
                 self.resources_listed.insert((server.to_owned(), kind));
                 self.candidates.heard(server, kind);
                 let key = (server.to_owned(), kind);
@@ -550,7 +615,14 @@ impl UpstreamsState {
                         Some(d) => self.applied_text.insert(key, d),
                         None => self.applied_text.remove(&key),
                     };
-                    let change = catalog.claim(kind, server, reviewed.entries, &self.owners);
+                    let change = match removed {
+                        Some(gone) => {
+                            catalog
+                                .apply_delta(kind, server, reviewed.entries, gone, &self.owners)
+                                .1
+                        }
+                        None => catalog.claim(kind, server, reviewed.entries, &self.owners),
+                    };
                     let changed = change.changed;
                     self.claims_changed(catalog, kind, change, wall_ms, applied);
                     changed
@@ -782,6 +854,10 @@ impl UpstreamsState {
         catalog: &'a Catalog,
         uri: &str,
     ) -> Result<Option<&'a crate::mcp::catalog::Entry>, String> {
+        // A pinned resource whose definition changed is refused whoever else lists it.
+        if let Some(why) = self.hidden_uris.values().find_map(|h| h.get(uri)) {
+            return Err(why.clone());
+        }
         catalog.resource_route(uri, &self.owners)
     }
 
@@ -879,6 +955,11 @@ impl UpstreamsState {
         let server = after.server.clone();
         if let Some(h) = self.hidden.get_mut(&server) {
             h.remove(tool);
+        }
+        if let Some(uri) = tool.strip_prefix(&format!("resource/{server}{NAMESPACE_SEP}"))
+            && let Some(h) = self.hidden_uris.get_mut(&server)
+        {
+            h.remove(uri);
         }
         let what = match &before.approved {
             Some(old) => format!(
@@ -1205,6 +1286,97 @@ mod tests {
                 .contains("servers.gh.max_tools"),
             "{status}"
         );
+    }
+
+    /// Listings after the first reach the catalog as their change (computed by the intake
+    /// against the base the job carried); a change computed against a base the loop no
+    /// longer holds is not applied, and the list is listed again in full.
+    #[test]
+    fn listings_apply_as_changes_and_a_stale_change_is_listed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        drop(
+            crate::ledger::Ledger::open(&crate::ledger::LedgerConfig {
+                path: path.clone(),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let mut config = ServersConfig::default();
+        config.servers.insert(
+            "gh".into(),
+            ServerConfig {
+                url: "http://127.0.0.1:1/".into(),
+                pin: PinMode::Off,
+                ..ServerConfig::default()
+            },
+        );
+        let setup = AggregatorSetup {
+            limits: Limits::from_config(&config),
+            servers: vec![],
+        };
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let mut intake = crate::pins::intake::Intake::start(&path, waker, 8);
+        let t0 = Instant::now();
+        let mut s = UpstreamsState::new(3, &config, setup, Vec::new(), t0);
+        let mut catalog = Catalog::default();
+        let mut list = |s: &mut UpstreamsState, text: &str, n: i64| {
+            let _ = s.want("gh", Kind::Tools, t0 + Duration::from_secs(n as u64 * 5));
+            s.listing_answered("gh", Kind::Tools, 3, Some(text.into()), None, None, n)
+                .map_err(|_| "refused")
+                .unwrap();
+            for job in s.take_jobs() {
+                assert!(intake.submit(job).is_ok());
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let done = intake.poll();
+                if !done.is_empty() {
+                    break done;
+                }
+                assert!(Instant::now() < deadline, "the intake answered");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let names = |c: &Catalog| -> Vec<String> {
+            c.entries(Kind::Tools).map(|e| e.key.clone()).collect()
+        };
+        let done = list(&mut s, r#"[{"name":"a"},{"name":"b"}]"#, 1);
+        s.apply_reviewed(&mut catalog, done, t0, 1);
+        assert_eq!(names(&catalog), vec!["gh__a", "gh__b"]);
+        let done = list(&mut s, r#"[{"name":"a"},{"name":"c"}]"#, 2);
+        let Done::Listing { outcome, .. } = &done[0] else {
+            panic!()
+        };
+        let r = outcome.as_ref().as_ref().unwrap();
+        assert_eq!(r.entries.len(), 1, "only the new entry travels");
+        assert_eq!(r.delta.as_ref().unwrap().removed, vec!["gh__b".to_string()]);
+        let a = s.apply_reviewed(&mut catalog, done, t0, 2);
+        assert_eq!(a.changed, vec![Kind::Tools]);
+        assert_eq!(names(&catalog), vec!["gh__a", "gh__c"]);
+        // The same listing again: nothing travels, nothing changes.
+        let done = list(&mut s, r#"[{"name":"a"},{"name":"c"}]"#, 3);
+        assert!(
+            s.apply_reviewed(&mut catalog, done, t0, 3)
+                .changed
+                .is_empty()
+        );
+        // The catalog changed under a listing in flight: not applied, listed again.
+        let done = list(&mut s, r#"[{"name":"d"}]"#, 4);
+        s.bases.insert(
+            ("gh".into(), Kind::Tools),
+            crate::mcp::catalog::delta::fresh(),
+        );
+        let a = s.apply_reviewed(&mut catalog, done, t0, 4);
+        assert!(a.changed.is_empty());
+        assert_eq!(names(&catalog), vec!["gh__a", "gh__c"]);
+        let due = s.due(t0 + Duration::from_secs(60), |_| true);
+        assert_eq!(due, vec![("gh".to_string(), Kind::Tools)]);
+        // The next listing is applied whole.
+        let done = list(&mut s, r#"[{"name":"d"}]"#, 5);
+        s.apply_reviewed(&mut catalog, done, t0, 5);
+        assert_eq!(names(&catalog), vec!["gh__d"]);
     }
 
     #[test]

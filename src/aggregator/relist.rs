@@ -88,6 +88,15 @@ impl RelistSchedule {
         false
     }
 
+    /// A listing of `kind` from `server` is wanted at its next turn (see [`Self::due`]),
+    /// without counting it as coalesced.
+    pub fn pend(&mut self, server: &str, kind: Kind) {
+        self.slots
+            .entry((server.to_owned(), kind))
+            .or_default()
+            .pending = true;
+    }
+
     /// The listing of `kind` from `server` is over (applied, refused or failed).
     pub fn done(&mut self, server: &str, kind: Kind) {
         if let Some(slot) = self.slots.get_mut(&(server.to_owned(), kind)) {

@@ -25,6 +25,7 @@ use super::store::{PIN_TX_BUDGET, PIN_TX_PAUSE, PinStore, ServerRecord};
 use super::{NewTools, PinMode};
 use crate::aggregator::budget::ListingBudget;
 use crate::aggregator::error::quote_upstream;
+use crate::mcp::catalog::delta::{self, Delta, Fingerprints};
 use crate::mcp::catalog::listing::{self, Refusal};
 use crate::mcp::catalog::{Entry, Kind, WorkerId};
 use std::time::Instant;
@@ -54,6 +55,9 @@ pub struct ServerRules {
     pub absent_cap: usize,
     /// Agents see its tools and prompts as `server__name` (else under its own names).
     pub prefix: bool,
+    /// Most resource URIs pinned for the server (`[servers] max_resource_pins`): a new
+    /// URI beyond it is served unpinned (counted and logged), a pinned one keeps its pin.
+    pub max_resource_pins: usize,
 }
 
 pub struct ListingJob {
@@ -65,6 +69,9 @@ pub struct ListingJob {
     pub budget: ListingBudget,
     pub rules: Arc<ServerRules>,
     pub now_ms: i64,
+    /// What the loop has applied of this server and kind: the result is the change
+    /// against it (see [`crate::mcp::catalog::delta`]).
+    pub base: Arc<Fingerprints>,
 }
 
 pub enum Job {
@@ -117,6 +124,10 @@ pub struct ReviewSummary {
     pub listed: usize,
     pub hidden: usize,
     pub first_sight: usize,
+    /// Resource URIs not pinned before, pinned and served (no approval needed).
+    pub new_resources: usize,
+    /// Resource URIs served unpinned: the server has `max_resource_pins` pins already.
+    pub unpinned: Sample,
     pub new_served: Sample,
     pub new_held: Sample,
     pub changed: Vec<ChangeNote>,
@@ -145,6 +156,8 @@ impl ReviewSummary {
     /// Worth an event: something happened beyond serving what was approved.
     pub fn eventful(&self) -> bool {
         self.first_sight > 0
+            || self.new_resources > 0
+            || self.unpinned.count > 0
             || self.new_served.count > 0
             || self.new_held.count > 0
             || self.changed_count > 0
@@ -225,6 +238,22 @@ impl ReviewSummary {
                     self.first_sight
                 ),
             ));
+        }
+        if self.new_resources > 0 {
+            out.push((
+                false,
+                format!(
+                    "pin: server {s}: {} new resources pinned and served (a new URI needs no approval; a change of a pinned one does)",
+                    self.new_resources
+                ),
+            ));
+        }
+        if self.unpinned.count > 0 {
+            out.push((true, format!(
+                "pin: server {s}: {} resources served unpinned ({}): the server has max_resource_pins pins already, so a change of these is not detected; pinned ones stay pinned and a change of them is held",
+                self.unpinned.count,
+                self.unpinned.names.iter().take(LOG_EACH).map(|n| quote_upstream(n, 200)).collect::<Vec<_>>().join(", ")
+            )));
         }
         // One line per tool only for a few; beyond that one line per kind, so a listing
         // logs a handful of lines whatever it holds.
@@ -357,6 +386,9 @@ pub struct Reviewed {
     /// listing identical to the one it applied last (a relisting flood of the same
     /// catalog costs it nothing per entry).
     pub text_digest: Option<[u8; 32]>,
+    /// Set: `entries` are only those new or changed against the loop's base (the change
+    /// computed here, off the loop). `None`: `entries` are the whole listing.
+    pub delta: Option<Delta>,
 }
 
 pub enum Done {
@@ -458,7 +490,10 @@ fn run(path: PathBuf, jobs: Receiver<Job>, done: std::sync::mpsc::Sender<Done>, 
             Job::Listing(j) => Done::Listing {
                 server: j.server.clone(),
                 kind: j.kind,
-                outcome: Box::new(process(store.as_mut(), &j)),
+                outcome: Box::new(process(store.as_mut(), &j).map(|mut r| {
+                    r.delta = Some(delta::diff(j.kind, j.base.clone(), &mut r.entries));
+                    r
+                })),
             },
             Job::Owners {
                 server,
@@ -689,7 +724,21 @@ fn review_tools(
         vouched,
         now_ms: now,
         touch_after_ms: (rules.retention_ms / 4).clamp(1, 3_600_000),
+        new_on_sight: kind == Kind::Resources,
     };
+    // Resources: URIs listed now that are pinned keep their pins; new ones are pinned while
+    // the server has fewer than `max_resource_pins` (absent ones give way to them).
+    let mut room = match kind {
+        Kind::Resources => match resource_room(store, server, &items, rules.max_resource_pins) {
+            Ok(room) => Some(room),
+            Err(e) => {
+                summary.store_error = Some(e);
+                Some(0)
+            }
+        },
+        _ => None,
+    };
+    let room_at_start = room;
 
     let mut listed: HashSet<String> = HashSet::with_capacity(items.len());
     let mut items = items.into_iter().peekable();
@@ -710,7 +759,7 @@ fn review_tools(
             && done.len() < prepared.len()
         {
             let rest = &prepared[done.len()..];
-            match review_some(store, &ctx, rest, now) {
+            match review_some(store, &ctx, rest, now, &mut room) {
                 Ok(more) => done.extend(more),
                 Err(e) => reviews = Err(e),
             }
@@ -753,12 +802,12 @@ fn review_tools(
                 .into_iter()
                 .filter(|p| super::kinds::kind_of(&p.tool) == kind && !listed.contains(&p.tool))
                 .collect();
-            Ok(review::absent(
-                absent,
-                now,
-                rules.retention_ms,
-                rules.absent_cap,
-            ))
+            // Resources: pins of absent URIs fill what the listed ones leave of the budget.
+            let cap = match (room_at_start, room) {
+                (Some(_), Some(left)) => left,
+                _ => rules.absent_cap,
+            };
+            Ok(review::absent(absent, now, rules.retention_ms, cap))
         })
         .and_then(|decided| {
             for chunk in decided.drop_held.chunks(CHUNK) {
@@ -806,6 +855,23 @@ fn review_tools(
     }
     summary.hidden = out.hidden.len();
     out.summary = Some(summary);
+    if matches!(kind, Kind::Resources | Kind::Templates) {
+        // What the entries are made of: the text, the worker, the naming rule and what the
+        // pins hid; a relisting identical in all of these changes nothing for agents.
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update((job.worker as u64).to_le_bytes());
+        h.update([u8::from(rules.prefix)]);
+        h.update((job.text.len() as u64).to_le_bytes());
+        h.update(job.text.as_bytes());
+        for (name, why) in &out.hidden {
+            h.update((name.len() as u64).to_le_bytes());
+            h.update(name.as_bytes());
+            h.update((why.len() as u64).to_le_bytes());
+            h.update(why.as_bytes());
+        }
+        out.text_digest = Some(h.finalize().into());
+    }
     out
 }
 
@@ -816,8 +882,11 @@ fn review_some(
     ctx: &ReviewCtx,
     rest: &[(String, Value, super::digest::Pinned)],
     now: i64,
+    room: &mut Option<usize>,
 ) -> Result<Vec<review::ToolReview>, String> {
-    store.write(|t| {
+    let mut left = *room;
+    let reviews = store.write(|t| {
+        left = *room;
         let started = Instant::now();
         let mut reviews = Vec::new();
         for (name, item, p) in rest {
@@ -825,6 +894,20 @@ fn review_some(
                 break;
             }
             let row = t.get(name)?;
+            if row.is_none() {
+                match &mut left {
+                    Some(0) => {
+                        reviews.push(review::ToolReview {
+                            outcome: Outcome::Serve,
+                            write: None,
+                            note: Some(Note::OverPinBudget),
+                        });
+                        continue;
+                    }
+                    Some(n) => *n -= 1,
+                    None => {}
+                }
+            }
             let r = review::review_tool(ctx, name, row.as_ref(), p, || pinned_v1(item).digest);
             match &r.write {
                 Some(Write::Put(rec)) => t.put(rec)?,
@@ -834,7 +917,43 @@ fn review_some(
             reviews.push(r);
         }
         Ok(reviews)
-    })
+    })?;
+    *room = left;
+    Ok(reviews)
+}
+
+/// How many new resource URIs `server` may still have pinned: `max` less its pins of
+/// URIs listed now (pins of URIs no longer listed are pruned to make room).
+fn resource_room(
+    store: &mut PinStore,
+    server: &str,
+    items: &[&serde_json::value::RawValue],
+    max: usize,
+) -> Result<usize, String> {
+    #[derive(serde::Deserialize)]
+    struct Uri<'a> {
+        #[serde(borrow)]
+        uri: Option<std::borrow::Cow<'a, str>>,
+    }
+    let pinned: HashSet<String> = store.write(|t| {
+        Ok(t.summaries(server)?
+            .into_iter()
+            .filter(|p| super::kinds::kind_of(&p.tool) == Kind::Resources)
+            .map(|p| p.tool)
+            .collect())
+    })?;
+    if pinned.is_empty() {
+        return Ok(max);
+    }
+    let listed_pinned = items
+        .iter()
+        .filter_map(|raw| serde_json::from_str::<Uri>(raw.get()).ok()?.uri)
+        .filter(|uri| {
+            let item = json!({"uri": uri.as_ref()});
+            super::kinds::key(Kind::Resources, server, &item).is_some_and(|k| pinned.contains(&k))
+        })
+        .count();
+    Ok(max.saturating_sub(listed_pinned))
 }
 
 fn push_unreviewed(out: &mut Reviewed, job: &ListingJob, item: Value, enforce: bool, why: &str) {
@@ -887,6 +1006,8 @@ fn note(summary: &mut ReviewSummary, name: &str, note: Option<Note>) {
         }
         Note::Reverted => summary.reverted += 1,
         Note::Vouched => summary.vouched += 1,
+        Note::NewResource => summary.new_resources += 1,
+        Note::OverPinBudget => summary.unpinned.add(name.to_owned()),
         Note::Upgraded => summary.upgraded += 1,
     }
 }
@@ -921,6 +1042,7 @@ mod tests {
             retention_ms: 1_000_000,
             absent_cap: 100,
             prefix: true,
+            max_resource_pins: 10,
         })
     }
 
@@ -933,6 +1055,7 @@ mod tests {
             budget: ListingBudget::plain(1000, 1 << 20, 10),
             rules,
             now_ms,
+            base: delta::fresh(),
         }
     }
 

@@ -6,8 +6,11 @@
 //! a prompt of the same name are two pins. `pins list` shows the key and its kind;
 //! `pins approve prompt/server__name --digest D` approves one.
 //!
-//! Resources and templates are not pinned yet (see the aggregator README): their listings
-//! churn (a file server lists every file) and their ownership has its own rule.
+//! Resource templates are pinned as prompts are (`template/server__uriTemplate`). Concrete
+//! resources (`resource/server__uri`) too, with one difference: a file server lists
+//! thousands that come and go, so a URI never pinned is pinned and served at once; only a
+//! changed definition of a pinned URI waits for approval. Ownership of a URI has its own
+//! rule (see the aggregator README).
 //!
 //! A key of another kind starts with a kind word and `/`; a tool's key starts with its
 //! server's name and `__`, and server names hold neither `/` nor start with a kind word and
@@ -19,7 +22,10 @@ use crate::mcp::catalog::{Kind, NAMESPACE_SEP};
 
 /// Whether listings of `kind` are pinned (under the server's `pin` mode).
 pub fn pinned(kind: Kind) -> bool {
-    matches!(kind, Kind::Tools | Kind::Prompts)
+    matches!(
+        kind,
+        Kind::Tools | Kind::Prompts | Kind::Templates | Kind::Resources
+    )
 }
 
 fn prefix(kind: Kind) -> &'static str {

@@ -8,7 +8,8 @@
 //! - [`digest`]: what is pinned, canonical JSON, SHA-256 (pure).
 //! - [`review`]: what a listed tool means for its pin (pure).
 //! - [`store`]: the pin tables and their own migrations (SQLite).
-//! - [`kinds`]: which kinds are pinned (tools, prompts) and their keys.
+//! - [`kinds`]: which kinds are pinned (tools, prompts, resource templates, resources) and
+//!   their keys.
 //! - [`origin`]: one key for every spelling of a server's address (renames, respellings).
 //! - [`intake`]: the thread where listings are checked and pinned, off the gateway's loop.
 //! - [`views`], [`cli_output`], [`visible`]: `toolwall pins list` (every invisible or

@@ -41,6 +41,9 @@ pub struct ReviewCtx {
     /// A pin's `last_seen_ms` is rewritten only when older than this (not on every
     /// listing).
     pub touch_after_ms: i64,
+    /// Concrete resources: a URI never pinned is pinned and served at once (a file server
+    /// lists files that come and go); only a change of a pinned one waits for approval.
+    pub new_on_sight: bool,
 }
 
 /// What happens to the tool now.
@@ -78,6 +81,11 @@ pub enum Note {
     Upgraded,
     /// Served because another server running the same program approved this digest.
     Vouched,
+    /// A resource URI not pinned before: pinned and served (`new_on_sight`).
+    NewResource,
+    /// A resource URI not pinned before, served unpinned: its server has
+    /// `max_resource_pins` pins already.
+    OverPinBudget,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +178,14 @@ pub fn review_tool(
             first_seen_ms: now,
             last_seen_ms: now,
         };
+        if ctx.new_on_sight && !ctx.first_sight {
+            record.approved = Some(approve_now(Some("a new resource")));
+            return ToolReview {
+                outcome: Outcome::Serve,
+                write: Some(Write::Put(Box::new(record))),
+                note: Some(Note::NewResource),
+            };
+        }
         if ctx.first_sight && !ctx.force_hold {
             record.approved = Some(approve_now(None));
             return ToolReview {
@@ -207,15 +223,20 @@ pub fn review_tool(
     };
     let Some(approved) = &row.approved else {
         // A held new tool.
-        if ctx.vouched.contains(&pinned.digest) {
+        if ctx.vouched.contains(&pinned.digest) || ctx.new_on_sight {
+            let (by, note) = if ctx.new_on_sight {
+                ("a new resource".to_owned(), Note::NewResource)
+            } else {
+                (vouched_by(ctx), Note::Vouched)
+            };
             let mut record = row.clone();
-            record.approved = Some(approve_now(Some(&vouched_by(ctx))));
+            record.approved = Some(approve_now(Some(&by)));
             record.pending = None;
             record.last_seen_ms = now;
             return ToolReview {
                 outcome: Outcome::Serve,
                 write: Some(Write::Put(Box::new(record))),
-                note: Some(Note::Vouched),
+                note: Some(note),
             };
         }
         if !hold {
@@ -296,8 +317,13 @@ pub fn review_tool(
     }
     let fields = changed_fields(&approved.definition, &pinned.canonical);
     let outcome = if enforce {
+        let uses = if name.starts_with("resource/") {
+            "reads"
+        } else {
+            "calls"
+        };
         Outcome::Hide(format!(
-            "{name} changed since it was approved ({}); it is hidden and its calls are refused until an operator runs `toolwall pins approve {name} --digest {}`",
+            "{name} changed since it was approved ({}); it is hidden and its {uses} are refused until an operator runs `toolwall pins approve {name} --digest {}`",
             fields.join(", "),
             pinned.digest
         ))
@@ -374,6 +400,7 @@ mod tests {
             vouched_by: String::new(),
             now_ms: 1000,
             touch_after_ms: 100,
+            new_on_sight: false,
         }
     }
 

@@ -46,6 +46,7 @@ impl Pins {
                 vouched_by: String::new(),
                 now_ms: job.now_ms,
                 touch_after_ms: 1,
+                new_on_sight: job.kind == Kind::Resources,
             };
             for raw in items {
                 let item = listing::parse(raw);

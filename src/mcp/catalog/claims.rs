@@ -13,9 +13,9 @@ use super::resource_owners::OwnerRules;
 #[derive(Debug, Default)]
 pub struct Claims {
     /// What agents see: one entry per served key, in key order.
-    pub(super) served: BTreeMap<String, Entry>,
-    /// Every server's entry for each key it lists now.
-    by_key: HashMap<Arc<str>, Vec<Entry>>,
+    pub(super) served: BTreeMap<String, Arc<Entry>>,
+    /// Every server's entry for each key it lists now (shared with `served`).
+    by_key: HashMap<Arc<str>, Vec<Arc<Entry>>>,
     /// The keys each server lists now.
     by_server: HashMap<String, BTreeSet<Arc<str>>>,
     /// Per server: the keys it lists but does not serve because of another server (or of
@@ -49,12 +49,12 @@ impl Claims {
             match list.iter_mut().find(|e| e.server == server) {
                 Some(existing) => {
                     if existing.json != entry.json || existing.worker != entry.worker {
-                        *existing = entry;
+                        *existing = Arc::new(entry);
                         touched.insert(Arc::clone(&key));
                     }
                 }
                 None => {
-                    list.push(entry);
+                    list.push(Arc::new(entry));
                     touched.insert(Arc::clone(&key));
                 }
             }
@@ -71,6 +71,52 @@ impl Claims {
         }
         if !new.is_empty() {
             self.by_server.insert(server.to_owned(), new);
+        }
+        let mut change = ClaimChange::default();
+        for key in touched {
+            self.decide(&key, rules, &mut change);
+        }
+        change
+    }
+
+    /// Apply what changed in what `server` lists: `upserts` (entries new or changed) and
+    /// `removed` (keys it no longer lists). Touches only those keys.
+    pub fn apply_delta(
+        &mut self,
+        server: &str,
+        upserts: Vec<Entry>,
+        removed: Vec<String>,
+        rules: &OwnerRules,
+    ) -> ClaimChange {
+        let mut touched: BTreeSet<Arc<str>> = BTreeSet::new();
+        let mut mine = self.by_server.remove(server).unwrap_or_default();
+        for gone in removed {
+            let Some((key, _)) = self.by_key.get_key_value(gone.as_str()) else {
+                continue;
+            };
+            let key = Arc::clone(key);
+            if let Some(list) = self.by_key.get_mut(&key) {
+                list.retain(|e| e.server != server);
+                if list.is_empty() {
+                    self.by_key.remove(&key);
+                }
+            }
+            mine.remove(&key);
+            touched.insert(key);
+        }
+        for entry in upserts {
+            let key: Arc<str> = match self.by_key.get_key_value(entry.name.as_str()) {
+                Some((k, _)) => Arc::clone(k),
+                None => Arc::from(entry.name.as_str()),
+            };
+            let list = self.by_key.entry(Arc::clone(&key)).or_default();
+            list.retain(|e| e.server != server);
+            list.push(Arc::new(entry));
+            mine.insert(Arc::clone(&key));
+            touched.insert(key);
+        }
+        if !mine.is_empty() {
+            self.by_server.insert(server.to_owned(), mine);
         }
         let mut change = ClaimChange::default();
         for key in touched {
@@ -199,13 +245,13 @@ impl Claims {
 
     /// Every entry served.
     pub fn served(&self) -> impl Iterator<Item = &Entry> {
-        self.served.values()
+        self.served.values().map(|e| &**e)
     }
 
     /// Every entry every server lists now, served or not (template matching must see the
     /// contested ones too).
     pub fn listed(&self) -> impl Iterator<Item = &Entry> {
-        self.by_key.values().flatten()
+        self.by_key.values().flatten().map(|e| &**e)
     }
 
     /// Whether `key` is served by `server`.

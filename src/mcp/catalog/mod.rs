@@ -4,6 +4,7 @@
 //!
 //! - [`listing`]: an upstream's listing checked (budget, names) and turned into entries.
 //! - [`claims`]: every server's resources, and the ones agents see.
+//! - [`delta`]: a listing as the change it makes (computed off the loop).
 //! - [`resource_owners`]: the ownership rule.
 //! - [`templates`]: reading a URI through a resource template.
 //!
@@ -11,6 +12,7 @@
 //! upstream (HTTP servers through the aggregator worker, local servers).
 
 pub mod claims;
+pub mod delta;
 pub mod listing;
 pub mod names;
 pub mod resource_owners;
@@ -204,7 +206,7 @@ pub struct Catalog {
 pub struct CatalogError(pub String);
 
 impl Catalog {
-    fn served(&self, kind: Kind) -> &BTreeMap<String, Entry> {
+    fn served(&self, kind: Kind) -> &BTreeMap<String, std::sync::Arc<Entry>> {
         match kind {
             Kind::Tools => &self.tools.served,
             Kind::Prompts => &self.prompts.served,
@@ -271,6 +273,37 @@ impl Catalog {
         }
     }
 
+    /// Apply a listing's change (see [`delta`]) to the tools, prompts, resources or
+    /// templates of `server`, at once: `upserts` (new or changed entries), `removed` (keys
+    /// gone); `rules` decide who serves a URI.
+    pub fn apply_delta(
+        &mut self,
+        kind: Kind,
+        server: &str,
+        upserts: Vec<Entry>,
+        removed: Vec<String>,
+        rules: &OwnerRules,
+    ) -> (NameChange, ClaimChange) {
+        match kind {
+            Kind::Tools => (
+                self.tools.apply_delta(server, upserts, removed),
+                ClaimChange::default(),
+            ),
+            Kind::Prompts => (
+                self.prompts.apply_delta(server, upserts, removed),
+                ClaimChange::default(),
+            ),
+            Kind::Resources => (
+                NameChange::default(),
+                self.resources.apply_delta(server, upserts, removed, rules),
+            ),
+            Kind::Templates => (
+                NameChange::default(),
+                self.templates.apply_delta(server, upserts, removed, rules),
+            ),
+        }
+    }
+
     /// The tool or prompt name clashes `server` takes part in: how many, and a sample.
     pub fn clashes(
         &self,
@@ -306,7 +339,7 @@ impl Catalog {
     }
 
     pub fn get(&self, kind: Kind, name: &str) -> Option<&Entry> {
-        self.served(kind).get(name)
+        self.served(kind).get(name).map(|e| &**e)
     }
 
     pub fn len(&self, kind: Kind) -> usize {
@@ -343,7 +376,7 @@ impl Catalog {
         for entry in self
             .served(kind)
             .range((start, Bound::Unbounded))
-            .map(|(_, e)| e)
+            .map(|(_, e)| &**e)
         {
             if !visible(entry) {
                 continue;
@@ -379,7 +412,7 @@ impl Catalog {
 
     /// Every entry of a kind agents see (for status and policy explain).
     pub fn entries(&self, kind: Kind) -> impl Iterator<Item = &Entry> {
-        self.served(kind).values()
+        self.served(kind).values().map(|e| &**e)
     }
 
     /// Where a `resources/read` of `uri` goes: the server that serves it as a listed
@@ -411,7 +444,7 @@ impl Catalog {
                 ));
             }
         }
-        if let Some(e) = self.resources.served.get(uri) {
+        if let Some(e) = self.resources.served.get(uri).map(|e| &**e) {
             let rivals = self.template_rivals(uri, &e.server);
             if rivals.is_empty() {
                 return Ok(Some(e));

@@ -10,15 +10,17 @@
 //! the name. Memory is bounded by what the servers list now (each within its budget).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use super::{Entry, NAMESPACE_SEP};
 
 #[derive(Debug, Default)]
 pub struct Names {
     /// What agents see: the entry served under each key, in key order.
-    pub(super) served: BTreeMap<String, Entry>,
-    /// Every server's entry for each key it lists now (usually one).
-    offers: BTreeMap<String, Vec<Entry>>,
+    pub(super) served: BTreeMap<String, Arc<Entry>>,
+    /// Every server's entry for each key it lists now (usually one); shared with
+    /// `served`, so serving one copies no definition.
+    offers: BTreeMap<String, Vec<Arc<Entry>>>,
     /// Keys offered but not served, with why.
     clashes: BTreeMap<String, String>,
 }
@@ -46,7 +48,41 @@ impl Names {
         });
         for e in entries {
             touched.insert(e.key.clone());
-            self.offers.entry(e.key.clone()).or_default().push(e);
+            self.offers
+                .entry(e.key.clone())
+                .or_default()
+                .push(Arc::new(e));
+        }
+        let mut change = NameChange::default();
+        for key in touched {
+            self.decide(&key, &mut change);
+        }
+        change
+    }
+
+    /// Apply what changed in `server`'s offer: `upserts` (entries new or changed) and
+    /// `removed` (keys it no longer lists). Touches only those keys.
+    pub fn apply_delta(
+        &mut self,
+        server: &str,
+        upserts: Vec<Entry>,
+        removed: Vec<String>,
+    ) -> NameChange {
+        let mut touched: BTreeSet<String> = BTreeSet::new();
+        for key in removed {
+            if let Some(list) = self.offers.get_mut(&key) {
+                list.retain(|e| e.server != server);
+                if list.is_empty() {
+                    self.offers.remove(&key);
+                }
+            }
+            touched.insert(key);
+        }
+        for e in upserts {
+            let list = self.offers.entry(e.key.clone()).or_default();
+            list.retain(|o| o.server != server);
+            touched.insert(e.key.clone());
+            list.push(Arc::new(e));
         }
         let mut change = NameChange::default();
         for key in touched {
@@ -71,7 +107,7 @@ impl Names {
                 ))
             })
             .collect();
-        let own: Vec<&Entry> = offers
+        let own: Vec<&Arc<Entry>> = offers
             .iter()
             .filter(|e| foreign_namespace(e).is_none())
             .collect();
