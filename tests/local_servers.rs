@@ -1333,3 +1333,39 @@ fn a_local_server_runs_in_a_cgroup_of_its_own_and_all_of_it_dies_at_stop() {
     let events = std::fs::read_to_string(path.join("cgroup.events")).unwrap_or_default();
     assert!(!events.contains("populated 1"), "{events}");
 }
+
+/// Walls are set when a worker starts: a reload that gives a local server a secret file the
+/// running workers were not started to hide is refused whole (before, the restarted server
+/// read it while every running server could read it too, and the reload said "restart").
+/// The server keeps running with its old configuration; a restart takes the new secret.
+#[test]
+fn a_reload_naming_a_new_secret_file_is_refused_until_a_restart() {
+    use std::os::unix::fs::PermissionsExt;
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let file = dir.path().join("late.token");
+    std::fs::write(&file, "tw-late-secret\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let plain = fixture_server("fx", &[], "");
+    let gw = start(dir, &plain);
+    wait_tool(&gw, "fx__echo");
+    let before = wait_server(&gw, "fx", "a pid", |s| s["pid"].is_i64());
+    let with_secret = fixture_server(
+        "fx",
+        &[],
+        &format!("secret_env = {{ API_TOKEN = \"{}\" }}", file.display()),
+    );
+    let config = std::fs::read_to_string(&gw.config_path).unwrap();
+    std::fs::write(&gw.config_path, config.replace(&plain, &with_secret)).unwrap();
+    let r = gw.admin(json!({"op": "reload"}));
+    assert_ne!(r["ok"], true, "the reload is refused: {r}");
+    let said = r.to_string();
+    assert!(
+        said.contains("secret_env:fx:API_TOKEN") && said.contains("restart toolwall"),
+        "{r}"
+    );
+    let after = wait_server(&gw, "fx", "a pid", |s| s["pid"].is_i64());
+    assert_eq!(after["pid"], before["pid"], "the server was not restarted");
+    let echoed = gw.connect().tool("fx__echo", json!({"text": "still old"}));
+    assert_eq!(text(&echoed), "still old", "{echoed}");
+}

@@ -47,6 +47,21 @@ impl Gateway {
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|| "embedded defaults".into());
             let policy = Policy::load(&config.policy, &origin).map_err(|e| e.to_string())?;
+            // A local server's secret file the running workers were not started to hide
+            // (walls are set when a worker starts) would be read by the restarted server
+            // while every other running one could read it too: refused whole, fail closed.
+            let unwalled: Vec<String> = crate::sandbox::secrets::config_secrets(&config)
+                .into_iter()
+                .filter(|s| s.what.starts_with("secret_env"))
+                .filter(|s| self.supervisor.secrets().iter().all(|k| k.path != s.path))
+                .map(|s| format!("{} ({})", s.what, s.path.display()))
+                .collect();
+            if !unwalled.is_empty() {
+                return Err(format!(
+                    "the config names local-server secret files the running workers do not hide: {}; restart toolwall to use them",
+                    unwalled.join(", ")
+                ));
+            }
             Ok((policy, config))
         })();
         self.reloads += 1;
