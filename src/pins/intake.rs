@@ -726,10 +726,10 @@ fn review_tools(
         touch_after_ms: (rules.retention_ms / 4).clamp(1, 3_600_000),
         new_on_sight: kind == Kind::Resources,
     };
-    // Resources: URIs listed now that are pinned keep their pins; new ones are pinned while
-    // the server has fewer than `max_resource_pins` (absent ones give way to them).
+    // Resources: pinned URIs keep their pins; new ones are pinned while the server has
+    // fewer than `max_resource_pins` (listed now or not), the rest served unpinned.
     let mut room = match kind {
-        Kind::Resources => match resource_room(store, server, &items, rules.max_resource_pins) {
+        Kind::Resources => match resource_room(store, server, rules.max_resource_pins) {
             Ok(room) => Some(room),
             Err(e) => {
                 summary.store_error = Some(e);
@@ -802,10 +802,12 @@ fn review_tools(
                 .into_iter()
                 .filter(|p| super::kinds::kind_of(&p.tool) == kind && !listed.contains(&p.tool))
                 .collect();
-            // Resources: pins of absent URIs fill what the listed ones leave of the budget.
-            let cap = match (room_at_start, room) {
-                (Some(_), Some(left)) => left,
-                _ => rules.absent_cap,
+            // Resources: a pin of an absent URI stays until its retention ends, never pushed
+            // out by new ones (a server that listed enough new URIs could otherwise drop a
+            // pin, then bring its URI back changed as "new" and served).
+            let cap = match room_at_start {
+                Some(_) => usize::MAX,
+                None => rules.absent_cap,
             };
             Ok(review::absent(absent, now, rules.retention_ms, cap))
         })
@@ -922,38 +924,16 @@ fn review_some(
     Ok(reviews)
 }
 
-/// How many new resource URIs `server` may still have pinned: `max` less its pins of
-/// URIs listed now (pins of URIs no longer listed are pruned to make room).
-fn resource_room(
-    store: &mut PinStore,
-    server: &str,
-    items: &[&serde_json::value::RawValue],
-    max: usize,
-) -> Result<usize, String> {
-    #[derive(serde::Deserialize)]
-    struct Uri<'a> {
-        #[serde(borrow)]
-        uri: Option<std::borrow::Cow<'a, str>>,
-    }
-    let pinned: HashSet<String> = store.write(|t| {
+/// How many new resource URIs `server` may still have pinned: `max` less all its resource
+/// pins, listed now or not (a pin of an absent URI goes only when its retention ends).
+fn resource_room(store: &mut PinStore, server: &str, max: usize) -> Result<usize, String> {
+    let pinned = store.write(|t| {
         Ok(t.summaries(server)?
             .into_iter()
             .filter(|p| super::kinds::kind_of(&p.tool) == Kind::Resources)
-            .map(|p| p.tool)
-            .collect())
+            .count())
     })?;
-    if pinned.is_empty() {
-        return Ok(max);
-    }
-    let listed_pinned = items
-        .iter()
-        .filter_map(|raw| serde_json::from_str::<Uri>(raw.get()).ok()?.uri)
-        .filter(|uri| {
-            let item = json!({"uri": uri.as_ref()});
-            super::kinds::key(Kind::Resources, server, &item).is_some_and(|k| pinned.contains(&k))
-        })
-        .count();
-    Ok(max.saturating_sub(listed_pinned))
+    Ok(max.saturating_sub(pinned))
 }
 
 fn push_unreviewed(out: &mut Reviewed, job: &ListingJob, item: Value, enforce: bool, why: &str) {
