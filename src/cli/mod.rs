@@ -253,6 +253,12 @@ fn serve(config_path: Option<PathBuf>, mode: Mode) -> Result<i32, String> {
 /// Longest wait for the daemon's answer.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Most bytes of one admin answer this command reads. A `pins list` holds every pinned
+/// and held definition of every server, each up to its server's budgets: one server's
+/// 1,300 held tools and prompts of 6,000 characters, 1,000 templates and 10,000 long URIs
+/// came to more than 16 MiB, the bound before.
+const ADMIN_ANSWER_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
 fn admin_request(
     config: &Config,
     request: &serde_json::Value,
@@ -272,11 +278,19 @@ fn admin_request(
     stream
         .write_all(line.as_bytes())
         .map_err(|e| format!("admin socket: {e}"))?;
-    let mut reader = BufReader::new(stream).take(16 * 1024 * 1024);
+    let mut reader = BufReader::new(stream).take(ADMIN_ANSWER_MAX_BYTES);
     let mut answer = String::new();
     reader
         .read_line(&mut answer)
         .map_err(|e| format!("admin socket: {e}"))?;
+    if !answer.ends_with('\n') && answer.len() as u64 >= ADMIN_ANSWER_MAX_BYTES {
+        return Err(format!(
+            "the daemon's answer is larger than {} MiB, the most this command reads \
+             (for `pins list`: servers listing many large definitions; lower their \
+             [servers] listing budgets)",
+            ADMIN_ANSWER_MAX_BYTES >> 20
+        ));
+    }
     serde_json::from_str(&answer).map_err(|e| format!("admin socket sent a bad answer: {e}"))
 }
 
