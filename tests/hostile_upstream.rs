@@ -2050,6 +2050,44 @@ fn a_pinned_resource_pushed_out_of_the_budget_and_back_changed_is_held() {
     assert!(rows <= 5, "the budget holds: {rows}");
 }
 
+/// A key with an invisible character is shown escaped in `pins list`, and the key as shown
+/// approves it (before, only the raw character did: an operator had to type a U+202E).
+#[test]
+fn a_key_shown_escaped_is_approved_as_shown() {
+    let up = Hostile::start();
+    up.set(json!({"template_defs": [template("The team's documents")]}));
+    let gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 10\n\n[servers.fx]\nurl = \"{}\"\n",
+        up.url()
+    ));
+    let mut c = gw.connect();
+    wait_until("the template listed", || {
+        has(
+            &templates_listed(&mut c),
+            "uriTemplate",
+            "hostile://docs/{id}",
+        )
+    });
+    let sneaky = json!({"uriTemplate": "hostile://z\u{202e}/{x}", "name": "z"});
+    up.set(json!({"template_defs": [template("The team's documents"), sneaky]}));
+    relist_resources(&up, &gw);
+    let raw_key = "template/fx__hostile://z\u{202e}/{x}";
+    wait_until("the new template held", || {
+        pin(&gw, raw_key)["state"] == "new"
+    });
+    let text = String::from_utf8(gw.cli(&["pins", "list"]).stdout).unwrap();
+    let shown_key = "template/fx__hostile://z\\u{202e}/{x}";
+    assert!(text.contains(shown_key), "{}", text.escape_debug());
+    let digest = pending_digest(&gw, raw_key).unwrap();
+    let ok = approve(&gw, shown_key, &digest);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(pin(&gw, raw_key)["state"], "pinned");
+}
+
 // ---- the same attacks from a local (stdio) server ---------------------------------------------
 
 /// A gateway with local servers `names` running the fixture (steered through the returned

@@ -152,9 +152,57 @@ pub fn visible(text: &str) -> (String, Findings) {
     (out, found)
 }
 
+/// The text [`visible`] shows as `shown`, when `shown` is such a text: what an operator
+/// copies from `pins list` names the same key as the raw characters would. None when
+/// `shown` holds a backslash that [`visible`] never writes.
+pub fn unescape_visible(shown: &str) -> Option<String> {
+    let mut out = String::with_capacity(shown.len());
+    let mut chars = shown.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next()? {
+            '\\' => out.push('\\'),
+            'n' => out.push('\n'),
+            't' => out.push('\t'),
+            'u' => {
+                if chars.next()? != '{' {
+                    return None;
+                }
+                let hex: String = chars.by_ref().take_while(|&c| c != '}').collect();
+                if hex.is_empty() || hex.len() > 6 {
+                    return None;
+                }
+                out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_is_shown_unescapes_to_what_was_listed() {
+        for raw in [
+            "template/evil__z://\u{202e}{x}",
+            "a\\b",
+            "x\\u{202e}",
+            "tag\u{e0041}\u{200b}\nend\t",
+            "plain",
+        ] {
+            let (shown, _) = visible(raw);
+            assert_eq!(unescape_visible(&shown).as_deref(), Some(raw), "{shown}");
+        }
+        assert_eq!(unescape_visible("bad\\q"), None);
+        assert_eq!(unescape_visible("bad\\u{110000}"), None);
+        assert_eq!(unescape_visible("cut\\"), None);
+    }
 
     #[test]
     fn tag_characters_zero_width_separators_and_bidi_are_shown() {
