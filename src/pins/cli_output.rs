@@ -118,7 +118,11 @@ pub fn format_pins(pins: &Value) -> String {
                 out,
                 "    waiting   sha256:{digest}  seen {}{}",
                 format_utc_ms(pending["seen_ms"].as_i64().unwrap_or(0)),
-                if approved.is_object() {
+                if approved.is_object() && shown_names.is_empty() {
+                    // The digests differ but no field's value does: a field went from
+                    // absent to `null` or back (the agent sees that difference).
+                    "  changed: a field absent on one side is null on the other".to_string()
+                } else if approved.is_object() {
                     format!("  changed: {}", shown_names.join(", "))
                 } else {
                     String::new()
@@ -220,6 +224,22 @@ mod tests {
         )));
         assert!(!text.contains('\u{1b}') && !text.contains('\u{E0041}'));
         assert_eq!(format_pins(&json!([])), "no pinned tools\n");
+    }
+
+    #[test]
+    fn a_change_with_no_field_named_is_said_in_words() {
+        let pins = json!([
+            {"tool": "up__nul", "state": "changed", "hidden": true, "mode": "enforce",
+             "approved": {"digest": d('a'), "definition": {"name": "nul"}, "scheme": 2, "approved_ms": 0, "approved_by": null},
+             "pending": {"digest": d('b'), "seen_ms": 0, "fields": [],
+                         "definition": {"name": "nul", "title": null}},
+             "first_seen_ms": 0}
+        ]);
+        let text = format_pins(&pins);
+        assert!(
+            text.contains("changed: a field absent on one side is null on the other"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -162,8 +162,9 @@ mod tests {
                 vec![key.to_string()]
             );
         }
-        // Absent and null differ in the digest (the agent sees the difference) but
-        // `pins list` does not report a changed field for it.
+        // Absent and null differ in the digest (the agent sees the difference) but name
+        // no changed field (a scheme-1 pin's nulls would otherwise all show as changes):
+        // `pins list` says so in words (`cli_output`).
         let mut null_desc = base.clone();
         null_desc["title"] = Value::Null;
         assert_ne!(pinned(&base), pinned(&null_desc));
