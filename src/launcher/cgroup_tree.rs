@@ -227,33 +227,22 @@ fn try_build(workspaces: &[WorkspaceRequest], servers: bool) -> Result<CgroupTre
     )?;
     let mut handed: BTreeMap<String, Result<(), String>> = BTreeMap::new();
     for op in &ops {
-        match op {
-            TreeOp::Mkdir(path) => mkdir(path)?,
-            TreeOp::Write {
-                path,
-                value,
-                optional,
-            } => {
-                if *optional && !path.exists() {
-                    continue;
-                }
-                write(path, value)?;
-            }
-            TreeOp::Hand {
-                workspace,
-                path,
-                uid,
-                gid,
-                mode,
-            } => {
-                let entry = handed.entry(workspace.clone()).or_insert(Ok(()));
-                if entry.is_err() {
-                    continue;
-                }
-                if let Err(e) = hand(path, *uid, *gid, *mode) {
-                    *entry = Err(e);
-                }
-            }
+        let TreeOp::Hand {
+            workspace,
+            path,
+            uid,
+            gid,
+            mode,
+        } = op
+        else {
+            apply(op)?;
+            continue;
+        };
+        let entry = handed.entry(workspace.clone()).or_insert(Ok(()));
+        if entry.is_ok()
+            && let Err(e) = hand(path, *uid, *gid, *mode)
+        {
+            *entry = Err(e);
         }
     }
     let mut out = BTreeMap::new();

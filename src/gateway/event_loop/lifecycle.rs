@@ -50,12 +50,7 @@ impl Gateway {
             // A local server's secret file the running workers were not started to hide
             // (walls are set when a worker starts) would be read by the restarted server
             // while every other running one could read it too: refused whole, fail closed.
-            let unwalled: Vec<String> = crate::sandbox::secrets::config_secrets(&config)
-                .into_iter()
-                .filter(|s| s.what.starts_with("secret_env"))
-                .filter(|s| self.supervisor.secrets().iter().all(|k| k.path != s.path))
-                .map(|s| format!("{} ({})", s.what, s.path.display()))
-                .collect();
+            let unwalled = self.unwalled_secrets(&config, |what| what.starts_with("secret_env"));
             if !unwalled.is_empty() {
                 return Err(format!(
                     "the config names local-server secret files the running workers do not hide: {}; restart toolwall to use them",
@@ -97,11 +92,7 @@ impl Gateway {
                 // The HTTP door's settings and certificate follow; on error they stay.
                 // A secret the running workers were not started to hide (a TLS key at a new
                 // path) must not be put to use: the walls are set when a worker starts.
-                let unwalled: Vec<String> = crate::sandbox::secrets::config_secrets(&config)
-                    .into_iter()
-                    .filter(|s| self.supervisor.secrets().iter().all(|k| k.path != s.path))
-                    .map(|s| format!("{} ({})", s.what, s.path.display()))
-                    .collect();
+                let unwalled = self.unwalled_secrets(&config, |_| true);
                 if !unwalled.is_empty() && self.http.is_some() {
                     let why = format!(
                         "the config names secrets the running workers do not hide: {}; restart toolwall to use them",
@@ -150,6 +141,18 @@ impl Gateway {
                 Err(e)
             }
         }
+    }
+
+    /// The secrets `config` names (those whose kind `what` passes) at paths the running
+    /// workers were not started to hide, as `what (path)`: walls are set when a worker
+    /// starts, so such a secret must not be put to use before a restart.
+    fn unwalled_secrets(&self, config: &Config, what: impl Fn(&str) -> bool) -> Vec<String> {
+        crate::sandbox::secrets::config_secrets(config)
+            .into_iter()
+            .filter(|s| what(&s.what))
+            .filter(|s| self.supervisor.secrets().iter().all(|k| k.path != s.path))
+            .map(|s| format!("{} ({})", s.what, s.path.display()))
+            .collect()
     }
 
     /// Local servers whose program, environment, grants or limits changed start again

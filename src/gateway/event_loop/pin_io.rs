@@ -99,25 +99,10 @@ impl Gateway {
             .as_mut()
             .and_then(|p| p.store.as_mut())
             .ok_or_else(|| "the pin store is not open".to_string())?;
-        // `pins list` shows keys with invisible characters escaped: the key as shown names
-        // the same pin (tried first when it differs), then the key as typed. The digest
-        // keeps either from approving anything but the version shown.
-        let shown = crate::pins::visible::unescape_visible(tool).filter(|k| k != tool);
-        let mut tried = shown.iter().map(String::as_str).chain([tool]);
-        let first = tried.next().unwrap_or(tool);
-        let mut outcome = store
-            .approve(first, digest, who, crate::ledger::now_ms())
-            .map(|r| (first, r));
-        for key in tried {
-            if outcome.is_ok() {
-                break;
-            }
-            if let Ok(r) = store.approve(key, digest, who, crate::ledger::now_ms()) {
-                outcome = Ok((key, r));
-            }
-        }
-        let (key, (before, after)) = outcome?;
-        let key = key.to_owned();
+        // A key is read as `pins list` shows it (escapes and all): only that reading, so a
+        // shown key never falls through to another pin whose raw key is the same text.
+        let key = crate::pins::visible::unescape_visible(tool).unwrap_or_else(|| tool.to_owned());
+        let (before, after) = store.approve(&key, digest, who, crate::ledger::now_ms())?;
         self.core
             .pin_approved(&key, digest, who, (&before, &after), now)
     }
