@@ -5,6 +5,17 @@
 //! meaning: the compact text follows from the arrived one by dropping it, so a second copy
 //! would be a ledger page per call that proves nothing.
 
+use serde_json::Value;
+
+/// toolwall's own compact serialization of `value`. serde_json's writer fills a byte
+/// buffer directly; `Value`'s `Display` (what `to_string()` uses) formats through
+/// `fmt::Write` piece by piece into a `String` grown from empty, which cost the gateway
+/// ~4% of its CPU at 64 calls in flight (the judged arguments and every answer).
+pub fn compact(value: &Value) -> String {
+    // A `Value` always serializes: its keys are strings and its numbers finite.
+    serde_json::to_string(value).unwrap_or_default()
+}
+
 /// True when `arrived` is `compact` with only insignificant whitespace (space, tab, CR,
 /// LF outside strings, RFC 8259 §2) added. Any other difference — escapes, key order,
 /// number spellings, duplicate keys — is a difference.

@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use super::ConnRef;
 use crate::mcp::catalog::{Kind, WorkerId};
+use crate::mcp::compact_text::compact;
 use crate::policy::{Decision, Transport};
 use crate::workers::rpc::{Op, UpstreamCall};
 
@@ -170,9 +171,7 @@ impl Exchange {
 
     /// The text of the judged arguments, for the ledger.
     pub fn judged_text(&self) -> String {
-        self.arguments()
-            .map(Value::to_string)
-            .unwrap_or_else(|| "{}".into())
+        self.arguments().map(compact).unwrap_or_else(|| "{}".into())
     }
 
     /// The worker's `args`: toolwall's own serialization of what was judged, never the
@@ -183,12 +182,10 @@ impl Exchange {
             Routed::GetPrompt => {
                 let mut params = self.params.clone();
                 params["name"] = Value::String(self.target.upstream.clone());
-                params.to_string()
+                compact(&params)
             }
             Routed::Complete => super::forwarded::completion_params(self),
-            Routed::ReadResource | Routed::Subscribe | Routed::Unsubscribe => {
-                self.params.to_string()
-            }
+            Routed::ReadResource | Routed::Subscribe | Routed::Unsubscribe => compact(&self.params),
         }
     }
 

@@ -62,7 +62,7 @@ pub fn completion_params(x: &Exchange) -> String {
     {
         r.insert("name".into(), Value::String(x.target.upstream.clone()));
     }
-    params.to_string()
+    crate::mcp::compact_text::compact(&params)
 }
 
 /// What each upstream server offers beyond tools, resources and prompts, from its

@@ -17,6 +17,7 @@ use super::{AskRoute, Core, Recorder};
 use crate::aggregator::missing_capability;
 use crate::ledger::{CallEnd, CallStart, decision};
 use crate::mcp::catalog::{Entry, Kind, split_namespaced};
+use crate::mcp::compact_text::compact;
 use crate::mcp::jsonrpc;
 use crate::mcp::tool_error::{ToolErrorCode, refusal, tool_error_result};
 use crate::policy::{Decision, Phase, Subject, Verdict};
@@ -61,7 +62,7 @@ impl Answer {
     /// The JSON text the ledger keeps, and the message the agent gets.
     fn encode(&self, id: &str) -> (String, Vec<u8>) {
         if self.is_error {
-            let text = self.value["error"].to_string();
+            let text = compact(&self.value["error"]);
             let mut bytes = Vec::with_capacity(40 + id.len() + text.len());
             bytes.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
             bytes.extend_from_slice(id.as_bytes());
@@ -70,7 +71,7 @@ impl Answer {
             bytes.push(b'}');
             (text, bytes)
         } else {
-            let text = self.value.to_string();
+            let text = compact(&self.value);
             let bytes = jsonrpc::result_response(id, &text);
             (text, bytes)
         }
@@ -399,13 +400,21 @@ impl<R: Recorder> Core<R> {
 
     /// Apply the request decision's rewrite rules; true if any changed the arguments.
     pub(super) fn rewrite_arguments(&mut self, x: &mut Exchange) -> bool {
-        if x.request_decision.matched.is_empty() {
+        if !x.request_decision.may_rewrite(Phase::Request) {
             return false;
         }
         let policy = Rc::clone(&self.policy);
         let decision = x.request_decision.clone();
-        x.arguments_mut()
-            .is_some_and(|args| !policy.rewrite_arguments(&decision, args).is_empty())
+        // The judged text stays valid unless a rewrite changed something: a rule that
+        // matched without changing the arguments must not cost a second encoding.
+        let judged = x.judged.take();
+        let rewritten = x
+            .arguments_mut()
+            .is_some_and(|args| !policy.rewrite_arguments(&decision, args).is_empty());
+        if !rewritten {
+            x.judged = judged;
+        }
+        rewritten
     }
 
     /// Rewritten arguments are what the server would get, so they are judged too: a
@@ -753,7 +762,7 @@ impl<R: Recorder> Core<R> {
                 // `ask` on an answer cannot hold the agent's call for a human; it blocks.
                 self.observed
                     .decision(decision.rule.as_deref(), Verdict::Block);
-                let text = answer.value.to_string();
+                let text = compact(&answer.value);
                 x.response_decision = Some(decision);
                 self.refuse_by_policy_with(x, started, Phase::Response, Some(&text));
                 return;
@@ -762,7 +771,7 @@ impl<R: Recorder> Core<R> {
             // common path serializes the answer once, in `end`.
             let before = decision
                 .may_rewrite(Phase::Response)
-                .then(|| answer.value.to_string());
+                .then(|| compact(&answer.value));
             if let Some(before) = before
                 && !policy
                     .rewrite_result(&decision, &mut answer.value)
