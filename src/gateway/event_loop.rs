@@ -99,6 +99,9 @@ pub struct Gateway {
     /// Connections given output by this pass of `end_turn`: each is written once, after
     /// every action of the pass, not once per answer.
     to_flush: Vec<usize>,
+    /// The core's released actions, drained each turn and handed back to it (one
+    /// allocation for the run rather than one per turn).
+    actions: Vec<Action>,
     stdio: Option<StdioSide>,
     stdio_slot: Option<usize>,
     waker: Arc<Waker>,
@@ -240,13 +243,17 @@ impl Gateway {
         for _ in 0..8 {
             self.pump_pins(now);
             self.commit();
-            let actions = self.core.take_actions();
+            let mut actions = std::mem::take(&mut self.actions);
+            actions.clear();
+            self.core.swap_actions(&mut actions);
             if actions.is_empty() {
+                self.actions = actions;
                 break;
             }
-            for action in actions {
+            for action in actions.drain(..) {
                 self.execute(action);
             }
+            self.actions = actions;
             self.to_flush.sort_unstable();
             self.to_flush.dedup();
             let to_flush = std::mem::take(&mut self.to_flush);

@@ -548,11 +548,21 @@ impl<R: Recorder> Core<R> {
     /// Actions released by the last successful commit (or turned into refusals by a
     /// failed one).
     pub fn take_actions(&mut self) -> Vec<Action> {
+        let mut actions = Vec::new();
+        self.swap_actions(&mut actions);
+        actions
+    }
+
+    /// As [`take_actions`](Self::take_actions), swapping them into `out` (which must be
+    /// empty): the loop hands back its drained vector, so the core's grows once, not
+    /// every turn.
+    pub fn swap_actions(&mut self, out: &mut Vec<Action>) {
+        debug_assert!(out.is_empty());
         // Calls waiting in a lane go once room was made, and only while the ledger holds
         // their rows (they were staged, and committed, when the calls were forwarded).
         if self.ledger_ok {
             self.start_waiting_calls();
         }
-        std::mem::take(&mut self.actions)
+        std::mem::swap(&mut self.actions, out);
     }
 }

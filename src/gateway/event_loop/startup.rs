@@ -333,6 +333,7 @@ impl Gateway {
             signals,
             doors: doors::DoorState::new(door_limits, partial_limits),
             to_flush: Vec::new(),
+            actions: Vec::new(),
             stdio: None,
             stdio_slot: None,
             waker,
