@@ -2086,6 +2086,20 @@ fn a_key_shown_escaped_is_approved_as_shown() {
         String::from_utf8_lossy(&ok.stderr)
     );
     assert_eq!(pin(&gw, raw_key)["state"], "pinned");
+    // The confirmation names the key as `pins list` shows it, never with the raw
+    // character (nor does the log).
+    let said = String::from_utf8(ok.stdout).unwrap();
+    assert!(
+        said.contains(&format!("approved {shown_key} sha256:{digest}")),
+        "{}",
+        said.escape_debug()
+    );
+    assert!(!said.contains('\u{202e}'), "{}", said.escape_debug());
+    assert!(
+        !gw.log().contains('\u{202e}'),
+        "{}",
+        gw.log().escape_debug()
+    );
 }
 
 // ---- upstream display text reaches agents escaped ---------------------------------------------

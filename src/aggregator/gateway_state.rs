@@ -975,21 +975,27 @@ impl UpstreamsState {
         {
             h.remove(uri);
         }
+        // The key and field names are the upstream's text: shown as `pins list` shows
+        // them (the operator's terminal and the log never get a raw bidi or tag character).
+        let shown = crate::pins::visible::visible(tool).0;
         let what = match &before.approved {
             Some(old) => format!(
-                "approved {tool} sha256:{digest} (it replaces sha256:{}: {})",
+                "approved {shown} sha256:{digest} (it replaces sha256:{}: {})",
                 old.digest,
-                crate::pins::digest::changed_fields(
-                    &old.definition,
-                    &after
-                        .approved
-                        .as_ref()
-                        .map(|a| a.definition.clone())
-                        .unwrap_or_default()
+                crate::pins::visible::visible(
+                    &crate::pins::digest::changed_fields(
+                        &old.definition,
+                        &after
+                            .approved
+                            .as_ref()
+                            .map(|a| a.definition.clone())
+                            .unwrap_or_default()
+                    )
+                    .join(", ")
                 )
-                .join(", ")
+                .0
             ),
-            None => format!("approved {tool} sha256:{digest} (a new tool)"),
+            None => format!("approved {shown} sha256:{digest} (a new tool)"),
         };
         (server, what)
     }

@@ -350,7 +350,12 @@ impl ReviewSummary {
         if let Some(e) = &self.store_error {
             out.push((true, format!("pin: server {s}: the pin store failed: {e}")));
         }
-        out
+        // Keys of resources and templates are URIs as the server listed them: no control,
+        // bidi or invisible character reaches the log raw (written `\u{…}`, which `pins
+        // approve` accepts as `pins list` shows it).
+        out.into_iter()
+            .map(|(warn, line)| (warn, quote_upstream(&line, usize::MAX)))
+            .collect()
     }
 }
 
