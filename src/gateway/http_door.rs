@@ -345,19 +345,6 @@ impl HttpDoor {
         let decision =
             self.endpoint
                 .decide_head(&request, &self.tokens, now, crate::ledger::now_ms());
-        // Who asks is judged before how much: a head refused for its token, route, host or
-        // origin gets that refusal whatever its Content-Length says (nothing tells an
-        // unauthenticated client the limit); a head that passes with a body over
-        // `http.max_body_bytes` is 413, and the connection closes (the body is never read).
-        if request.body_over_limit.is_some() && !matches!(decision, HeadDecision::Respond(_)) {
-            finish_head(h, &request, false);
-            let too_large = crate::transport::http::ParseError {
-                status: 413,
-                reason: crate::transport::http::request::TOO_LARGE,
-            };
-            self.respond(h, out, endpoint::parse_error_response(&too_large));
-            return None;
-        }
         match decision {
             HeadDecision::Respond(response) => {
                 finish_head(h, &request, whole);
