@@ -1214,13 +1214,16 @@ fn slow_clients_are_cut_off_and_oversized_bodies_get_413() {
     let r = big.response().expect("413");
     assert_eq!(r.status, 413);
 
-    // Default limit (1 MiB + 4 KiB) on another gateway's door is also enforced.
+    // Default limit (1 MiB + 4 KiB) on another gateway's door is also enforced (for a
+    // client with a valid token: without one it is 401 whatever the size).
     let gw2 = HttpGateway::start("", "");
+    let token2 = gw2.client_token("bob");
     let mut big = gw2.http();
     big.send_raw(
         format!(
             "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
-             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n",
+             Accept: application/json, text/event-stream\r\nAuthorization: Bearer {token2}\r\n\
+             Content-Length: {}\r\n\r\n",
             gw2.port,
             1024 * 1024 + 4096 + 1
         )
@@ -1229,6 +1232,81 @@ fn slow_clients_are_cut_off_and_oversized_bodies_get_413() {
     assert_eq!(big.response().expect("413").status, 413);
 
     // The door still serves everyone else.
+    let mut ok = gw.http();
+    let session = open_session(&mut ok, gw.port, Some(&token));
+    let r = ok.call(&echo_in_session(gw.port, 2, &session, "fine").bearer(&token));
+    assert_eq!(result_text(&r.json()), "fine");
+}
+
+/// Identity is judged before size: a request with a missing or bad token is 401 whatever
+/// its Content-Length says (an unauthenticated client learns no limit, and its body is never
+/// read), a good token with a body over `max_body_bytes` is still 413, and `/health` keeps
+/// answering without a token (413 for a body over the limit, as before).
+#[test]
+fn a_bad_token_is_refused_before_the_body_size_is_judged() {
+    let gw = HttpGateway::start("", "[http]\nmax_body_bytes = 4096\n");
+    let token = gw.client_token("alice");
+    let head = |auth: &str, path: &str, method: &str, length: usize| {
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\n{auth}Content-Length: {length}\r\n\r\n",
+            gw.port
+        )
+    };
+    for (what, auth) in [
+        ("no token", String::new()),
+        (
+            "a bad token",
+            "Authorization: Bearer tw_not-a-real-token\r\n".to_owned(),
+        ),
+        (
+            "a malformed header",
+            "Authorization: Basic YTpi\r\n".to_owned(),
+        ),
+    ] {
+        for length in [4097, 1 << 30] {
+            let mut c = gw.http();
+            c.send_raw(head(&auth, "/mcp", "POST", length).as_bytes());
+            let r = c.response().expect("an answer to the head alone");
+            assert_eq!(
+                r.status,
+                401,
+                "{what}, Content-Length {length}: {}",
+                r.text()
+            );
+            assert!(
+                c.closed_by_peer(),
+                "{what}: the connection closes after 401"
+            );
+        }
+        // The body sent anyway changes nothing.
+        let mut c = gw.http();
+        let mut bytes = head(&auth, "/mcp", "POST", 5000).into_bytes();
+        bytes.extend(std::iter::repeat_n(b'x', 5000));
+        let _ = c.stream.write_all(&bytes);
+        assert_eq!(c.response().expect("401").status, 401, "{what}");
+    }
+    // A good token: the size is judged, 413 as before, and the connection closes.
+    let mut c = gw.http();
+    c.send_raw(
+        head(
+            &format!("Authorization: Bearer {token}\r\n"),
+            "/mcp",
+            "POST",
+            4097,
+        )
+        .as_bytes(),
+    );
+    let r = c.response().expect("413");
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(c.closed_by_peer());
+    // /health needs no token: answered, and over the limit 413 as before.
+    let mut c = gw.http();
+    c.send_raw(head("", "/health", "GET", 4097).as_bytes());
+    assert_eq!(c.response().expect("413").status, 413);
+    let r = gw.http().call(&Req::new("GET", "/health", gw.port));
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The door serves its clients all along.
     let mut ok = gw.http();
     let session = open_session(&mut ok, gw.port, Some(&token));
     let r = ok.call(&echo_in_session(gw.port, 2, &session, "fine").bearer(&token));

@@ -90,6 +90,8 @@ pub struct UpstreamsState {
     stderr: crate::stdio_server::stderr_board::StderrBoard,
     /// Log lines (warning?, text) from events and timers, for the core to write.
     logs: Vec<(bool, String)>,
+    /// What listings did that is logged once per change (items left out, text escaped).
+    notes: crate::aggregator::listing_notes::ListingNotes,
 }
 
 fn server_rules(config: &ServersConfig, name: &str) -> Arc<ServerRules> {
@@ -190,6 +192,7 @@ impl UpstreamsState {
             owners,
             resources_listed: BTreeSet::new(),
             applied_text: HashMap::new(),
+            notes: Default::default(),
             candidates: crate::aggregator::owner_candidates::OwnerCandidates::new(
                 config.max_remembered_uris,
             ),
@@ -297,6 +300,7 @@ impl UpstreamsState {
         self.owners_refreshed.remove(server);
         self.resources_listed.retain(|(s, _)| s != server);
         self.applied_text.retain(|(s, _), _| s != server);
+        self.notes.forget(server);
         self.bases.retain(|(s, _), _| s != server);
         for kind in [Kind::Tools, Kind::Prompts] {
             if catalog.replace(kind, server, Vec::new()).changed && !applied.changed.contains(&kind)
@@ -359,6 +363,11 @@ impl UpstreamsState {
         if let Some(f) = facts.and_then(|f| serde_json::from_str::<Value>(f).ok()) {
             let n = |k: &str| f.get(k).and_then(Value::as_u64).unwrap_or(0);
             self.board.add_counts(server, n("coalesced"), n("dropped"));
+            if ok.is_some()
+                && let Some(line) = self.notes.left_out(server, kind, &f)
+            {
+                self.logs.push((true, line));
+            }
         }
         let Some(text) = ok else {
             let why = error.unwrap_or_else(|| "no result".into());
@@ -565,6 +574,9 @@ impl UpstreamsState {
                 removed = Some(gone);
             }
         }
+        for line in self.notes.escaped(server, kind, &reviewed.text_tally) {
+            applied.logs.push((true, line));
+        }
         if let Some(summary) = &reviewed.summary {
             if summary.eventful() {
                 applied.events.push(("pin", summary.event()));
@@ -682,9 +694,11 @@ impl UpstreamsState {
                 json!({"kind": kind.list_key(), "count": n, "sample": sample}),
             ));
             for (_, why) in change.new_conflicts.iter().take(3) {
-                applied
-                    .logs
-                    .push((true, format!("resource conflict: {why}")));
+                // `why` names URIs as servers listed them: escaped for the log.
+                applied.logs.push((
+                    true,
+                    format!("resource conflict: {}", quote_upstream(why, 2000)),
+                ));
             }
             if n > 3 {
                 applied.logs.push((
@@ -961,21 +975,27 @@ impl UpstreamsState {
         {
             h.remove(uri);
         }
+        // The key and field names are the upstream's text: shown as `pins list` shows
+        // them (the operator's terminal and the log never get a raw bidi or tag character).
+        let shown = crate::pins::visible::visible(tool).0;
         let what = match &before.approved {
             Some(old) => format!(
-                "approved {tool} sha256:{digest} (it replaces sha256:{}: {})",
+                "approved {shown} sha256:{digest} (it replaces sha256:{}: {})",
                 old.digest,
-                crate::pins::digest::changed_fields(
-                    &old.definition,
-                    &after
-                        .approved
-                        .as_ref()
-                        .map(|a| a.definition.clone())
-                        .unwrap_or_default()
+                crate::pins::visible::visible(
+                    &crate::pins::digest::changed_fields(
+                        &old.definition,
+                        &after
+                            .approved
+                            .as_ref()
+                            .map(|a| a.definition.clone())
+                            .unwrap_or_default()
+                    )
+                    .join(", ")
                 )
-                .join(", ")
+                .0
             ),
-            None => format!("approved {tool} sha256:{digest} (a new tool)"),
+            None => format!("approved {shown} sha256:{digest} (a new tool)"),
         };
         (server, what)
     }

@@ -26,17 +26,24 @@ struct Keys<'a> {
     uri_template: Option<Cow<'a, str>>,
 }
 
-/// The key of a listed item, if it is acceptable.
-fn item_key(kind: Kind, raw: &RawValue) -> Option<String> {
+/// Names (escaped, cut) of items left out for their name, quoted in the log line.
+pub const BAD_KEY_SAMPLE: usize = 3;
+/// Characters of one such name quoted.
+const BAD_KEY_CHARS: usize = 64;
+
+/// The key of a listed item, if it is acceptable; `Err(Some(key))`: it has a key, not an
+/// acceptable one.
+fn item_key(kind: Kind, raw: &RawValue) -> Result<String, Option<String>> {
     if !raw.get().starts_with('{') {
-        return None;
+        return Err(None);
     }
-    let keys: Keys = serde_json::from_str(raw.get()).ok()?;
+    let keys: Keys = serde_json::from_str(raw.get()).map_err(|_| None)?;
     let key = match kind {
-        Kind::Tools | Kind::Prompts => keys.name?,
-        Kind::Resources => keys.uri?,
-        Kind::Templates => keys.uri_template?,
-    };
+        Kind::Tools | Kind::Prompts => keys.name,
+        Kind::Resources => keys.uri,
+        Kind::Templates => keys.uri_template,
+    }
+    .ok_or(None)?;
     let ok = match kind {
         Kind::Tools | Kind::Prompts => {
             !key.is_empty()
@@ -49,7 +56,11 @@ fn item_key(kind: Kind, raw: &RawValue) -> Option<String> {
             !key.is_empty() && key.len() <= MAX_URI_BYTES && !key.chars().any(char::is_control)
         }
     };
-    ok.then(|| key.into_owned())
+    if ok {
+        Ok(key.into_owned())
+    } else {
+        Err(Some(key.into_owned()))
+    }
 }
 
 pub struct PageCollector {
@@ -60,6 +71,10 @@ pub struct PageCollector {
     items: usize,
     pages: usize,
     dropped: usize,
+    /// Of `dropped`: items without an acceptable name or URI, and a few of those names
+    /// (escaped, cut: upstream text never reaches a log line raw).
+    bad_keys: usize,
+    bad_key_sample: Vec<String>,
     cursors: HashSet<String>,
     keys: HashSet<String>,
 }
@@ -74,6 +89,8 @@ impl PageCollector {
             items: 0,
             pages: 0,
             dropped: 0,
+            bad_keys: 0,
+            bad_key_sample: Vec::new(),
             cursors: HashSet::new(),
             keys: HashSet::new(),
         }
@@ -118,9 +135,19 @@ impl PageCollector {
         let raw: Vec<&RawValue> = serde_json::from_str(list.get())
             .map_err(|_| self.bad(&format!("{key} is not an array")))?;
         for item in raw {
-            let Some(k) = item_key(self.kind, item) else {
-                self.dropped += 1;
-                continue;
+            let k = match item_key(self.kind, item) {
+                Ok(k) => k,
+                Err(key) => {
+                    self.dropped += 1;
+                    self.bad_keys += 1;
+                    if let Some(key) = key
+                        && self.bad_key_sample.len() < BAD_KEY_SAMPLE
+                    {
+                        self.bad_key_sample
+                            .push(super::error::quote_upstream(&key, BAD_KEY_CHARS));
+                    }
+                    continue;
+                }
             };
             if self.keys.contains(&k) {
                 self.dropped += 1;
@@ -180,6 +207,8 @@ impl PageCollector {
             "bytes": self.out.len(),
             "items": self.items,
             "dropped": self.dropped,
+            "bad_keys": self.bad_keys,
+            "bad_key_sample": self.bad_key_sample,
         });
         (self.out, facts)
     }
@@ -212,6 +241,11 @@ mod tests {
         );
         assert_eq!(c.dropped(), 3);
         let (text, facts) = c.finish();
+        assert_eq!(
+            facts["bad_keys"], 2,
+            "\"b c\" and \"junk\"; the repeated a is not"
+        );
+        assert_eq!(facts["bad_key_sample"], json!(["b c"]));
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v, json!([{"name":"a","x":{"deep":[1,2]}},{"name":"b"}]));
         assert_eq!(facts["pages"], 2);
@@ -265,5 +299,21 @@ mod tests {
         c.page(r#"{"resourceTemplates":[{"uriTemplate":"x://{id}","name":"x"},{"name":"no"}]}"#)
             .unwrap();
         assert_eq!(c.dropped(), 1);
+    }
+
+    #[test]
+    fn names_left_out_are_sampled_escaped_and_bounded() {
+        let mut c = PageCollector::new("s", Kind::Tools, budget(10, 10_000, 2));
+        let long = "y".repeat(500);
+        c.page(&format!(
+            r#"{{"tools":[{{"name":"x\u202e\u001b[2J"}},{{"name":"{long}"}},{{"name":"a b"}},{{"name":"c d"}},{{"name":"ok"}}]}}"#
+        ))
+        .unwrap();
+        let (_, facts) = c.finish();
+        assert_eq!(facts["bad_keys"], 4);
+        let sample = facts["bad_key_sample"].as_array().unwrap();
+        assert_eq!(sample.len(), BAD_KEY_SAMPLE);
+        assert_eq!(sample[0], "x\\u{202e}\\u{1b}[2J");
+        assert!(sample[1].as_str().unwrap().chars().count() <= BAD_KEY_CHARS + 1);
     }
 }

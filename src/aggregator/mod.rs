@@ -23,6 +23,7 @@ pub mod gateway_state;
 pub(crate) mod inline_secret;
 pub mod job_queue;
 pub mod json_nodes;
+pub mod listing_notes;
 pub mod listing_pages;
 pub mod message;
 pub mod missing_capability;

@@ -350,7 +350,12 @@ impl ReviewSummary {
         if let Some(e) = &self.store_error {
             out.push((true, format!("pin: server {s}: the pin store failed: {e}")));
         }
-        out
+        // Keys of resources and templates are URIs as the server listed them: no control,
+        // bidi or invisible character reaches the log raw (written `\u{…}`, which `pins
+        // approve` accepts as `pins list` shows it).
+        out.into_iter()
+            .map(|(warn, line)| (warn, quote_upstream(&line, usize::MAX)))
+            .collect()
     }
 }
 
@@ -389,6 +394,8 @@ pub struct Reviewed {
     /// Set: `entries` are only those new or changed against the loop's base (the change
     /// computed here, off the loop). `None`: `entries` are the whole listing.
     pub delta: Option<Delta>,
+    /// What escaping the served entries' display text found (logged by the loop).
+    pub text_tally: crate::mcp::catalog::served_text::Tally,
 }
 
 pub enum Done {
@@ -559,11 +566,19 @@ fn owners(
 pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewed, Refusal> {
     let items = listing::check(&job.server, job.kind, &job.text, &job.budget)?;
     if !super::kinds::pinned(job.kind) || job.rules.mode == PinMode::Off {
+        let mut text_tally = Default::default();
         let entries = items
             .into_iter()
             .filter_map(|raw| {
                 let item = listing::parse(raw);
-                Entry::listed(job.kind, &job.server, job.worker, item, job.rules.prefix)
+                Entry::listed_tallied(
+                    job.kind,
+                    &job.server,
+                    job.worker,
+                    item,
+                    job.rules.prefix,
+                    &mut text_tally,
+                )
             })
             .collect();
         use sha2::Digest;
@@ -578,6 +593,7 @@ pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewe
                 h.update(job.text.as_bytes());
                 h.finalize().into()
             }),
+            text_tally,
             ..Reviewed::default()
         });
     }
@@ -770,9 +786,14 @@ fn review_tools(
                     note(&mut summary, &name, r.note);
                     match r.outcome {
                         Outcome::Serve => {
-                            if let Some(e) =
-                                Entry::listed(kind, server, job.worker, item, rules.prefix)
-                            {
+                            if let Some(e) = Entry::listed_tallied(
+                                kind,
+                                server,
+                                job.worker,
+                                item,
+                                rules.prefix,
+                                &mut out.text_tally,
+                            ) {
                                 out.entries.push(e);
                             }
                         }
@@ -945,8 +966,14 @@ fn push_unreviewed(out: &mut Reviewed, job: &ListingJob, item: Value, enforce: b
             name.clone(),
             format!("{name} cannot be checked against its pin ({why}), so it is not served"),
         ));
-    } else if let Some(e) = Entry::listed(job.kind, &job.server, job.worker, item, job.rules.prefix)
-    {
+    } else if let Some(e) = Entry::listed_tallied(
+        job.kind,
+        &job.server,
+        job.worker,
+        item,
+        job.rules.prefix,
+        &mut out.text_tally,
+    ) {
         out.entries.push(e);
     }
 }

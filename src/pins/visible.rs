@@ -106,6 +106,12 @@ pub fn is_format(c: char) -> bool {
         | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFFB | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
 }
 
+/// `c` written as `\u{…}` (lowercase hex): how every escaped character is shown, here
+/// and in what toolwall serves to agents (`mcp::catalog::served_text`).
+pub fn push_escaped(out: &mut String, c: char) {
+    let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+}
+
 /// `text` with everything that does not show as itself escaped, whole, and what was found.
 pub fn visible(text: &str) -> (String, Findings) {
     let mut out = String::with_capacity(text.len() + 8);
@@ -134,7 +140,7 @@ pub fn visible(text: &str) -> (String, Findings) {
                 if (0xE0000..=0xE007F).contains(&u32::from(c)) {
                     found.tags += 1;
                 }
-                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+                push_escaped(&mut out, c);
             }
         }
     }

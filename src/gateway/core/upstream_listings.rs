@@ -101,6 +101,7 @@ impl<R: Recorder> Core<R> {
         {
             self.carry_out(applied);
         }
+        self.drain_upstream_logs();
     }
 
     /// Jobs for the intake thread (listings to review, owners to record), staged since

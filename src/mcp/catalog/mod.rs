@@ -7,6 +7,7 @@
 //! - [`delta`]: a listing as the change it makes (computed off the loop).
 //! - [`resource_owners`]: the ownership rule.
 //! - [`templates`]: reading a URI through a resource template.
+//! - [`served_text`]: upstream display text with hiding characters escaped.
 //!
 //! Transport-independent and pure: the gateway feeds it listings from any kind of
 //! upstream (HTTP servers through the aggregator worker, local servers).
@@ -16,6 +17,7 @@ pub mod delta;
 pub mod listing;
 pub mod names;
 pub mod resource_owners;
+pub mod served_text;
 pub mod templates;
 pub mod unservable;
 
@@ -95,8 +97,29 @@ impl Entry {
         kind: Kind,
         server: &str,
         worker: WorkerId,
+        item: Value,
+        prefix: bool,
+    ) -> Option<Entry> {
+        Entry::listed_tallied(
+            kind,
+            server,
+            worker,
+            item,
+            prefix,
+            &mut served_text::Tally::default(),
+        )
+    }
+
+    /// [`Entry::listed`], counting in `tally` what [`served_text`] escaped: every door
+    /// serves the JSON made here, so this is where upstream display text is made safe
+    /// (after the intake digested the definition as sent: pins keep their meaning).
+    pub fn listed_tallied(
+        kind: Kind,
+        server: &str,
+        worker: WorkerId,
         mut item: Value,
         prefix: bool,
+        tally: &mut served_text::Tally,
     ) -> Option<Entry> {
         let upstream = item.get(kind.key_field())?.as_str()?.to_owned();
         let (name, key) = if kind.namespaced() {
@@ -122,6 +145,7 @@ impl Entry {
             },
             _ => Vec::new(),
         };
+        served_text::escape_definition(kind, &mut item, tally);
         Some(Entry {
             name,
             key,

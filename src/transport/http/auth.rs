@@ -93,6 +93,7 @@ mod tests {
             consumed: 0,
             keep_alive: true,
             expects_continue: false,
+            body_over_limit: None,
         }
     }
 

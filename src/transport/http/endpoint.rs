@@ -4,7 +4,8 @@
 //! read): route (`/mcp`, `/health`, `/metrics`, else 404); `Host` against the listen
 //! address, `public_url` and `[http] allowed_hosts` (DNS-rebinding defence); `Origin`
 //! against `public_url`; the bearer token (nothing of a refused request is read further);
-//! the method; `Accept` and `Content-Type`. Then, once the body of an accepted head is in
+//! the declared body size (`Content-Length` over `max_body_bytes`: 413, told only to a
+//! client whose token passed); the method; `Accept` and `Content-Type`. Then, once the body of an accepted head is in
 //! ([`Endpoint::decide_body`]): the body as one JSON-RPC message; then the era's own rules
 //! (sessions in the legacy era, mirrored headers and `_meta` in the modern one).
 //!
@@ -426,7 +427,7 @@ impl Endpoint {
     }
 
     /// Judge a request by its head alone, before any of its body is read: route, `Host`,
-    /// `Origin`, the token, the method, `Accept` and `Content-Type`. Only a request that
+    /// `Origin`, the token, the declared body size, the method, `Accept` and `Content-Type`. Only a request that
     /// passes all of them gets its body read (and `100 Continue`, when it asked).
     pub fn decide_head(
         &mut self,
@@ -448,6 +449,9 @@ impl Endpoint {
         }
         match path {
             HEALTH_PATH => {
+                if let Some(response) = too_large(request) {
+                    return HeadDecision::Respond(response);
+                }
                 if request.method != "GET" {
                     return HeadDecision::Respond(method_not_allowed("GET", keep));
                 }
@@ -458,6 +462,9 @@ impl Endpoint {
                     && let Err(failure) = authenticate(request, tokens, TokenKind::Admin, now_ms)
                 {
                     return HeadDecision::Respond(unauthorized(&failure));
+                }
+                if let Some(response) = too_large(request) {
+                    return HeadDecision::Respond(response);
                 }
                 if request.method != "GET" {
                     return HeadDecision::Respond(method_not_allowed("GET", keep));
@@ -531,6 +538,10 @@ impl Endpoint {
                 Err(failure) => return HeadDecision::Respond(unauthorized(&failure)),
             },
         };
+        // Size after identity: only a client with a valid token learns the limit.
+        if let Some(response) = too_large(request) {
+            return HeadDecision::Respond(response);
+        }
         match request.method.as_str() {
             "POST" => {
                 if !accepts_json_and_sse(request) {
@@ -937,6 +948,15 @@ fn internal_error(call: &Call, keep: bool) -> HttpResponse {
 /// The response to a request that could not be read; the connection closes after it.
 pub fn parse_error_response(error: &ParseError) -> HttpResponse {
     refuse(error.status, false, error.reason)
+}
+
+/// 413 for a head whose `Content-Length` is over `max_body_bytes` (its body is never
+/// read; the connection closes after it). Asked only once route, `Host`, `Origin` and the
+/// token passed: who asks is judged before how much.
+fn too_large(request: &Request) -> Option<HttpResponse> {
+    request
+        .body_over_limit
+        .map(|_| refuse(413, false, super::request::TOO_LARGE))
 }
 
 /// The response to a client too slow to send its request; the connection closes after it.

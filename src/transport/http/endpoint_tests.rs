@@ -152,6 +152,50 @@ fn call(d: Decision) -> Call {
     }
 }
 
+/// Read a head alone (its body may be over the limit: never read).
+fn head(raw: &[u8]) -> Request {
+    match RequestReader::new(RequestLimits::default())
+        .poll(raw)
+        .unwrap()
+    {
+        Progress::Head(r) => r,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn identity_is_judged_before_the_declared_body_size() {
+    let mut f = fixture();
+    let over = (HttpConfig::default().max_body_bytes + 1).to_string();
+    let auth = f.bearer();
+    let decide = |f: &mut Fixture, method: &str, path: &str, auth: Option<&str>| {
+        let mut text = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {LISTEN}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+        );
+        if let Some(a) = auth {
+            text.push_str(&format!("Authorization: {a}\r\n"));
+        }
+        text.push_str(&format!("Content-Length: {over}\r\n\r\n"));
+        let request = head(text.as_bytes());
+        assert!(request.body_over_limit.is_some());
+        match f.endpoint.decide_head(&request, &f.store, f.now, NOW_MS) {
+            HeadDecision::Respond(r) => parse(&r.bytes).status,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(decide(&mut f, "POST", "/mcp", None), 401);
+    assert_eq!(decide(&mut f, "POST", "/mcp", Some("Bearer tw_nope")), 401);
+    assert_eq!(decide(&mut f, "POST", "/mcp", Some(&auth)), 413);
+    assert_eq!(
+        decide(&mut f, "DELETE", "/mcp", Some(&auth)),
+        413,
+        "no session ended"
+    );
+    assert_eq!(decide(&mut f, "POST", "/nope", Some(&auth)), 404);
+    assert_eq!(decide(&mut f, "GET", "/metrics", None), 401);
+    assert_eq!(decide(&mut f, "GET", "/health", None), 413);
+}
+
 #[test]
 fn routes() {
     let mut f = fixture();

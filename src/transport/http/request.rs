@@ -66,6 +66,12 @@ pub struct Request {
     /// The client sent `Expect: 100-continue` (HTTP/1.1) and waits for `100 Continue`
     /// before its body.
     pub expects_continue: bool,
+    /// The `Content-Length` it declared, when over `max_body_bytes`: the head is still
+    /// handed out for judging (who asks is judged before how much: a client without a
+    /// valid token must not learn the limit), its body is never read (`body` is empty),
+    /// and a head that passes must be refused with 413 ([`RequestReader::poll`] fails so
+    /// if it proceeds all the same).
+    pub body_over_limit: Option<u64>,
 }
 
 impl Request {
@@ -97,6 +103,9 @@ pub struct ParseError {
     pub status: u16,
     pub reason: &'static str,
 }
+
+/// The reason of a 413.
+pub const TOO_LARGE: &str = "request body too large";
 
 fn fail<T>(status: u16, reason: &'static str) -> Result<T, ParseError> {
     Err(ParseError { status, reason })
@@ -180,6 +189,7 @@ impl RequestReader {
     pub fn poll(&mut self, buf: &[u8]) -> Result<Progress, ParseError> {
         match &self.reading {
             Reading::Judging(r) => return Ok(Progress::Head(r.clone())),
+            Reading::Body(r) if r.body_over_limit.is_some() => return fail(413, TOO_LARGE),
             Reading::Body(r) => {
                 if buf.len() < r.consumed {
                     return Ok(Progress::NeedMore);
@@ -218,6 +228,7 @@ impl RequestReader {
     /// Poll, proceeding past every head at once (no judging): for callers that only parse.
     pub fn poll_whole(&mut self, buf: &[u8]) -> Result<Progress, ParseError> {
         match self.poll(buf)? {
+            Progress::Head(r) if r.body_over_limit.is_some() => fail(413, TOO_LARGE),
             Progress::Head(_) => {
                 self.proceed();
                 self.poll(buf)
@@ -303,6 +314,7 @@ fn parse_head(buf: &[u8], limits: &RequestLimits) -> Result<Option<Request>, Par
         return fail(501, "unsupported Transfer-Encoding");
     }
 
+    let mut body_over_limit = None;
     let body_len = if has_content_length {
         let mut length: Option<u64> = None;
         for item in values("content-length").flat_map(|v| v.split(|&b| b == b',')) {
@@ -324,10 +336,12 @@ fn parse_head(buf: &[u8], limits: &RequestLimits) -> Result<Option<Request>, Par
         }
         let n = length.unwrap_or(0);
         if n > limits.max_body_bytes as u64 {
-            return fail(413, "request body too large");
+            body_over_limit = Some(n);
+            0
+        } else {
+            // Bounded by max_body_bytes, a usize.
+            n as usize
         }
-        // Bounded by max_body_bytes, a usize.
-        n as usize
     } else {
         0
     };
@@ -361,8 +375,10 @@ fn parse_head(buf: &[u8], limits: &RequestLimits) -> Result<Option<Request>, Par
         headers,
         body: head_len..head_len + body_len,
         consumed: head_len + body_len,
-        keep_alive,
+        // A body not read leaves the stream unframed: the connection ends after the answer.
+        keep_alive: keep_alive && body_over_limit.is_none(),
         expects_continue,
+        body_over_limit,
     }))
 }
 
@@ -511,6 +527,24 @@ mod tests {
             b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2, 2\r\nContent-Length: 2\r\n\r\nab",
         );
         assert_eq!(r.body.len(), 2);
+    }
+
+    #[test]
+    fn a_head_over_the_body_limit_is_judged_first_and_never_proceeds() {
+        let limits = RequestLimits {
+            max_body_bytes: 4,
+            ..RequestLimits::default()
+        };
+        let mut rd = RequestReader::new(limits);
+        let buf = b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nabcde";
+        let Progress::Head(head) = rd.poll(buf).unwrap() else {
+            panic!("the head is handed out for judging")
+        };
+        assert_eq!(head.body_over_limit, Some(5));
+        assert!(head.body.is_empty() && !head.keep_alive);
+        // Accepted all the same: the body is never read.
+        rd.proceed();
+        assert_eq!(rd.poll(buf).unwrap_err().status, 413);
     }
 
     #[test]
