@@ -1369,3 +1369,75 @@ fn a_reload_naming_a_new_secret_file_is_refused_until_a_restart() {
     let echoed = gw.connect().tool("fx__echo", json!({"text": "still old"}));
     assert_eq!(text(&echoed), "still old", "{echoed}");
 }
+
+/// Calls in flight together on one local server, answered out of their order: whichever
+/// thread reads the program's stdout (a waiting call's own, or the reader thread), every
+/// answer reaches its own call, a slow call never holds a quick one, and progress with a
+/// call's token stays that call's.
+#[test]
+fn calls_in_flight_together_each_get_their_own_answer() {
+    common::deps::ensure(&["python3"]);
+    let dir = open_dir();
+    let gw = start(dir, &fixture_server("fx", &[], "timeout_secs = 30"));
+    wait_tool(&gw, "fx__echo");
+    std::thread::scope(|s| {
+        let gw = &gw;
+        let mut threads = Vec::new();
+        for t in 0..5u64 {
+            threads.push(s.spawn(move || {
+                let mut c = gw.connect();
+                for round in 0..6u64 {
+                    match (t + round) % 3 {
+                        0 => {
+                            // Slow, answered after the quick calls of the others.
+                            let secs = 0.05 * ((t + round) % 4 + 1) as f64;
+                            let r = c.tool("fx__sleep", json!({"secs": secs}));
+                            assert_eq!(tool_json(&r)["slept"], json!(secs), "{r}");
+                        }
+                        1 => {
+                            // Its progress comes to it alone, ahead of its answer.
+                            let token = format!("t{t}r{round}");
+                            let id = json!(1000 + round);
+                            c.request(
+                                id.clone(),
+                                "tools/call",
+                                Some(json!({"name": "fx__notice_flood",
+                                            "arguments": {"count": 20},
+                                            "_meta": {"progressToken": token}})),
+                            );
+                            let mut progress = 0;
+                            let answer = loop {
+                                let reply = c.recv().expect("notice_flood's answer");
+                                let body = reply.body;
+                                if body["id"] == id {
+                                    break body;
+                                }
+                                if body["method"] == "notifications/progress" {
+                                    assert_eq!(body["params"]["progressToken"], json!(token));
+                                    progress += 1;
+                                }
+                            };
+                            assert_eq!(tool_json(&answer)["sent"], 20, "{answer}");
+                            assert_eq!(
+                                progress, 20,
+                                "every progress of the call, before its answer"
+                            );
+                        }
+                        _ => {
+                            let want = format!("thread {t} round {round}");
+                            let r = c.tool("fx__echo", json!({"text": want}));
+                            assert_eq!(text(&r), want, "{r}");
+                        }
+                    }
+                }
+            }));
+        }
+        for th in threads {
+            th.join().expect("a caller's thread");
+        }
+    });
+    // The program serves on, one call at a time.
+    let mut c = gw.connect();
+    let r = c.tool("fx__echo", json!({"text": "after"}));
+    assert_eq!(text(&r), "after", "{r}");
+}

@@ -116,6 +116,14 @@ pub fn all_doors() -> Vec<(&'static str, Opener)> {
             crate::stdio_doors::THROUGH,
             crate::stdio_doors::open_through as Opener,
         ),
+        (
+            crate::stdio_doors::SDK_DIRECT,
+            crate::stdio_doors::open_sdk_direct as Opener,
+        ),
+        (
+            crate::stdio_doors::SDK_THROUGH,
+            crate::stdio_doors::open_sdk_through as Opener,
+        ),
     ]
 }
 
