@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::http::{HttpGateway, MODERN, Req, rpc};
+use common::http::{HttpGateway, MODERN, Req, modern, rpc};
 use common::{BIN, PATIENCE};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -264,6 +264,26 @@ fn note(gw: &HttpGateway, id: u64, text: &str, extra: Value, token: &str) -> Val
         .answer()
 }
 
+/// Wait until `sdk__note` is listed: the gateway is ready before an upstream's tools are
+/// (a call before that is an unknown tool).
+fn wait_note_listed(gw: &HttpGateway, token: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = gw
+            .http()
+            .call(&modern(gw.port, 1, "tools/list", json!({}), None).bearer(token))
+            .answer();
+        let listed = v["result"]["tools"]
+            .as_array()
+            .is_some_and(|tools| tools.iter().any(|t| t["name"] == "sdk__note"));
+        if listed {
+            return;
+        }
+        assert!(Instant::now() < deadline, "sdk__note never listed: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Ask about `text`: the approval's key and state.
 fn ask(gw: &HttpGateway, id: u64, text: &str, token: &str) -> (String, String) {
     let v = note(gw, id, text, json!({}), token);
@@ -299,6 +319,7 @@ fn a_forged_replayed_expired_or_swapped_approval_never_runs_the_tool() {
     let mut gw = HttpGateway::start("", &fixture.config(3));
     let token = gw.client_token("alice");
     let bob = gw.client_token("bob");
+    wait_note_listed(&gw, &token);
     let (key, state) = ask(&gw, 1, "mine", &token);
     // Swapped arguments, another principal, one character changed: refused.
     let v = note(&gw, 2, "someone else's", yes(&key, &state), &token);

@@ -84,23 +84,33 @@ fn wait_server(gw: &TestGateway, name: &str, what: &str, check: impl Fn(&Value) 
 }
 
 fn wait_tool(gw: &TestGateway, tool: &str) {
+    wait_listed(gw, "tools/list", "tools", "name", tool);
+}
+
+/// Wait until `method`'s answer lists an item whose `field` is `want`: a server's tools,
+/// prompts and resources are listed one after another, so one being there says nothing
+/// of the others.
+fn wait_listed(gw: &TestGateway, method: &str, key: &str, field: &str, want: &str) {
     let deadline = Instant::now() + PATIENCE * 2;
     let mut c = gw.connect();
     loop {
-        let list = c.call("tools/list", json!({}));
-        let names: Vec<String> = list["result"]["tools"]
+        let list = c.call(method, json!({}));
+        let names: Vec<String> = list["result"][key]
             .as_array()
             .map(|a| {
                 a.iter()
-                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                    .filter_map(|t| t[field].as_str().map(str::to_owned))
                     .collect()
             })
             .unwrap_or_default();
-        if names.iter().any(|n| n == tool) {
+        if names.iter().any(|n| n == want) {
             return;
         }
         if Instant::now() > deadline {
-            panic!("{tool} never listed: {names:?}\nlog:\n{}", gw.log());
+            panic!(
+                "{want} never listed by {method}: {names:?}\nlog:\n{}",
+                gw.log()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -129,7 +139,9 @@ fn a_local_server_serves_through_the_one_pipeline() {
         who["tmpdir"].as_str().unwrap().ends_with("/servers/fx/tmp"),
         "{who}"
     );
-    // Resources and prompts cross the same pipeline.
+    // Resources and prompts cross the same pipeline (once listed: the tools were first).
+    wait_listed(&gw, "resources/list", "resources", "uri", "fixture://hello");
+    wait_listed(&gw, "prompts/list", "prompts", "name", "fx__greet");
     let read = c.call("resources/read", json!({"uri": "fixture://hello"}));
     assert_eq!(read["result"]["contents"][0]["text"], "hello", "{read}");
     let prompt = c.call(
