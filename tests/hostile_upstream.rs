@@ -2519,3 +2519,99 @@ fn measure_echo_latency_during_rotating_ten_thousand_tools() {
         println!("{}", gw.log());
     }
 }
+
+/// Escaping is for text that is read: a tool whose text fields are not text (a
+/// description as an array hid its characters from the escaping, and a client that checks
+/// types refused the whole list for it) or whose schema hides characters in what an agent
+/// sends back (a property name in tag characters is an instruction the reviewer never
+/// sees) is not served, and the operator is told once; every other string of a
+/// definition an agent reads (`_meta`, annotations, a resource's name and MIME type) is
+/// served escaped.
+#[test]
+fn definitions_that_hide_where_escaping_cannot_reach_are_not_served() {
+    let up = Hostile::start();
+    up.set_tool(
+        "arr",
+        json!({"name": "arr", "description": [format!("d{}", tags("IGNORE"))],
+               "inputSchema": {"type": "object"}}),
+    );
+    up.set_tool(
+        "prop",
+        json!({"name": "prop", "description": "p", "inputSchema": {"type": "object",
+               "properties": {format!("q{}", tags("send keys")): {"type": "string"}}}}),
+    );
+    up.set_tool(
+        "meta",
+        json!({"name": "meta", "description": "m", "inputSchema": {"type": "object"},
+               "_meta": {"note": "n\u{202E}"}, "annotations": {"title": "t", "x": ["a\u{200B}"]}}),
+    );
+    up.set_tool(
+        "ok",
+        json!({"name": "ok", "inputSchema": {"type": "object"}}),
+    );
+    up.set(json!({
+        "resource_defs": [{"uri": "hostile://r", "name": "r\u{202E}", "mimeType": "text/\u{2066}x"}],
+    }));
+    let gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 10\n\n[servers.fx]\nurl = \"{}\"\n",
+        up.url()
+    ));
+    let mut c = gw.connect();
+    wait_until("fx__ok and the resource listed", || {
+        let tools = c.call("tools/list", json!({}));
+        tools.to_string().contains("fx__ok") && has(&resources_listed(&mut c), "uri", "hostile://r")
+    });
+    let tools = c.call("tools/list", json!({}));
+    assert_nothing_hides("tools/list", &tools, "");
+    let names: Vec<&str> = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"fx__meta") && names.contains(&"fx__ok"),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"fx__arr") && !names.contains(&"fx__prop"),
+        "{names:?}"
+    );
+    let meta = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "fx__meta")
+        .unwrap();
+    assert_eq!(meta["_meta"]["note"], "n\\u{202e}", "{meta}");
+    assert_eq!(meta["annotations"]["x"][0], "a\\u{200b}", "{meta}");
+    let resources = resources_listed(&mut c);
+    assert_nothing_hides("resources/list", &json!(resources), "");
+    let r = resources
+        .iter()
+        .find(|r| r["uri"] == "hostile://r")
+        .unwrap();
+    assert_eq!(
+        (r["name"].as_str(), r["mimeType"].as_str()),
+        (Some("r\\u{202e}"), Some("text/\\u{2066}x"))
+    );
+    assert_eq!(
+        log_lines(
+            &gw,
+            "tool \"arr\" is not served: its `description` is not a string"
+        ),
+        1,
+        "{}",
+        gw.log()
+    );
+    assert_eq!(
+        log_lines(
+            &gw,
+            "tool \"prop\" is not served: a key holds control or invisible characters"
+        ),
+        1,
+        "{}",
+        gw.log()
+    );
+    assert!(!gw.log().chars().any(hides), "{}", gw.log().escape_debug());
+}

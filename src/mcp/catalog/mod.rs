@@ -134,12 +134,16 @@ impl Entry {
         } else {
             (upstream.clone(), upstream.clone())
         };
+        if let Some(why) = served_text::unservable(kind, &item) {
+            unservable::note_item(server, kind, &upstream, &why);
+            return None;
+        }
         let declares_input = item.pointer("/inputSchema/properties/input").is_some();
         let header_bindings = match kind {
             Kind::Tools => match crate::mcp::param_headers::bindings(item.get("inputSchema")) {
                 Ok(b) => b,
                 Err(why) => {
-                    unservable::note(server, &upstream, &why);
+                    unservable::note_headers(server, &upstream, &why);
                     return None;
                 }
             },

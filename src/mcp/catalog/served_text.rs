@@ -47,40 +47,177 @@ impl Tally {
     }
 }
 
-/// Escape the display text of one definition of `kind` in place; counts go to `tally`.
-pub fn escape_definition(kind: super::Kind, item: &mut Value, tally: &mut Tally) {
-    let before = (tally.chars, tally.tags);
-    let mut found = Found::default();
-    if let Value::Object(map) = item {
-        for field in ["description", "title"] {
-            escape_field(map.get_mut(field), &mut found);
+/// Why a definition of `kind` cannot be served as it is, or `None`. Escaping is only for
+/// text a person or model reads; what an agent sends back (a name, a property name, a
+/// value a schema demands) cannot be escaped without breaking the call, so a definition
+/// whose identifiers or schema data hide characters is left out, as is one whose text
+/// fields are not text (clients that check the types refuse the whole list for it).
+pub fn unservable(kind: super::Kind, item: &Value) -> Option<String> {
+    let Value::Object(map) = item else {
+        return Some("it is not an object".into());
+    };
+    for field in ["description", "title"] {
+        if map.get(field).is_some_and(|v| !v.is_string()) {
+            return Some(format!("its `{field}` is not a string"));
         }
-        if let Some(Value::Object(a)) = map.get_mut("annotations") {
-            escape_field(a.get_mut("title"), &mut found);
+    }
+    match map.get("annotations") {
+        Some(Value::Object(a)) if a.get("title").is_some_and(|t| !t.is_string()) => {
+            return Some("its `annotations.title` is not a string".into());
         }
-        match kind {
-            super::Kind::Tools => {
-                for schema in ["inputSchema", "outputSchema"] {
-                    if let Some(s) = map.get_mut(schema) {
-                        escape_schema(s, &mut found);
+        Some(Value::Object(_)) | None => {}
+        Some(_) => return Some("its `annotations` is not an object".into()),
+    }
+    if let Some(key) = hiding_key(item) {
+        return Some(format!(
+            "a key holds control or invisible characters ({key})"
+        ));
+    }
+    match kind {
+        super::Kind::Tools | super::Kind::Prompts => {
+            if map
+                .get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| n.chars().any(hidden_in_uri))
+            {
+                return Some("its name holds control or invisible characters".into());
+            }
+        }
+        super::Kind::Resources | super::Kind::Templates => {}
+    }
+    match kind {
+        super::Kind::Tools => {
+            for schema in ["inputSchema", "outputSchema"] {
+                match map.get(schema) {
+                    None => {}
+                    Some(s @ Value::Object(_)) => {
+                        if schema_data_hides(s) {
+                            return Some(format!(
+                                "its `{schema}` holds control or invisible characters in values a call sends"
+                            ));
+                        }
                     }
+                    Some(_) => return Some(format!("its `{schema}` is not an object")),
                 }
             }
-            super::Kind::Prompts => {
-                if let Some(Value::Array(args)) = map.get_mut("arguments") {
-                    for a in args.iter_mut() {
-                        if let Value::Object(a) = a {
-                            escape_field(a.get_mut("description"), &mut found);
-                            escape_field(a.get_mut("title"), &mut found);
+        }
+        super::Kind::Prompts => match map.get("arguments") {
+            None => {}
+            Some(Value::Array(args)) => {
+                for a in args {
+                    let Value::Object(a) = a else {
+                        return Some("an argument is not an object".into());
+                    };
+                    if a.get("name")
+                        .is_some_and(|n| n.as_str().is_none_or(|n| n.chars().any(hidden_in_uri)))
+                    {
+                        return Some(
+                            "an argument's name is not text or holds control or invisible characters"
+                                .into(),
+                        );
+                    }
+                    for field in ["description", "title"] {
+                        if a.get(field).is_some_and(|v| !v.is_string()) {
+                            return Some(format!("an argument's `{field}` is not a string"));
                         }
                     }
                 }
             }
-            super::Kind::Resources | super::Kind::Templates => {
-                let key = map.get(kind.key_field()).and_then(Value::as_str);
-                if key.is_some_and(|k| k.chars().any(hidden_in_uri)) {
-                    tally.odd_uris += 1;
+            Some(_) => return Some("its `arguments` is not an array".into()),
+        },
+        super::Kind::Resources | super::Kind::Templates => {}
+    }
+    None
+}
+
+/// The first object key anywhere in `v` that holds a control or invisible character,
+/// escaped for the log. Depth is bounded by the JSON parser's own limit (128).
+fn hiding_key(v: &Value) -> Option<String> {
+    match v {
+        Value::Object(map) => map.iter().find_map(|(k, v)| {
+            if k.chars().any(hidden_in_uri) {
+                let mut shown = String::new();
+                k.chars().take(64).for_each(|c| {
+                    if hidden_in_uri(c) {
+                        crate::pins::visible::push_escaped(&mut shown, c);
+                    } else {
+                        shown.push(c);
+                    }
+                });
+                Some(shown)
+            } else {
+                hiding_key(v)
+            }
+        }),
+        Value::Array(items) => items.iter().find_map(hiding_key),
+        _ => None,
+    }
+}
+
+/// Schema keywords whose strings are read, not sent: escaped when served.
+fn schema_display(key: &str) -> bool {
+    matches!(
+        key,
+        "description" | "title" | "$comment" | "markdownDescription" | "errorMessage"
+    ) || key.starts_with("x-")
+}
+
+/// Whether a string of `schema` outside its display keywords (enum, const, default,
+/// examples, required, pattern, format, `$ref`, …: what a call must send or match) holds
+/// a control or invisible character.
+fn schema_data_hides(schema: &Value) -> bool {
+    match schema {
+        Value::Object(map) => map.iter().any(|(k, v)| {
+            if schema_display(k) {
+                // Text here is escaped, but a keyword of the same name may be a property
+                // (`properties.description` is a schema): only strings are display text.
+                !v.is_string() && schema_data_hides(v)
+            } else {
+                schema_data_hides(v)
+            }
+        }),
+        Value::Array(items) => items.iter().any(schema_data_hides),
+        Value::String(s) => s.chars().any(hidden_in_uri),
+        _ => false,
+    }
+}
+
+/// Escape the text of one definition of `kind` in place (one [`unservable`] let
+/// through); counts go to `tally`. Every string a person or model reads is escaped:
+/// descriptions and titles wherever they are, annotations, `_meta`, icons, a resource's
+/// name and MIME type; a tool's or prompt's name, a prompt argument's name, URIs and
+/// schema data are not (they are sent back; `unservable` refused them when they hide).
+pub fn escape_definition(kind: super::Kind, item: &mut Value, tally: &mut Tally) {
+    let before = (tally.chars, tally.tags);
+    let mut found = Found::default();
+    if let Value::Object(map) = item {
+        for (k, v) in map.iter_mut() {
+            match (kind, k.as_str()) {
+                (super::Kind::Tools | super::Kind::Prompts, "name") => {}
+                (_, "uri" | "uriTemplate") => {}
+                (super::Kind::Tools, "inputSchema" | "outputSchema") => {
+                    escape_schema(v, &mut found)
                 }
+                (super::Kind::Prompts, "arguments") => {
+                    if let Value::Array(args) = v {
+                        for a in args.iter_mut() {
+                            if let Value::Object(a) = a {
+                                for (k, v) in a.iter_mut() {
+                                    if k != "name" {
+                                        escape_all(v, &mut found);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                _ => escape_all(v, &mut found),
+            }
+        }
+        if matches!(kind, super::Kind::Resources | super::Kind::Templates) {
+            let key = map.get(kind.key_field()).and_then(Value::as_str);
+            if key.is_some_and(|k| k.chars().any(hidden_in_uri)) {
+                tally.odd_uris += 1;
             }
         }
     }
@@ -88,6 +225,16 @@ pub fn escape_definition(kind: super::Kind, item: &mut Value, tally: &mut Tally)
     tally.tags += found.tags;
     if (tally.chars, tally.tags) != before {
         tally.items += 1;
+    }
+}
+
+/// Every string in `v`, escaped.
+fn escape_all(v: &mut Value, found: &mut Found) {
+    match v {
+        Value::String(_) => escape_field(Some(v), found),
+        Value::Array(items) => items.iter_mut().for_each(|v| escape_all(v, found)),
+        Value::Object(map) => map.values_mut().for_each(|v| escape_all(v, found)),
+        _ => {}
     }
 }
 
@@ -123,7 +270,7 @@ fn escape_schema(v: &mut Value, found: &mut Found) {
                 if SCHEMA_DATA.contains(&k.as_str()) {
                     continue;
                 }
-                if (k == "description" || k == "title") && v.is_string() {
+                if schema_display(k) && v.is_string() {
                     escape_field(Some(v), found);
                 } else {
                     escape_schema(v, found);
@@ -217,7 +364,7 @@ mod tests {
                    "annotations": {"title": "a\u{2069}"},
                    "inputSchema": {"type": "object", "properties": {
                        "q": {"type": "string", "description": "q\u{200B}",
-                             "enum": ["x\u{200B}"], "default": "d\u{200B}"}}}}),
+                             "enum": ["x"], "default": "d"}}}}),
         );
         let text = v.to_string();
         for raw in [
@@ -229,11 +376,7 @@ mod tests {
             '\u{1b}',
         ] {
             let n = v.to_string().matches(raw).count();
-            assert_eq!(
-                n,
-                if raw == '\u{200b}' { 2 } else { 0 },
-                "{raw:?} in {text}"
-            );
+            assert_eq!(n, 0, "{raw:?} in {text}");
         }
         let desc = v["description"].as_str().unwrap();
         assert!(desc.starts_with("Search\\u{e0053}\\u{e0045}"), "{desc}");
@@ -242,11 +385,7 @@ mod tests {
         assert_eq!(v["annotations"]["title"], "a\\u{2069}");
         let q = &v["inputSchema"]["properties"]["q"];
         assert_eq!(q["description"], "q\\u{200b}");
-        assert_eq!(
-            q["enum"][0], "x\u{200B}",
-            "data a call sends is not touched"
-        );
-        assert_eq!(q["default"], "d\u{200B}");
+        assert_eq!(q["enum"][0], "x", "data a call sends is not touched");
         assert_eq!(t.items, 1);
         assert_eq!(t.tags, 9);
         assert_eq!(t.chars, 9 + 7 + 1 + 1 + 1);
@@ -286,5 +425,69 @@ mod tests {
         assert_eq!(v["uri"], "doc://a\u{200B}b");
         assert_eq!(v["description"], "d\\u{7}");
         assert_eq!((t.odd_uris, t.chars, t.items), (1, 1, 1));
+    }
+
+    #[test]
+    fn what_an_agent_sends_back_or_text_that_is_not_text_is_not_served() {
+        let tag: String = "RUN"
+            .chars()
+            .map(|c| char::from_u32(0xE0000 + c as u32).unwrap())
+            .collect();
+        let bad = [
+            json!({"name": "t", "description": ["d\u{202E}"]}),
+            json!({"name": "t", "title": {"t": "x"}}),
+            json!({"name": "t", "annotations": {"title": ["x"]}}),
+            json!({"name": "t", "inputSchema": "{\"type\":\"object\"}"}),
+            json!({"name": "t", "inputSchema": {"type": "object", "properties": {
+                format!("q{tag}"): {"type": "string"}}}}),
+            json!({"name": "t", "inputSchema": {"type": "object", "required": ["q\u{200B}"]}}),
+            json!({"name": "t", "inputSchema": {"properties": {"q": {"enum": ["a\u{202E}"]}}}}),
+            json!({"name": "t", "inputSchema": {"properties": {"q": {"pattern": "^a\u{2066}$"}}}}),
+            json!({"name": "t", "inputSchema": {"properties": {"q": {"description": ["x\u{202E}"]}}}}),
+            json!({"name": "t", "_meta": {format!("k{tag}"): 1}}),
+            json!({"name": "t\u{200B}"}),
+        ];
+        for item in bad {
+            assert!(unservable(Kind::Tools, &item).is_some(), "{item}");
+        }
+        let prompt = json!({"name": "p", "arguments": [{"name": "w\u{202E}ho"}]});
+        assert!(unservable(Kind::Prompts, &prompt).is_some());
+        let prompt = json!({"name": "p", "arguments": [{"name": "who", "description": 5}]});
+        assert!(unservable(Kind::Prompts, &prompt).is_some());
+        // A property named like a display keyword is a schema, not text: served.
+        let ok = json!({"name": "t", "inputSchema": {"type": "object", "properties": {
+            "description": {"type": "string", "description": "the d\u{202E}"},
+            "title": {"type": "string"}}}});
+        assert_eq!(unservable(Kind::Tools, &ok), None);
+        let (v, _) = escaped(Kind::Tools, ok);
+        assert_eq!(
+            v["inputSchema"]["properties"]["description"]["description"],
+            "the d\\u{202e}"
+        );
+    }
+
+    #[test]
+    fn every_other_string_a_person_or_model_reads_is_escaped() {
+        let (v, t) = escaped(
+            Kind::Resources,
+            json!({"uri": "doc://a", "name": "n\u{202E}", "mimeType": "text/\u{200B}plain",
+                   "_meta": {"note": ["x\u{1b}"]}, "icons": [{"src": "s\u{2066}"}],
+                   "annotations": {"audience": ["u\u{feff}"]}}),
+        );
+        assert_eq!(v["name"], "n\\u{202e}");
+        assert_eq!(v["mimeType"], "text/\\u{200b}plain");
+        assert_eq!(v["_meta"]["note"][0], "x\\u{1b}");
+        assert_eq!(v["icons"][0]["src"], "s\\u{2066}");
+        assert_eq!(v["annotations"]["audience"][0], "u\\u{feff}");
+        assert_eq!((t.items, t.chars), (1, 5));
+        let (v, _) = escaped(
+            Kind::Tools,
+            json!({"name": "t", "inputSchema": {"properties": {"q": {
+                "$comment": "c\u{202E}", "x-note": "n\u{202E}", "markdownDescription": "m\u{202E}"}}}}),
+        );
+        let q = &v["inputSchema"]["properties"]["q"];
+        for k in ["$comment", "x-note", "markdownDescription"] {
+            assert!(q[k].as_str().unwrap().ends_with("\\u{202e}"), "{k}: {q}");
+        }
     }
 }

@@ -1,7 +1,8 @@
-//! Tools the catalog refuses to serve because their `x-mcp-header` annotations break the
-//! spec (a client must not offer such a tool): each is said once in the log, naming the
-//! server, the tool and the first bad annotation, escaped (all three come from the
-//! server). A server lists the same tools again and again; the same refusal is not
+//! Items the catalog refuses to serve: tools whose `x-mcp-header` annotations break the
+//! spec (a client must not offer such a tool), and definitions whose identifiers or
+//! schema data hide characters or whose text fields are not text (`served_text`). Each
+//! is said once in the log, naming the server, the item and the reason, escaped (the
+//! server's parts come from the server). A server lists the same tools again and again; the same refusal is not
 //! logged again, and the memory of what was said is bounded: at most
 //! [`MAX_UNSERVABLE_LOGGED`] refusals, each remembered by a keyed hash of its text (a
 //! server's tool names and reasons can be long; 8 bytes each are kept, not their text).
@@ -27,32 +28,59 @@ const QUOTED_CHARS: usize = 200;
 /// pick names that collide with one said before and so silence its line).
 static SAID: Mutex<Option<(RandomState, HashSet<u64>)>> = Mutex::new(None);
 
-/// The log line for tool `tool` of `server`, refused for `why`.
-pub fn line(server: &str, tool: &str, why: &str) -> String {
+/// The log line for `what` (`tool "name"`) of `server`, refused for `why` (toolwall's own
+/// words; what came from the server in it already quoted).
+pub fn line(server: &str, what: &str, why: &str) -> String {
     format!(
-        "server {}: tool {:?} is not served: its x-mcp-header annotations are invalid ({})",
+        "server {}: {what} is not served: {why}",
         quote_upstream(server, QUOTED_CHARS),
-        quote_upstream(tool, QUOTED_CHARS),
-        quote_upstream(why, QUOTED_CHARS)
     )
 }
 
-/// Log the refusal of `tool` of `server`, unless it was said already.
-pub fn note(server: &str, tool: &str, why: &str) {
+/// The refusal of a tool whose `x-mcp-header` annotations are invalid (`why` from the
+/// server's schema).
+pub fn note_headers(server: &str, tool: &str, why: &str) {
+    note(
+        server,
+        &format!("tool {:?}", quote_upstream(tool, QUOTED_CHARS)),
+        &format!(
+            "its x-mcp-header annotations are invalid ({})",
+            quote_upstream(why, QUOTED_CHARS)
+        ),
+    );
+}
+
+/// The refusal of an item of `kind` named `name` (see `served_text::unservable`).
+pub fn note_item(server: &str, kind: super::Kind, name: &str, why: &str) {
+    let kind = match kind {
+        super::Kind::Tools => "tool",
+        super::Kind::Prompts => "prompt",
+        super::Kind::Resources => "resource",
+        super::Kind::Templates => "resource template",
+    };
+    note(
+        server,
+        &format!("{kind} {:?}", quote_upstream(name, QUOTED_CHARS)),
+        why,
+    );
+}
+
+/// Log the refusal of `what` of `server`, unless it was said already.
+fn note(server: &str, what: &str, why: &str) {
     let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
     let (keys, said) = said.get_or_insert_with(|| (RandomState::new(), HashSet::new()));
-    let key = keys.hash_one((server, tool, why));
+    let key = keys.hash_one((server, what, why));
     if said.contains(&key) {
         return;
     }
     match said.len() {
         n if n < MAX_UNSERVABLE_LOGGED => {
-            crate::warn!("{}", line(server, tool, why));
+            crate::warn!("{}", line(server, what, why));
             said.insert(key);
         }
         n if n == MAX_UNSERVABLE_LOGGED => {
             crate::warn!(
-                "more tools are not served for invalid x-mcp-header annotations; {MAX_UNSERVABLE_LOGGED} were logged, the rest are not"
+                "more tools, prompts or resources are not served (invalid x-mcp-header annotations, hiding characters in what an agent sends back, text fields that are not text); {MAX_UNSERVABLE_LOGGED} were logged, the rest are not"
             );
             said.insert(key);
         }
@@ -66,7 +94,17 @@ mod tests {
 
     #[test]
     fn the_line_names_server_and_tool_escaped() {
-        let l = line("gh", "evil\u{1b}[2Jtool", "header \"A\r\nX\" is invalid");
+        let l = line(
+            "gh",
+            &format!(
+                "tool {:?}",
+                quote_upstream("evil\u{1b}[2Jtool", QUOTED_CHARS)
+            ),
+            &format!(
+                "its x-mcp-header annotations are invalid ({})",
+                quote_upstream("header \"A\r\nX\" is invalid", QUOTED_CHARS)
+            ),
+        );
         assert!(l.starts_with("server gh: tool "), "{l}");
         assert!(
             !l.contains('\u{1b}') && !l.contains('\r') && !l.contains('\n'),
