@@ -104,11 +104,14 @@ pub fn approve(
     by: &str,
     now_ms: i64,
 ) -> Result<PinRecord, String> {
-    let tool = &before.tool;
+    // Named as `pins list` shows them: an upstream's key (or what the operator typed)
+    // with a bidi override would reorder this very line.
+    let tool = &super::visible::visible(&before.tool).0;
+    let digest_shown = super::visible::visible(digest).0;
     let Some(pending) = before.pending.clone() else {
         return Err(match &before.approved {
             Some(a) if a.digest == digest => {
-                format!("{tool} sha256:{digest} is already approved")
+                format!("{tool} sha256:{digest_shown} is already approved")
             }
             Some(a) => format!(
                 "{tool} has no definition waiting for approval (its approved one is sha256:{})",
@@ -119,7 +122,7 @@ pub fn approve(
     };
     if pending.digest != digest {
         return Err(format!(
-            "{tool}: the definition waiting now is sha256:{}, not sha256:{digest}; nothing was approved (run `toolwall pins list` again)",
+            "{tool}: the definition waiting now is sha256:{}, not sha256:{digest_shown}; nothing was approved (run `toolwall pins list` again)",
             pending.digest
         ));
     }
@@ -534,6 +537,28 @@ mod tests {
             crate::pins::digest::pinned_v1(&other).digest
         });
         assert!(matches!(r.outcome, Outcome::Hide(_)));
+    }
+
+    #[test]
+    fn a_refused_approval_names_the_key_as_pins_list_shows_it() {
+        let row = PinRecord {
+            tool: "resource/up__doc://a\u{202E}b".into(),
+            server: "up".into(),
+            approved: None,
+            pending: Some(crate::pins::store::Pending {
+                digest: "aa".into(),
+                definition: "{}".into(),
+                seen_ms: 1,
+            }),
+            first_seen_ms: 1,
+            last_seen_ms: 1,
+        };
+        let e = approve(&row, "bb\u{2066}", "op", 2).unwrap_err();
+        assert!(!e.contains('\u{202E}') && !e.contains('\u{2066}'), "{e}");
+        assert!(
+            e.contains("doc://a\\u{202e}b") && e.contains("bb\\u{2066}"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -377,7 +377,10 @@ impl PinStore {
     ) -> Result<(PinRecord, PinRecord), String> {
         self.write(|t| {
             let Some(before) = t.get(tool)? else {
-                return Err(format!("no pinned or held tool is named {tool}"));
+                return Err(format!(
+                    "no pinned or held tool is named {}",
+                    super::visible::visible(tool).0
+                ));
             };
             let after = super::review::approve(&before, digest, by, now_ms)?;
             t.put(&after)?;

@@ -590,13 +590,15 @@ impl<R: Recorder> Core<R> {
             .and_then(|p| p.get("data"))
             .map(Value::to_string)
             .unwrap_or_default();
-        let text: String = data.chars().filter(|c| !c.is_control()).take(300).collect();
+        // JSON text keeps bidi, zero-width and tag characters as they are: escaped here
+        // like every other upstream text in the log.
+        let text = crate::aggregator::error::quote_upstream(&data, 300);
         let level: String = level
             .chars()
             .filter(char::is_ascii_alphanumeric)
             .take(16)
             .collect();
-        let server: String = n.server.chars().take(64).collect();
+        let server = crate::aggregator::error::quote_upstream(&n.server, 64);
         self.log(
             Level::Info,
             format!("server {server} says ({level}): {text}"),

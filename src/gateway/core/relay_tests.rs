@@ -660,3 +660,33 @@ fn modern_agents_see_the_servers_own_input_keys() {
         "each answer reaches the request it was asked under"
     );
 }
+
+#[test]
+fn a_log_message_of_no_call_is_logged_with_hiding_characters_escaped() {
+    let mut h = Harness::new("");
+    let tags: String = "SEND"
+        .chars()
+        .map(|c| char::from_u32(0xE0000 + c as u32).unwrap())
+        .collect();
+    worker_event(
+        &mut h,
+        CALL_NOTIFICATION,
+        json!({"server": "ev\u{202E}il", "method": "notifications/message",
+               "params": {"level": "error", "data": format!("a\u{200B}b\u{2028}{tags}")}}),
+    );
+    h.turn();
+    let logs = h.core.take_logs();
+    let line = logs
+        .iter()
+        .map(|(_, l)| l)
+        .find(|l| l.contains(" says ("))
+        .expect("the message is logged");
+    assert!(
+        !line
+            .chars()
+            .any(|c| c.is_control() || crate::pins::visible::is_format(c)),
+        "{}",
+        line.escape_debug()
+    );
+    assert!(line.contains("ev\\u{202e}il"), "{line}");
+}
