@@ -90,13 +90,12 @@ pub fn unservable(kind: super::Kind, item: &Value) -> Option<String> {
             for schema in ["inputSchema", "outputSchema"] {
                 match map.get(schema) {
                     None => {}
-                    Some(s @ Value::Object(_)) => {
-                        if schema_data_hides(s) {
-                            return Some(format!(
-                                "its `{schema}` holds control or invisible characters in values a call sends"
-                            ));
-                        }
+                    Some(s @ Value::Object(_)) if schema_data_hides(s) => {
+                        return Some(format!(
+                            "its `{schema}` holds control or invisible characters in values a call sends"
+                        ));
                     }
+                    Some(Value::Object(_)) => {}
                     Some(_) => return Some(format!("its `{schema}` is not an object")),
                 }
             }

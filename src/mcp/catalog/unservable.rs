@@ -117,8 +117,9 @@ mod tests {
     fn what_is_remembered_is_bounded_and_small() {
         let long = "t".repeat(100_000);
         for n in 0..MAX_UNSERVABLE_LOGGED + 10 {
-            note("bounded", &format!("{long}{n}"), "why");
-            note("bounded", &format!("{long}{n}"), "why");
+            let name = format!("{n}{long}");
+            note_item("bounded", super::super::Kind::Tools, &name, "why");
+            note_item("bounded", super::super::Kind::Tools, &name, "why");
         }
         let said = SAID.lock().unwrap();
         let (_, said) = said.as_ref().unwrap();
