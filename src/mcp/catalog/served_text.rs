@@ -73,6 +73,24 @@ pub fn unservable(kind: super::Kind, item: &Value) -> Option<String> {
             "a key holds control or invisible characters ({key})"
         ));
     }
+    for (k, v) in map {
+        let hides = match k.as_str() {
+            // Text, escaped; URIs, served unchanged and warned about.
+            "description" | "title" | "uri" | "uriTemplate" => false,
+            "annotations" => v
+                .as_object()
+                .is_some_and(|a| a.iter().any(|(k, v)| k != "title" && data_hides(v))),
+            "inputSchema" | "outputSchema" if kind == super::Kind::Tools => false,
+            "arguments" if kind == super::Kind::Prompts => false,
+            _ => data_hides(v),
+        };
+        if hides {
+            return Some(format!(
+                "its `{}` holds control or invisible characters",
+                crate::aggregator::error::quote_upstream(k, 64)
+            ));
+        }
+    }
     match kind {
         super::Kind::Tools | super::Kind::Prompts => {
             if map
@@ -120,6 +138,14 @@ pub fn unservable(kind: super::Kind, item: &Value) -> Option<String> {
                             return Some(format!("an argument's `{field}` is not a string"));
                         }
                     }
+                    if a.iter().any(|(k, v)| {
+                        !matches!(k.as_str(), "name" | "description" | "title") && data_hides(v)
+                    }) {
+                        return Some(
+                            "an argument holds control or invisible characters outside its text"
+                                .into(),
+                        );
+                    }
                 }
             }
             Some(_) => return Some("its `arguments` is not an array".into()),
@@ -163,11 +189,14 @@ fn schema_display(key: &str) -> bool {
 
 /// Whether a string of `schema` outside its display keywords (enum, const, default,
 /// examples, required, pattern, format, `$ref`, …: what a call must send or match) holds
-/// a control or invisible character.
+/// a hiding character. Inside a data keyword everything is data, whatever its keys are
+/// called (a `default` object with a `description` key is a value, not text).
 fn schema_data_hides(schema: &Value) -> bool {
     match schema {
         Value::Object(map) => map.iter().any(|(k, v)| {
-            if schema_display(k) {
+            if SCHEMA_DATA.contains(&k.as_str()) {
+                data_hides(v)
+            } else if schema_display(k) {
                 // Text here is escaped, but a keyword of the same name may be a property
                 // (`properties.description` is a schema): only strings are display text.
                 !v.is_string() && schema_data_hides(v)
@@ -176,47 +205,62 @@ fn schema_data_hides(schema: &Value) -> bool {
             }
         }),
         Value::Array(items) => items.iter().any(schema_data_hides),
-        Value::String(s) => s.chars().any(hidden_in_uri),
+        Value::String(s) => text_hides(s),
         _ => false,
     }
 }
 
+/// Whether any string in `v` holds a character escaping would change (keys are checked
+/// by [`hiding_key`]). Emoji sequences pass, as in text.
+fn data_hides(v: &Value) -> bool {
+    match v {
+        Value::String(s) => text_hides(s),
+        Value::Array(items) => items.iter().any(data_hides),
+        Value::Object(map) => map.values().any(data_hides),
+        _ => false,
+    }
+}
+
+fn text_hides(s: &str) -> bool {
+    escape_text(s, &mut Found::default()).is_some()
+}
+
 /// Escape the text of one definition of `kind` in place (one [`unservable`] let
-/// through); counts go to `tally`. Every string a person or model reads is escaped:
-/// descriptions and titles wherever they are, annotations, `_meta`, icons, a resource's
-/// name and MIME type; a tool's or prompt's name, a prompt argument's name, URIs and
-/// schema data are not (they are sent back; `unservable` refused them when they hide).
+/// through); counts go to `tally`. Text is what a person or model reads: descriptions and
+/// titles, `annotations.title`, prompt arguments' descriptions and titles, and the display
+/// keywords of a tool's schemas. Everything else is a name, a URI or data an agent or
+/// client uses as it is: never changed, and refused by `unservable` when it hides.
 pub fn escape_definition(kind: super::Kind, item: &mut Value, tally: &mut Tally) {
     let before = (tally.chars, tally.tags);
     let mut found = Found::default();
     if let Value::Object(map) = item {
-        for (k, v) in map.iter_mut() {
-            match (kind, k.as_str()) {
-                (super::Kind::Tools | super::Kind::Prompts, "name") => {}
-                (_, "uri" | "uriTemplate") => {}
-                (super::Kind::Tools, "inputSchema" | "outputSchema") => {
-                    escape_schema(v, &mut found)
-                }
-                (super::Kind::Prompts, "arguments") => {
-                    if let Value::Array(args) = v {
-                        for a in args.iter_mut() {
-                            if let Value::Object(a) = a {
-                                for (k, v) in a.iter_mut() {
-                                    if k != "name" {
-                                        escape_all(v, &mut found);
-                                    }
-                                }
-                            }
-                        }
+        for field in ["description", "title"] {
+            escape_field(map.get_mut(field), &mut found);
+        }
+        if let Some(Value::Object(a)) = map.get_mut("annotations") {
+            escape_field(a.get_mut("title"), &mut found);
+        }
+        match kind {
+            super::Kind::Tools => {
+                for schema in ["inputSchema", "outputSchema"] {
+                    if let Some(s) = map.get_mut(schema) {
+                        escape_schema(s, &mut found);
                     }
                 }
-                _ => escape_all(v, &mut found),
             }
-        }
-        if matches!(kind, super::Kind::Resources | super::Kind::Templates) {
-            let key = map.get(kind.key_field()).and_then(Value::as_str);
-            if key.is_some_and(|k| k.chars().any(hidden_in_uri)) {
-                tally.odd_uris += 1;
+            super::Kind::Prompts => {
+                if let Some(Value::Array(args)) = map.get_mut("arguments") {
+                    for a in args.iter_mut().filter_map(Value::as_object_mut) {
+                        escape_field(a.get_mut("description"), &mut found);
+                        escape_field(a.get_mut("title"), &mut found);
+                    }
+                }
+            }
+            super::Kind::Resources | super::Kind::Templates => {
+                let key = map.get(kind.key_field()).and_then(Value::as_str);
+                if key.is_some_and(|k| k.chars().any(hidden_in_uri)) {
+                    tally.odd_uris += 1;
+                }
             }
         }
     }
@@ -224,16 +268,6 @@ pub fn escape_definition(kind: super::Kind, item: &mut Value, tally: &mut Tally)
     tally.tags += found.tags;
     if (tally.chars, tally.tags) != before {
         tally.items += 1;
-    }
-}
-
-/// Every string in `v`, escaped.
-fn escape_all(v: &mut Value, found: &mut Found) {
-    match v {
-        Value::String(_) => escape_field(Some(v), found),
-        Value::Array(items) => items.iter_mut().for_each(|v| escape_all(v, found)),
-        Value::Object(map) => map.values_mut().for_each(|v| escape_all(v, found)),
-        _ => {}
     }
 }
 
@@ -466,19 +500,33 @@ mod tests {
     }
 
     #[test]
-    fn every_other_string_a_person_or_model_reads_is_escaped() {
-        let (v, t) = escaped(
-            Kind::Resources,
-            json!({"uri": "doc://a", "name": "n\u{202E}", "mimeType": "text/\u{200B}plain",
-                   "_meta": {"note": ["x\u{1b}"]}, "icons": [{"src": "s\u{2066}"}],
-                   "annotations": {"audience": ["u\u{feff}"]}}),
-        );
-        assert_eq!(v["name"], "n\\u{202e}");
-        assert_eq!(v["mimeType"], "text/\\u{200b}plain");
-        assert_eq!(v["_meta"]["note"][0], "x\\u{1b}");
-        assert_eq!(v["icons"][0]["src"], "s\\u{2066}");
-        assert_eq!(v["annotations"]["audience"][0], "u\\u{feff}");
-        assert_eq!((t.items, t.chars), (1, 5));
+    fn data_that_hides_is_refused_wherever_it_is_and_emoji_data_passes() {
+        let tag: String = "RUN"
+            .chars()
+            .map(|c| char::from_u32(0xE0000 + c as u32).unwrap())
+            .collect();
+        for item in [
+            json!({"uri": "doc://a", "name": "n\u{202E}"}),
+            json!({"uri": "doc://a", "name": "n", "mimeType": "text/\u{200B}plain"}),
+            json!({"uri": "doc://a", "name": "n", "_meta": {"note": ["x\u{1b}"]}}),
+            json!({"uri": "doc://a", "name": "n", "icons": [{"src": "s\u{2066}"}]}),
+            json!({"uri": "doc://a", "name": "n", "annotations": {"audience": ["user\u{feff}"]}}),
+        ] {
+            assert!(unservable(Kind::Resources, &item).is_some(), "{item}");
+        }
+        // Data keywords hold values, whatever their keys are called.
+        for data in ["const", "default", "examples", "enum"] {
+            let v = json!([{"description": format!("fast\u{202E}{tag}")}]);
+            let item = json!({"name": "t", "inputSchema": {"properties": {"q": {data: v}}}});
+            assert!(unservable(Kind::Tools, &item).is_some(), "{item}");
+        }
+        // Emoji sequences are text, not hiding, in data too.
+        let item = json!({"name": "t", "inputSchema": {"properties": {"q": {
+            "enum": ["👩\u{200D}💻", "❤\u{FE0F}", "1\u{FE0F}\u{20E3}", "café"]}}}});
+        assert_eq!(unservable(Kind::Tools, &item), None);
+        let (v, t) = escaped(Kind::Tools, item.clone());
+        assert_eq!((v, t), (item, Tally::default()));
+        // Display keywords of a schema are escaped.
         let (v, _) = escaped(
             Kind::Tools,
             json!({"name": "t", "inputSchema": {"properties": {"q": {
