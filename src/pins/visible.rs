@@ -98,12 +98,16 @@ fn shows_as_itself(c: char) -> bool {
 }
 
 /// Unicode format-like characters `char` does not classify for us: zero-width and bidi
-/// marks, separators, variation selectors, tag characters, fillers.
+/// marks, separators, variation selectors, tag characters, fillers, and the rest of
+/// Unicode's format category (`Cf`: prepended number and end-of-ayah marks, Egyptian and
+/// shorthand format controls, musical beams).
 pub fn is_format(c: char) -> bool {
     matches!(u32::from(c),
-        0x00AD | 0x034F | 0x061C | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180B..=0x180F
+        0x00AD | 0x034F | 0x0600..=0x0605 | 0x061C | 0x06DD | 0x070F | 0x0890 | 0x0891
+        | 0x08E2 | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180B..=0x180F
         | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x206F | 0x3164 | 0xFE00..=0xFE0F
-        | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFFB | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
+        | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFFB | 0x110BD | 0x110CD | 0x13430..=0x1343F
+        | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
 }
 
 /// `c` written as `\u{…}` (lowercase hex): how every escaped character is shown, here
@@ -267,5 +271,22 @@ mod tests {
             w.contains("run of 3000 spaces") && w.contains("2 line breaks"),
             "{w}"
         );
+    }
+
+    #[test]
+    fn the_rest_of_the_format_category_is_escaped_too() {
+        for c in [
+            '\u{0600}',
+            '\u{06DD}',
+            '\u{070F}',
+            '\u{08E2}',
+            '\u{110BD}',
+            '\u{13430}',
+            '\u{1BCA0}',
+        ] {
+            assert!(is_format(c), "{c:?}");
+            let (shown, _) = visible(&format!("a{c}b"));
+            assert!(shown.contains("\\u{"), "{shown}");
+        }
     }
 }
