@@ -783,6 +783,46 @@ impl Drop for Ledger {
     }
 }
 
+/// The statements of one commit, each looked up in the connection's cache when first
+/// used: a commit at one call in flight writes one or two kinds of row, and every lookup
+/// (and the reset when it is handed back) costs on the path of every call.
+struct Statements<'c> {
+    conn: &'c Connection,
+    prepared: [Option<rusqlite::CachedStatement<'c>>; ROW_SQL.len()],
+}
+
+/// What a commit writes, by [`Statements::get`]'s index.
+const ROW_SQL: [&str; 5] = [
+    SQL_INSERT_BLOB,
+    SQL_INSERT_CALL,
+    SQL_END_CALL,
+    SQL_INSERT_RULE_EVENT,
+    SQL_INSERT_EVENT,
+];
+const INSERT_BLOB: usize = 0;
+const INSERT_CALL: usize = 1;
+const END_CALL: usize = 2;
+const INSERT_RULE_EVENT: usize = 3;
+const INSERT_EVENT: usize = 4;
+
+impl<'c> Statements<'c> {
+    fn new(conn: &'c Connection) -> Statements<'c> {
+        Statements {
+            conn,
+            prepared: Default::default(),
+        }
+    }
+
+    /// The statement of `ROW_SQL[which]`.
+    fn get(&mut self, which: usize) -> rusqlite::Result<&mut rusqlite::CachedStatement<'c>> {
+        let slot = &mut self.prepared[which];
+        if slot.is_none() {
+            *slot = Some(self.conn.prepare_cached(ROW_SQL[which])?);
+        }
+        slot.as_mut().ok_or(rusqlite::Error::InvalidQuery)
+    }
+}
+
 /// The rows of one commit, inside the transaction [`Ledger::write_staged`] opened: rows
 /// changed, rows refused, and the first refusal.
 fn write_rows(
@@ -797,11 +837,7 @@ fn write_rows(
     let mut rejected = 0u64;
     let mut first_refusal = None;
     {
-        let mut insert_blob = tx.prepare_cached(SQL_INSERT_BLOB)?;
-        let mut insert_call = tx.prepare_cached(SQL_INSERT_CALL)?;
-        let mut end_call = tx.prepare_cached(SQL_END_CALL)?;
-        let mut insert_rule_event = tx.prepare_cached(SQL_INSERT_RULE_EVENT)?;
-        let mut insert_event = tx.prepare_cached(SQL_INSERT_EVENT)?;
+        let mut statements = Statements::new(tx);
         let text = |span: Span| Text(staged.bytes(span));
         let opt_text = |span: Option<Span>| span.map(text);
         let hex = |span: Span| DigestHex(body::hex(&staged.digest(span)));
@@ -814,7 +850,7 @@ fn write_rows(
                     body,
                     size,
                     truncated,
-                } => insert_blob.execute(params![
+                } => statements.get(INSERT_BLOB)?.execute(params![
                     hex(digest),
                     staged.bytes(body),
                     size,
@@ -838,7 +874,7 @@ fn write_rows(
                     policy_reason,
                     arguments_preview,
                     request_digest,
-                } => insert_call.execute(params![
+                } => statements.get(INSERT_CALL)?.execute(params![
                     id,
                     ts_ms,
                     text(transport),
@@ -870,7 +906,7 @@ fn write_rows(
                     response_digest,
                     rewritten_digest,
                     original_digest,
-                } => end_call.execute(params![
+                } => statements.get(END_CALL)?.execute(params![
                     id,
                     text(decision),
                     opt_text(policy_rule),
@@ -894,7 +930,7 @@ fn write_rows(
                     action,
                     phase,
                     layer,
-                } => insert_rule_event.execute(params![
+                } => statements.get(INSERT_RULE_EVENT)?.execute(params![
                     call_id,
                     text(phase),
                     match_seq,
@@ -908,7 +944,12 @@ fn write_rows(
                     ts_ms,
                     kind,
                     detail,
-                } => insert_event.execute(params![ts_ms, text(kind), text(detail), seq]),
+                } => statements.get(INSERT_EVENT)?.execute(params![
+                    ts_ms,
+                    text(kind),
+                    text(detail),
+                    seq
+                ]),
             };
             match result {
                 // An outcome whose call row does not exist (its start was dropped, or
@@ -952,7 +993,9 @@ fn write_rows(
         }
         let now = now_ms();
         let mut loss_event = |kind: &str, detail: String| -> rusqlite::Result<()> {
-            written += insert_event.execute(params![now, kind, detail, seq])?;
+            written += statements
+                .get(INSERT_EVENT)?
+                .execute(params![now, kind, detail, seq])?;
             chain.event(
                 tx.last_insert_rowid(),
                 now,

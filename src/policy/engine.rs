@@ -2,6 +2,7 @@
 //! `Rc`/`Arc` and swaps the whole thing on reload.
 
 use std::path::Path;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -15,6 +16,9 @@ use super::subject::Subject;
 
 /// The reason given when no rule decides.
 pub const DEFAULT_REASON: &str = "default";
+
+/// [`DEFAULT_REASON`] as decisions carry it (one allocation per process, not per call).
+static DEFAULT_REASON_SHARED: LazyLock<Arc<str>> = LazyLock::new(|| DEFAULT_REASON.into());
 
 #[derive(Debug)]
 pub struct Policy {
@@ -41,11 +45,11 @@ pub struct Policy {
 /// One rule that matched a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MatchedRule {
-    pub id: String,
+    pub id: Arc<str>,
     pub action: Action,
     pub phase: Phase,
     pub layer: Layer,
-    pub reason: Option<String>,
+    pub reason: Option<Arc<str>>,
 }
 
 /// The outcome for one message in one phase.
@@ -54,9 +58,9 @@ pub struct Decision {
     pub verdict: Verdict,
     /// The deciding rule: the first, in id order, of the most restrictive matching rules.
     /// None: no allow/ask/block rule matched and the default decided.
-    pub rule: Option<String>,
+    pub rule: Option<Arc<str>>,
     /// The deciding rule's `reason` (or "<action> by rule <id>"), or "default".
-    pub reason: Option<String>,
+    pub reason: Option<Arc<str>>,
     /// Every enabled rule that matched, rewrite rules included, in id order.
     pub matched: Vec<MatchedRule>,
     /// For an `ask`: who answers it. The client only when every matching `ask` rule says
@@ -147,7 +151,7 @@ impl Policy {
                 ask_via_client = false;
             }
             matched.push(MatchedRule {
-                id: rule.id.clone(),
+                id: Arc::clone(&rule.id),
                 action,
                 phase,
                 layer: rule.layer,
@@ -162,12 +166,8 @@ impl Policy {
         match decider {
             Some((verdict, rule)) => Decision {
                 verdict,
-                rule: Some(rule.id.clone()),
-                reason: Some(
-                    rule.reason
-                        .clone()
-                        .unwrap_or_else(|| format!("{} by rule {}", verdict, rule.id)),
-                ),
+                rule: Some(Arc::clone(&rule.id)),
+                reason: Some(Arc::clone(&rule.decided_reason)),
                 matched,
                 ask_via: if verdict == Verdict::Ask && ask_via_client && self.client_asks {
                     AskVia::Client
@@ -183,7 +183,7 @@ impl Policy {
                     Phase::Response => Verdict::Allow,
                 },
                 rule: None,
-                reason: Some(DEFAULT_REASON.to_string()),
+                reason: Some(Arc::clone(&DEFAULT_REASON_SHARED)),
                 matched,
                 ask_via: AskVia::Operator,
             },
@@ -336,7 +336,7 @@ impl Policy {
     pub(crate) fn rule(&self, phase: Phase, id: &str) -> Option<&Rule> {
         let rules = self.rules_of(phase);
         rules
-            .binary_search_by(|r| r.id.as_str().cmp(id))
+            .binary_search_by(|r| (*r.id).cmp(id))
             .ok()
             .map(|i| &rules[i])
     }

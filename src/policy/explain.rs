@@ -133,7 +133,7 @@ pub fn explain(policy: &Policy, q: &ExplainQuery) -> String {
             .max()
             .unwrap_or(0);
         for m in &decision.matched {
-            let marker = if decision.rule.as_deref() == Some(m.id.as_str()) {
+            let marker = if decision.rule.as_deref() == Some(&*m.id) {
                 "  <- decides"
             } else {
                 ""

@@ -50,7 +50,7 @@ impl Policy {
                 continue;
             };
             if apply(rewrite, phase, target) {
-                applied.push(matched.id.clone());
+                applied.push(matched.id.to_string());
             }
         }
         applied

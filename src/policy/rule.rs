@@ -1,6 +1,8 @@
 //! One rule, validated and compiled: patterns classified, regexes built, paths parsed, so
 //! judging a message is a handful of comparisons.
 
+use std::sync::Arc;
+
 use regex::Regex;
 
 use super::condition::{Condition, ResultView, compile_regex};
@@ -46,11 +48,15 @@ pub struct Rewrite {
 
 #[derive(Debug, Clone)]
 pub struct Rule {
-    pub id: String,
+    /// Shared with every decision that names the rule (no copy per call).
+    pub id: Arc<str>,
     /// None only for a disabled rule written without one (a pure "disable" override).
     pub action: Option<Action>,
     pub phase: Phase,
-    pub reason: Option<String>,
+    pub reason: Option<Arc<str>>,
+    /// What a decision by this rule says: `reason`, or "<verdict> by rule <id>" (built
+    /// once here rather than formatted per call).
+    pub decided_reason: Arc<str>,
     pub enabled: bool,
     pub locked: bool,
     pub layer: Layer,
@@ -185,11 +191,17 @@ impl Rule {
         if !faults.is_empty() {
             return Err(faults);
         }
+        let decided_reason: Arc<str> = match (&cfg.reason, cfg.action.and_then(Action::verdict)) {
+            (Some(reason), _) => reason.as_str().into(),
+            (None, Some(verdict)) => format!("{verdict} by rule {}", cfg.id).into(),
+            (None, None) => format!("by rule {}", cfg.id).into(),
+        };
         Ok(Rule {
-            id: cfg.id.clone(),
+            id: cfg.id.as_str().into(),
             action: cfg.action,
             phase: cfg.phase,
-            reason: cfg.reason.clone(),
+            reason: cfg.reason.as_deref().map(Arc::from),
+            decided_reason,
             enabled: cfg.enabled,
             locked: cfg.locked,
             layer,

@@ -65,7 +65,7 @@ fn verdict(p: &Policy, tool: &str, args: &Value) -> Verdict {
 }
 
 fn ids(d: &Decision) -> Vec<&str> {
-    d.matched.iter().map(|m| m.id.as_str()).collect()
+    d.matched.iter().map(|m| &*m.id).collect()
 }
 
 #[test]

@@ -49,8 +49,8 @@ impl<R: Recorder> Core<R> {
                     process: x.from.process.clone(),
                     transport: x.from.transport.as_str(),
                     arguments: x.judged_text(),
-                    rule: x.request_decision.rule.clone(),
-                    reason: x.request_decision.reason.clone(),
+                    rule: x.request_decision.rule.as_deref().map(str::to_owned),
+                    reason: x.request_decision.reason.as_deref().map(str::to_owned),
                     waiting_ms: now.saturating_duration_since(c.started).as_millis(),
                     via: if x.relay.client_ask.is_some() {
                         "client"

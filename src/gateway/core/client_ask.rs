@@ -287,7 +287,12 @@ impl<R: Recorder> Core<R> {
             tool: x.display_name(),
             args: x.relay.arrived_args.clone(),
             policy: self.policy.fingerprint().to_owned(),
-            rule: x.request_decision.rule.clone().unwrap_or_default(),
+            rule: x
+                .request_decision
+                .rule
+                .as_deref()
+                .unwrap_or_default()
+                .to_owned(),
             expires_ms: self.wall_ms().saturating_add(timeout_ms),
             call: 0,
             round: 0,

@@ -270,6 +270,21 @@ impl<R: Recorder> Core<R> {
         ))
     }
 
+    /// [`lane_of_call`](Self::lane_of_call), except for a workspace call: its worker is
+    /// known only once its arguments are routed, so its share is checked there (after its
+    /// row).
+    fn lane_outside_workspaces(
+        &self,
+        worker: WorkerId,
+        server: &str,
+        tool: &str,
+    ) -> Option<(LaneKey, Bounds, &'static str)> {
+        if server == crate::workspace::tools::SERVER {
+            return None;
+        }
+        self.lane_of_call(worker, server, tool)
+    }
+
     /// A workspace worker's file-tool threads and queue (`[workspaces.NAME] threads`,
     /// `queue`): its file tools' calls go through a lane of that size.
     pub fn set_workspace_pool(&mut self, worker: WorkerId, threads: usize, queue: usize) {
@@ -310,12 +325,12 @@ impl<R: Recorder> Core<R> {
         let named = params.and_then(|p| serde_json::from_str::<Named>(p.get()).ok());
         // A resource goes by its URI to the server that owns it (the same rule the
         // pipeline routes by), so a read is refused here too, before any row.
-        let (worker, server, tool) = if routed.target_field() == "uri" {
+        let lane = if routed.target_field() == "uri" {
             let Some(uri) = named.and_then(|n| n.uri) else {
                 return false;
             };
             match self.resource_entry(&uri) {
-                Ok(Some(route)) => (route.worker, route.server, String::new()),
+                Ok(Some(route)) => self.lane_outside_workspaces(route.worker, &route.server, ""),
                 _ => return false,
             }
         } else {
@@ -326,18 +341,13 @@ impl<R: Recorder> Core<R> {
                 return false;
             };
             let upstream = if routed.target_field() == "name" && method == "tools/call" {
-                entry.upstream.clone()
+                entry.upstream.as_str()
             } else {
-                String::new()
+                ""
             };
-            (entry.worker, entry.server.clone(), upstream)
+            self.lane_outside_workspaces(entry.worker, &entry.server, upstream)
         };
-        // A workspace call's worker is known only once its arguments are routed: its share
-        // is checked there (after its row).
-        if server == crate::workspace::tools::SERVER {
-            return false;
-        }
-        let Some((key, bounds, keys)) = self.lane_of_call(worker, &server, &tool) else {
+        let Some((key, bounds, keys)) = lane else {
             return false;
         };
         let held = self.calls.lane_held(&key, &ctx.peer.principal);

@@ -5,13 +5,18 @@ use std::collections::BTreeMap;
 
 use crate::transport::http::metrics::{self, Histogram};
 
+/// The verdicts `policy_decisions` counts, in the order of its counts.
+const VERDICTS: [&str; 3] = ["allow", "ask", "block"];
+
 #[derive(Debug)]
 pub struct Observed {
     /// Requests by (method label, outcome: received | ok | error | refused).
     pub requests: BTreeMap<(&'static str, &'static str), u64>,
-    /// Policy decisions of requests that reach servers, by (deciding rule or "default",
-    /// verdict: allow | ask | block). Tool failures and timeouts are not decisions.
-    pub policy_decisions: BTreeMap<(String, &'static str), u64>,
+    /// Policy decisions of requests that reach servers, by deciding rule (or "default"),
+    /// counted per verdict in [`VERDICTS`] order. Tool failures and timeouts are not
+    /// decisions. Keyed by rule alone so that counting looks up a `&str` (no key built per
+    /// call); [`Observed::policy_decisions`] gives the (rule, verdict) view.
+    policy_decisions: BTreeMap<String, [u64; 3]>,
     pub tool_call_latency: Histogram,
     pub ledger_commit_latency: Histogram,
 }
@@ -36,15 +41,33 @@ impl Observed {
     }
 
     pub fn decision(&mut self, rule: Option<&str>, verdict: crate::policy::Verdict) {
-        let verdict = match verdict {
-            crate::policy::Verdict::Allow => "allow",
-            crate::policy::Verdict::Ask => "ask",
-            crate::policy::Verdict::Block => "block",
+        let slot = match verdict {
+            crate::policy::Verdict::Allow => 0,
+            crate::policy::Verdict::Ask => 1,
+            crate::policy::Verdict::Block => 2,
         };
-        *self
-            .policy_decisions
-            .entry((rule.unwrap_or("default").to_owned(), verdict))
-            .or_insert(0) += 1;
+        let rule = rule.unwrap_or("default");
+        match self.policy_decisions.get_mut(rule) {
+            Some(counts) => counts[slot] += 1,
+            None => {
+                let mut counts = [0; 3];
+                counts[slot] = 1;
+                self.policy_decisions.insert(rule.to_owned(), counts);
+            }
+        }
+    }
+
+    /// Policy decisions by (deciding rule or "default", verdict: allow | ask | block).
+    pub fn policy_decisions(&self) -> BTreeMap<(String, &'static str), u64> {
+        let mut out = BTreeMap::new();
+        for (rule, counts) in &self.policy_decisions {
+            for (verdict, &n) in VERDICTS.iter().zip(counts) {
+                if n > 0 {
+                    out.insert((rule.clone(), *verdict), n);
+                }
+            }
+        }
+        out
     }
 }
 

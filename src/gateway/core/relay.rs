@@ -456,11 +456,11 @@ impl<R: Recorder> Core<R> {
             self.observed
                 .decision(decision.rule.as_deref(), Verdict::Block);
             *params = Some(value);
-            return (Verdict::Block, decision.rule);
+            return (Verdict::Block, decision.rule.as_deref().map(str::to_owned));
         }
         policy.rewrite_result(&decision, &mut value);
         *params = Some(value);
-        (Verdict::Allow, decision.rule)
+        (Verdict::Allow, decision.rule.as_deref().map(str::to_owned))
     }
 
     fn relay_notification(&mut self, worker: WorkerId, n: CallNotification) {
@@ -1010,7 +1010,7 @@ impl<R: Recorder> Core<R> {
             (Verdict::Allow, _) | (_, None) => None,
             (_, Some(rule)) => {
                 self.observed.decision(Some(&rule), Verdict::Block);
-                Some(rule)
+                Some(rule.to_string())
             }
         }
     }

@@ -965,14 +965,10 @@ fn policy_decisions_count_decisions_not_failures() {
     let now = h.now;
     h.core.on_worker_gone(0, "killed", now);
     h.turn();
-    let counted: u64 = h.core.observed.policy_decisions.values().sum();
-    assert_eq!(counted, 1, "{:?}", h.core.observed.policy_decisions);
-    assert!(
-        h.core
-            .observed
-            .policy_decisions
-            .contains_key(&("default".to_owned(), "allow"))
-    );
+    let decisions = h.core.observed.policy_decisions();
+    let counted: u64 = decisions.values().sum();
+    assert_eq!(counted, 1, "{decisions:?}");
+    assert!(decisions.contains_key(&("default".to_owned(), "allow")));
 }
 
 #[test]

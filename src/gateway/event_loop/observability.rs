@@ -30,7 +30,7 @@ impl Gateway {
         let mut m = crate::transport::http::metrics::Metrics::default();
         let observed = &self.core.observed;
         m.requests = observed.requests.clone();
-        m.policy_decisions = observed.policy_decisions.clone();
+        m.policy_decisions = observed.policy_decisions();
         m.tool_call_latency = observed.tool_call_latency.clone();
         m.ledger_commit_latency = observed.ledger_commit_latency.clone();
         m.ledger_commit_failures = self.core.counters.ledger_failures;
