@@ -2872,8 +2872,9 @@ fn one_server_flooding_the_refusal_log_leaves_another_servers_refusals_said() {
     // Refused by the old code too (a description that is not text), so only the bound
     // differs.
     a.set(json!({"tool_count": 1100, "tool_extra": {"description": 5}}));
+    // b unpinned: a tool new to a pinned server is held before anything else is checked.
     let gw = gateway(&format!(
-        "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 10\n\n[servers.a]\nurl = \"{}\"\n\n[servers.b]\nurl = \"{}\"\n",
+        "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 10\n\n[servers.a]\nurl = \"{}\"\n\n[servers.b]\nurl = \"{}\"\npin = \"off\"\n",
         a.url(),
         b.url()
     ));
