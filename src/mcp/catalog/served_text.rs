@@ -461,14 +461,19 @@ mod tests {
             json!({"name": "t", "inputSchema": {"type": "object", "properties": {
                 format!("q{tag}"): {"type": "string"}}}}),
             json!({"name": "t", "inputSchema": {"type": "object", "required": ["q\u{200B}"]}}),
-            json!({"name": "t", "inputSchema": {"properties": {"q": {"enum": ["a\u{202E}"]}}}}),
-            json!({"name": "t", "inputSchema": {"properties": {"q": {"pattern": "^a\u{2066}$"}}}}),
-            json!({"name": "t", "inputSchema": {"properties": {"q": {"description": ["x\u{202E}"]}}}}),
+            json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {"enum": ["a\u{202E}"]}}}}),
+            json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {"pattern": "^a\u{2066}$"}}}}),
+            json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {"description": ["x\u{202E}"]}}}}),
             json!({"name": "t", "_meta": {format!("k{tag}"): 1}}),
             json!({"name": "t\u{200B}"}),
         ];
-        for item in bad {
-            assert!(unservable(Kind::Tools, &item).is_some(), "{item}");
+        for mut item in bad {
+            if item.get("inputSchema").is_none() {
+                item["inputSchema"] = json!({"type": "object"});
+            }
+            let why = unservable(Kind::Tools, &item);
+            assert!(why.is_some(), "{item}");
+            assert!(!why.unwrap().contains("is missing"), "{item}");
         }
         let prompt = json!({"name": "p", "arguments": [{"name": "w\u{202E}ho"}]});
         assert!(unservable(Kind::Prompts, &prompt).is_some());
@@ -501,7 +506,7 @@ mod tests {
         // Data keywords hold values, whatever their keys are called.
         for data in ["const", "default", "examples", "enum"] {
             let v = json!([{"description": format!("fast\u{202E}{tag}")}]);
-            let item = json!({"name": "t", "inputSchema": {"properties": {"q": {data: v}}}});
+            let item = json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {data: v}}}});
             assert!(unservable(Kind::Tools, &item).is_some(), "{item}");
         }
         // Emoji sequences are text, not hiding, in data too.
@@ -513,7 +518,7 @@ mod tests {
         // Display keywords of a schema are escaped.
         let (v, _) = escaped(
             Kind::Tools,
-            json!({"name": "t", "inputSchema": {"properties": {"q": {
+            json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {
                 "$comment": "c\u{202E}", "x-note": "n\u{202E}", "markdownDescription": "m\u{202E}"}}}}),
         );
         let q = &v["inputSchema"]["properties"]["q"];
