@@ -205,57 +205,59 @@ fn tables(kind: Kind) -> &'static [&'static [Field]] {
 /// says, as the reason it is not served (`its \`icons[0].theme\` is not one of …`); `None`
 /// when every checked field fits. `item` must be an object (checked before).
 pub fn mismatch(kind: Kind, item: &Value) -> Option<String> {
-    for field in tables(kind).iter().flat_map(|t| t.iter()) {
-        let mut at = Vec::new();
-        if let Some(why) = check(
-            item,
-            field,
-            &field.path.split('/').collect::<Vec<_>>(),
-            &mut at,
-        ) {
-            return Some(why);
-        }
-    }
-    None
+    let mut at = Vec::new();
+    tables(kind)
+        .iter()
+        .flat_map(|t| t.iter())
+        .find_map(|field| check(item, field, field.path.split('/'), &mut at))
 }
 
-/// Check `field` at `steps` below `v`; `at` is the path walked so far, as shown.
-fn check(v: &Value, field: &Field, steps: &[&str], at: &mut Vec<String>) -> Option<String> {
-    let Some((step, rest)) = steps.split_first() else {
+/// One step of the path walked, shown only when a field fails (nothing is allocated for
+/// a definition that fits).
+enum Step<'a> {
+    Field(&'static str),
+    Index(usize),
+    Key(&'a str),
+}
+
+/// Check `field` at the `steps` left below `v`; `at` is the path walked to `v`.
+fn check<'a>(
+    v: &'a Value,
+    field: &Field,
+    mut steps: std::str::Split<'static, char>,
+    at: &mut Vec<Step<'a>>,
+) -> Option<String> {
+    let Some(step) = steps.next() else {
         return (!field.shape.fits(v))
             .then(|| format!("its `{}` {}", shown(at), field.shape.problem()));
     };
-    if *step == "*" {
+    if step == "*" {
         // The holder's own entry checked its type; anything else is walked past.
-        let items: Vec<(String, &Value)> = match v {
-            Value::Array(a) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (format!("[{i}]"), v))
-                .collect(),
-            Value::Object(m) => m
-                .iter()
-                .map(|(k, v)| (format!("[\"{}\"]", quote_upstream(k, 64)), v))
-                .collect(),
-            _ => return None,
+        let why = match v {
+            Value::Array(a) => a.iter().enumerate().find_map(|(i, v)| {
+                at.push(Step::Index(i));
+                let why = check(v, field, steps.clone(), at);
+                at.pop();
+                why
+            }),
+            Value::Object(m) => m.iter().find_map(|(k, v)| {
+                at.push(Step::Key(k));
+                let why = check(v, field, steps.clone(), at);
+                at.pop();
+                why
+            }),
+            _ => None,
         };
-        for (label, v) in items {
-            at.push(label);
-            let why = check(v, field, rest, at);
-            at.pop();
-            if why.is_some() {
-                return why;
-            }
-        }
-        return None;
+        return why;
     }
     let Value::Object(map) = v else {
         return None;
     };
-    at.push(format!(".{step}"));
-    let why = match map.get(*step) {
-        Some(v) => check(v, field, rest, at),
-        None if field.required && rest.is_empty() => Some(format!(
+    at.push(Step::Field(step));
+    let last = steps.clone().next().is_none();
+    let why = match map.get(step) {
+        Some(v) => check(v, field, steps, at),
+        None if field.required && last => Some(format!(
             "its `{}` is missing (the MCP schema requires it)",
             shown(at)
         )),
@@ -265,8 +267,21 @@ fn check(v: &Value, field: &Field, steps: &[&str], at: &mut Vec<String>) -> Opti
     why
 }
 
-fn shown(at: &[String]) -> String {
-    at.concat().trim_start_matches('.').to_owned()
+/// `icons[0].sizes`, `inputSchema.properties["q"]` (a key is the server's: escaped, cut).
+fn shown(at: &[Step]) -> String {
+    let mut out = String::new();
+    for step in at {
+        match step {
+            Step::Field(f) if out.is_empty() => out.push_str(f),
+            Step::Field(f) => {
+                out.push('.');
+                out.push_str(f);
+            }
+            Step::Index(i) => out.push_str(&format!("[{i}]")),
+            Step::Key(k) => out.push_str(&format!("[\"{}\"]", quote_upstream(k, 64))),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
