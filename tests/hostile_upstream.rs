@@ -2599,3 +2599,314 @@ fn definitions_that_hide_where_escaping_cannot_reach_are_not_served() {
     }
     assert!(!gw.log().chars().any(hides), "{}", gw.log().escape_debug());
 }
+
+// ---- fields the MCP schema types, nesting, the refusal log's bound ----------------------------
+
+fn sdk_python() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin/python")
+}
+
+/// The relay binary next to ours; built on demand when only this package was built.
+fn relay_bin() -> PathBuf {
+    let bin = PathBuf::from(BIN).with_file_name("toolwall-relay");
+    if !bin.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "toolwall-relay"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("build the relay");
+        assert!(status.success());
+    }
+    bin
+}
+
+/// Every listing as the official Python SDK's client reads it through the framed door
+/// (`tests/third_party/sdk_lists.py`): per listing, `names` or the SDK's `error`.
+fn sdk_lists(gw: &TestGateway) -> Value {
+    common::deps::ensure(&["python"]);
+    let out = Command::new(sdk_python())
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/third_party/sdk_lists.py"))
+        .arg(relay_bin())
+        .arg(&gw.sock)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the SDK client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "sdk_lists.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+fn sdk_names<'a>(lists: &'a Value, list: &str) -> Vec<&'a str> {
+    let l = &lists[list];
+    assert!(
+        l["error"].is_null(),
+        "the SDK refused the whole {list} listing: {}",
+        l["error"]
+    );
+    l["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect()
+}
+
+/// One server sending spec-typed fields of another type or value (an `execution.taskSupport`
+/// of "bogus", `icons` as a string, a resource's `annotations.priority` of "high", …) made
+/// a strict client (the official Python SDK, whose pydantic models check every answer)
+/// refuse the whole `tools/list`, `resources/list` and `resources/templates/list` of every
+/// server. Each such definition is now not served, said once in the log naming the field;
+/// fields the schema does not name pass as they are. (Failed before: the SDK raised a
+/// ValidationError for all three listings.)
+#[test]
+fn fields_the_mcp_schema_types_are_checked_so_strict_clients_keep_every_listing() {
+    let up = Hostile::start();
+    let schema = || json!({"type": "object"});
+    let bad_tools = [
+        (
+            "w_task",
+            json!({"execution": {"taskSupport": "bogus"}}),
+            "execution.taskSupport",
+        ),
+        ("w_icons", json!({"icons": "https://x/i.png"}), "icons"),
+        (
+            "w_sizes",
+            json!({"icons": [{"src": "https://x/i.png", "sizes": "48x48"}]}),
+            "icons[0].sizes",
+        ),
+        (
+            "w_theme",
+            json!({"icons": [{"src": "https://x/i.png", "theme": "bright"}]}),
+            "icons[0].theme",
+        ),
+        (
+            "w_src",
+            json!({"icons": [{"src": {"u": "x"}}]}),
+            "icons[0].src",
+        ),
+        ("w_meta", json!({"_meta": "str"}), "_meta"),
+        (
+            "w_out",
+            json!({"outputSchema": {"type": "string"}}),
+            "outputSchema.type",
+        ),
+        (
+            "w_in",
+            json!({"inputSchema": {"type": "array"}}),
+            "inputSchema.type",
+        ),
+        (
+            "w_hint",
+            json!({"annotations": {"readOnlyHint": "maybe"}}),
+            "annotations.readOnlyHint",
+        ),
+    ];
+    for (name, extra, _) in &bad_tools {
+        let mut t = json!({"name": name, "description": "d", "inputSchema": schema()});
+        for (k, v) in extra.as_object().unwrap() {
+            t[k] = v.clone();
+        }
+        up.set_tool(name, t);
+    }
+    up.set_tool(
+        "ok",
+        json!({"name": "ok", "inputSchema": schema(), "annotations": {"readOnlyHint": true},
+               "execution": {"taskSupport": "optional"}, "x-vendor": {"any": ["thing"]},
+               "icons": [{"src": "https://x/i.png", "sizes": ["48x48"], "theme": "dark"}]}),
+    );
+    let bad_resources = [
+        (
+            "k://priority",
+            json!({"annotations": {"priority": "high"}}),
+            "annotations.priority",
+        ),
+        (
+            "k://audience",
+            json!({"annotations": {"audience": ["robot"]}}),
+            "annotations.audience[0]",
+        ),
+        (
+            "k://modified",
+            json!({"annotations": {"lastModified": 5}}),
+            "annotations.lastModified",
+        ),
+        ("k://size", json!({"size": "12"}), "size"),
+        ("k://mime", json!({"mimeType": ["text/plain"]}), "mimeType"),
+        (
+            "k://icon",
+            json!({"icons": [{"src": {"u": "x"}}]}),
+            "icons[0].src",
+        ),
+    ];
+    let mut resource_defs = vec![json!({"uri": "k://good", "name": "good", "size": 12,
+        "annotations": {"audience": ["user"], "priority": 0.5, "lastModified": "2025-01-12T15:00:58Z"}})];
+    for (uri, extra, _) in &bad_resources {
+        let mut r = json!({"uri": uri, "name": "r"});
+        for (k, v) in extra.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        resource_defs.push(r);
+    }
+    up.set(json!({
+        "resource_defs": resource_defs,
+        "template_defs": [
+            {"uriTemplate": "k://good/{id}", "name": "good"},
+            {"uriTemplate": "k://bad/{id}", "name": "bad", "annotations": {"priority": "high"}},
+        ],
+        "prompts": [
+            {"name": "p_ok", "arguments": [{"name": "a", "required": true}]},
+            {"name": "p_bad", "arguments": [{"name": "a", "required": "yes"}]},
+        ],
+    }));
+    let gw = fx_gateway(&up);
+    let mut c = gw.connect();
+    wait_until("every listing of fx applied", || {
+        served(&mut c, "fx__ok")
+            && has(&resources_listed(&mut c), "uri", "k://good")
+            && has(&templates_listed(&mut c), "uriTemplate", "k://good/{id}")
+            && c.call("prompts/list", json!({}))
+                .to_string()
+                .contains("fx__p_ok")
+    });
+    let lists = sdk_lists(&gw);
+    let tools = sdk_names(&lists, "tools");
+    assert!(
+        tools.contains(&"fx__ok") && tools.contains(&"local__echo"),
+        "{tools:?}"
+    );
+    let resources = sdk_names(&lists, "resources");
+    assert!(resources.contains(&"k://good"), "{resources:?}");
+    let templates = sdk_names(&lists, "templates");
+    assert!(templates.contains(&"k://good/{id}"), "{templates:?}");
+    let prompts = sdk_names(&lists, "prompts");
+    assert!(
+        prompts.contains(&"fx__p_ok") && !prompts.contains(&"fx__p_bad"),
+        "{prompts:?}"
+    );
+    let mut said = Vec::new();
+    for (name, _, field) in &bad_tools {
+        assert!(
+            !tools.contains(&format!("fx__{name}").as_str()),
+            "{name} served"
+        );
+        said.push((format!("tool \"{name}\""), field.to_string()));
+    }
+    for (uri, _, field) in &bad_resources {
+        assert!(!resources.contains(uri), "{uri} served");
+        said.push((format!("resource \"{uri}\""), field.to_string()));
+    }
+    assert!(!templates.contains(&"k://bad/{id}"), "{templates:?}");
+    said.push((
+        "resource template \"k://bad/{id}\"".into(),
+        "annotations.priority".into(),
+    ));
+    said.push(("prompt \"p_bad\"".into(), "arguments[0].required".into()));
+    // Relisted: still one line each.
+    relist_resources(&up, &gw);
+    for (what, field) in said {
+        let needle = format!("server fx: {what} is not served: its `{field}` ");
+        assert_eq!(log_lines(&gw, &needle), 1, "{needle}\n{}", gw.log());
+    }
+}
+
+/// `inputSchema` nested `levels` times (`properties.a`), as a tool named `name`.
+fn deep_tool(name: &str, levels: usize) -> Value {
+    let mut schema = json!({"type": "string"});
+    for _ in 0..levels {
+        schema = json!({"type": "object", "properties": {"a": schema}});
+    }
+    json!({"name": name, "inputSchema": schema})
+}
+
+/// A tool nested 63 `properties` levels deep (127 JSON levels, near the parser's limit of
+/// 128) vanished from the listing without a word. A definition deeper than 64 levels is
+/// now left out alone, said once naming the server, the tool and its depth; the rest of
+/// the listing is served. (Failed before: no line, and a 40-level tool was served.)
+#[test]
+fn a_definition_nested_too_deep_is_left_out_and_said() {
+    let up = Hostile::start();
+    up.set_tool("shallow", deep_tool("shallow", 31));
+    up.set_tool("deep40", deep_tool("deep40", 40));
+    up.set_tool("deep63", deep_tool("deep63", 63));
+    up.set_tool("deep300", deep_tool("deep300", 300));
+    let gw = fx_gateway(&up);
+    let mut c = gw.connect();
+    wait_until("fx listed", || served(&mut c, "fx__shallow"));
+    let names = tool_names(&mut c);
+    assert!(names.contains(&"fx__search".to_owned()), "{names:?}");
+    for (name, depth) in [("deep40", 82), ("deep63", 128), ("deep300", 602)] {
+        assert!(
+            !names.contains(&format!("fx__{name}")),
+            "{name} in {names:?}"
+        );
+        let needle = format!(
+            "server fx: tool \"{name}\" is not served: it nests {depth} levels deep, more than 64"
+        );
+        assert_eq!(log_lines(&gw, &needle), 1, "{needle}\n{}", gw.log());
+    }
+    let before = up.count("tools/list");
+    up.notify("notifications/tools/list_changed", 1);
+    wait_until("relisted", || up.count("tools/list") > before);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        log_lines(&gw, "tool \"deep63\" is not served"),
+        1,
+        "said again:\n{}",
+        gw.log()
+    );
+}
+
+/// The "not served" log's bound was process-wide and never reset: a server that listed
+/// more than 1,024 refused tools silenced every later refusal of every server. The bound
+/// is now per server and kind (per listing): after server `a` floods, a refusal of server
+/// `b` is still said. (Failed before: `b`'s line never came.)
+#[test]
+fn one_server_flooding_the_refusal_log_leaves_another_servers_refusals_said() {
+    let a = Hostile::start();
+    let b = Hostile::start();
+    // Refused by the old code too (a description that is not text), so only the bound
+    // differs.
+    a.set(json!({"tool_count": 1100, "tool_extra": {"description": 5}}));
+    // b unpinned: a tool new to a pinned server is held before anything else is checked.
+    let gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 10\n\n[servers.a]\nurl = \"{}\"\n\n[servers.b]\nurl = \"{}\"\npin = \"off\"\n",
+        a.url(),
+        b.url()
+    ));
+    let mut c = gw.connect();
+    wait_until("a's flood logged and b listed", || {
+        gw.log().contains("were logged, the rest are not") && served(&mut c, "b__search")
+    });
+    let refused = log_lines(&gw, "server a: tool \"t");
+    assert_eq!(refused, 1024, "a's own lines are bounded");
+    b.set_tool(
+        "late",
+        json!({"name": "late", "inputSchema": {"type": "object"}, "description": 5}),
+    );
+    let before = b.count("tools/list");
+    b.notify("notifications/tools/list_changed", 1);
+    wait_until("b relisted", || b.count("tools/list") > before);
+    wait_until("b's refusal said", || {
+        log_lines(
+            &gw,
+            "server b: tool \"late\" is not served: its `description` is not a string",
+        ) == 1
+    });
+    // a relisted unchanged: no line again.
+    let before = a.count("tools/list");
+    a.notify("notifications/tools/list_changed", 1);
+    wait_until("a relisted", || a.count("tools/list") > before);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(log_lines(&gw, "server a: tool \"t"), 1024);
+    assert_eq!(
+        log_lines(&gw, "were logged, the rest are not"),
+        1,
+        "{}",
+        gw.log()
+    );
+}

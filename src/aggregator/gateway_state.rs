@@ -301,6 +301,7 @@ impl UpstreamsState {
         self.resources_listed.retain(|(s, _)| s != server);
         self.applied_text.retain(|(s, _), _| s != server);
         self.notes.forget(server);
+        crate::mcp::catalog::unservable::forget(server);
         self.bases.retain(|(s, _), _| s != server);
         for kind in [Kind::Tools, Kind::Prompts] {
             if catalog.replace(kind, server, Vec::new()).changed && !applied.changed.contains(&kind)
@@ -1269,7 +1270,7 @@ mod tests {
             "gh",
             Kind::Tools,
             3,
-            Some(r#"[{"name":"search"}]"#.into()),
+            Some(r#"[{"name":"search","inputSchema":{"type":"object"}}]"#.into()),
             None,
             None,
             1,
@@ -1291,7 +1292,7 @@ mod tests {
         );
         // Over budget: refused, degraded, the catalog stays.
         assert!(s.want("gh", Kind::Tools, t0 + Duration::from_secs(5)));
-        let four = r#"[{"name":"a"},{"name":"b"},{"name":"c"},{"name":"d"}]"#;
+        let four = r#"[{"name":"a","inputSchema":{"type":"object"}},{"name":"b","inputSchema":{"type":"object"}},{"name":"c","inputSchema":{"type":"object"}},{"name":"d","inputSchema":{"type":"object"}}]"#;
         s.listing_answered("gh", Kind::Tools, 3, Some(four.into()), None, None, 2)
             .map_err(|_| "refused")
             .unwrap();
@@ -1362,10 +1363,18 @@ mod tests {
         let names = |c: &Catalog| -> Vec<String> {
             c.entries(Kind::Tools).map(|e| e.key.clone()).collect()
         };
-        let done = list(&mut s, r#"[{"name":"a"},{"name":"b"}]"#, 1);
+        let done = list(
+            &mut s,
+            r#"[{"name":"a","inputSchema":{"type":"object"}},{"name":"b","inputSchema":{"type":"object"}}]"#,
+            1,
+        );
         s.apply_reviewed(&mut catalog, done, t0, 1);
         assert_eq!(names(&catalog), vec!["gh__a", "gh__b"]);
-        let done = list(&mut s, r#"[{"name":"a"},{"name":"c"}]"#, 2);
+        let done = list(
+            &mut s,
+            r#"[{"name":"a","inputSchema":{"type":"object"}},{"name":"c","inputSchema":{"type":"object"}}]"#,
+            2,
+        );
         let Done::Listing { outcome, .. } = &done[0] else {
             panic!()
         };
@@ -1376,14 +1385,22 @@ mod tests {
         assert_eq!(a.changed, vec![Kind::Tools]);
         assert_eq!(names(&catalog), vec!["gh__a", "gh__c"]);
         // The same listing again: nothing travels, nothing changes.
-        let done = list(&mut s, r#"[{"name":"a"},{"name":"c"}]"#, 3);
+        let done = list(
+            &mut s,
+            r#"[{"name":"a","inputSchema":{"type":"object"}},{"name":"c","inputSchema":{"type":"object"}}]"#,
+            3,
+        );
         assert!(
             s.apply_reviewed(&mut catalog, done, t0, 3)
                 .changed
                 .is_empty()
         );
         // The catalog changed under a listing in flight: not applied, listed again.
-        let done = list(&mut s, r#"[{"name":"d"}]"#, 4);
+        let done = list(
+            &mut s,
+            r#"[{"name":"d","inputSchema":{"type":"object"}}]"#,
+            4,
+        );
         s.bases.insert(
             ("gh".into(), Kind::Tools),
             crate::mcp::catalog::delta::fresh(),
@@ -1394,7 +1411,11 @@ mod tests {
         let due = s.due(t0 + Duration::from_secs(60), |_| true);
         assert_eq!(due, vec![("gh".to_string(), Kind::Tools)]);
         // The next listing is applied whole.
-        let done = list(&mut s, r#"[{"name":"d"}]"#, 5);
+        let done = list(
+            &mut s,
+            r#"[{"name":"d","inputSchema":{"type":"object"}}]"#,
+            5,
+        );
         s.apply_reviewed(&mut catalog, done, t0, 5);
         assert_eq!(names(&catalog), vec!["gh__d"]);
     }

@@ -564,6 +564,13 @@ fn owners(
 
 /// Check, pin and prepare one listing.
 pub fn process(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewed, Refusal> {
+    let reviewed = review_listing(store, job);
+    // What this listing refused is what the next one's refusals are compared with.
+    crate::mcp::catalog::unservable::listing_reviewed(&job.server, job.kind);
+    reviewed
+}
+
+fn review_listing(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Reviewed, Refusal> {
     let items = listing::check(&job.server, job.kind, &job.text, &job.budget)?;
     if !super::kinds::pinned(job.kind) || job.rules.mode == PinMode::Off {
         let mut text_tally = Default::default();
@@ -1067,7 +1074,7 @@ mod tests {
     }
 
     fn t(name: &str, desc: &str) -> Value {
-        json!({"name": name, "description": desc})
+        json!({"name": name, "description": desc, "inputSchema": {"type": "object"}})
     }
 
     fn served(r: &Reviewed) -> Vec<&str> {

@@ -2,7 +2,8 @@
 //! budget (items, bytes), every item an object with a sane name (tools, prompts) or URI
 //! (resources, templates), no name twice. A listing that fails any check is refused whole
 //! (the server keeps its last good catalog). The worker checked the same already; the
-//! gateway trusts no worker blindly. Pure.
+//! gateway trusts no worker blindly. An item nested deeper than [`MAX_DEFINITION_DEPTH`]
+//! is left out alone, said in the log (`unservable`) by its name.
 
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -15,6 +16,13 @@ use crate::aggregator::budget::ListingBudget;
 pub const MAX_NAME_CHARS: usize = 128;
 /// Longest resource URI (or URI template) accepted.
 pub const MAX_URI_BYTES: usize = 4096;
+/// Deepest nesting of objects and arrays in one definition served (the definition itself
+/// is level 1; `{"inputSchema":{"properties":{"a":{}}}}` is 4). The JSON parser stops at
+/// 128 levels, so a definition near that could not be parsed here, and one served near it
+/// would break a client's parser once the answer's own levels wrap it; real schemas (nested
+/// models are `$defs` and `$ref`) stay far below. A constant, not a config key: raising it
+/// toward 128 is what it guards against.
+pub const MAX_DEFINITION_DEPTH: usize = 64;
 
 /// Why a listing was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +101,8 @@ pub fn check<'a>(
         return Err(over_bytes(server, kind, bytes, budget));
     }
     let mut seen = HashSet::with_capacity(raw.len());
-    for r in &raw {
+    let mut too_deep = Vec::new();
+    for (i, r) in raw.iter().enumerate() {
         let Some(key) = item_key(kind, r) else {
             return Err(Refusal::malformed(format!(
                 "server {server}: a {} item is not an object with an acceptable {}",
@@ -101,6 +110,16 @@ pub fn check<'a>(
                 kind.key_field()
             )));
         };
+        let depth = nesting_depth(r.get());
+        if depth > MAX_DEFINITION_DEPTH {
+            super::unservable::note_item(
+                server,
+                kind,
+                &key,
+                &format!("it nests {depth} levels deep, more than {MAX_DEFINITION_DEPTH}"),
+            );
+            too_deep.push(i);
+        }
         if !seen.insert(key) {
             return Err(Refusal::malformed(format!(
                 "server {server} lists the same {} twice",
@@ -108,7 +127,44 @@ pub fn check<'a>(
             )));
         }
     }
-    Ok(raw)
+    if too_deep.is_empty() {
+        return Ok(raw);
+    }
+    // `too_deep` is in order: each look-up is a binary search.
+    Ok(raw
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| too_deep.binary_search(i).is_err())
+        .map(|(_, r)| r)
+        .collect())
+}
+
+/// How deep objects and arrays nest in `json` (valid JSON text), counted without parsing
+/// it into a tree (which would fail past the parser's limit).
+pub fn nesting_depth(json: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for b in json.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 #[derive(serde::Deserialize)]
@@ -181,6 +237,44 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    /// `{"name": .., "inputSchema": {"type": "object", "properties": {"a": {..}}}}` with
+    /// `levels` nested `properties`.
+    fn deep_tool(name: &str, levels: usize) -> String {
+        let mut schema = String::from("{\"type\":\"string\"}");
+        for _ in 0..levels {
+            schema = format!("{{\"type\":\"object\",\"properties\":{{\"a\":{schema}}}}}");
+        }
+        format!("{{\"name\":\"{name}\",\"inputSchema\":{schema}}}")
+    }
+
+    #[test]
+    fn an_item_nested_too_deep_is_left_out_alone() {
+        let ok = deep_tool("ok", 31);
+        assert_eq!(
+            nesting_depth(&ok),
+            MAX_DEFINITION_DEPTH,
+            "at the limit: served"
+        );
+        assert_eq!(nesting_depth(r#"{"a":"[[{{\"[","b":[[]]}"#), 3);
+        for levels in [20, 31, 32, 63, 64, 100, 300] {
+            let deep = deep_tool("deep", levels);
+            let text = format!("[{ok},{deep}]");
+            let items = check(
+                "s",
+                Kind::Tools,
+                &text,
+                &ListingBudget::plain(3, 1 << 20, 5),
+            )
+            .unwrap();
+            let names: Vec<Value> = items.iter().map(|r| parse(r)["name"].clone()).collect();
+            if 2 * levels + 2 <= MAX_DEFINITION_DEPTH {
+                assert_eq!(names, [json!("ok"), json!("deep")], "{levels}");
+            } else {
+                assert_eq!(names, [json!("ok")], "{levels}");
+            }
+        }
     }
 
     #[test]

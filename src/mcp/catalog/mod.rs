@@ -8,6 +8,7 @@
 //! - [`resource_owners`]: the ownership rule.
 //! - [`templates`]: reading a URI through a resource template.
 //! - [`served_text`]: upstream display text with hiding characters escaped.
+//! - [`spec_shape`]: the fields of a definition whose type the MCP schema fixes, checked.
 //!
 //! Transport-independent and pure: the gateway feeds it listings from any kind of
 //! upstream (HTTP servers through the aggregator worker, local servers).
@@ -18,6 +19,7 @@ pub mod listing;
 pub mod names;
 pub mod resource_owners;
 pub mod served_text;
+pub mod spec_shape;
 pub mod templates;
 pub mod unservable;
 
@@ -580,7 +582,7 @@ mod tests {
         let big = "d".repeat(3000);
         let tools = (0..10)
             .map(|i| json!({"name": format!("t{i}"), "description": big, "inputSchema": {"type":"object"}}))
-            .chain([json!({"name": "huge", "description": "h".repeat(20_000), "inputSchema": {}})])
+            .chain([json!({"name": "huge", "description": "h".repeat(20_000), "inputSchema": {"type": "object"}})])
             .collect();
         assert!(c.set(Kind::Tools, "s", 0, tools).unwrap());
         let mut seen = Vec::new();
@@ -634,7 +636,7 @@ mod tests {
     #[test]
     fn unchanged_listing_is_not_a_change() {
         let mut c = Catalog::default();
-        let tools = || vec![json!({"name": "a"})];
+        let tools = || vec![json!({"name": "a", "inputSchema": {"type": "object"}})];
         assert!(c.set(Kind::Tools, "s", 0, tools()).unwrap());
         assert!(!c.set(Kind::Tools, "s", 0, tools()).unwrap());
         assert!(c.set(Kind::Tools, "s", 0, vec![]).unwrap());

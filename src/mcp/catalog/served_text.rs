@@ -50,16 +50,15 @@ impl Tally {
 /// Why a definition of `kind` cannot be served as it is, or `None`. Escaping is only for
 /// text a person or model reads; what an agent sends back (a name, a property name, a
 /// value a schema demands) cannot be escaped without breaking the call, so a definition
-/// whose identifiers or schema data hide characters is left out, as is one whose text
-/// fields are not text (clients that check the types refuse the whole list for it).
+/// whose identifiers or schema data hide characters is left out, as is one with a field
+/// the MCP schema types (text, icons, annotations, …) of another type or value
+/// ([`super::spec_shape`]: clients that check the types refuse the whole list for it).
 pub fn unservable(kind: super::Kind, item: &Value) -> Option<String> {
     let Value::Object(map) = item else {
         return Some("it is not an object".into());
     };
-    for field in ["description", "title"] {
-        if map.get(field).is_some_and(|v| !v.is_string()) {
-            return Some(format!("its `{field}` is not a string"));
-        }
+    if let Some(why) = super::spec_shape::mismatch(kind, item) {
+        return Some(why);
     }
     match map.get("annotations") {
         Some(Value::Object(a)) if a.get("title").is_some_and(|t| !t.is_string()) => {
@@ -132,11 +131,6 @@ pub fn unservable(kind: super::Kind, item: &Value) -> Option<String> {
                             "an argument's name is not text or holds control or invisible characters"
                                 .into(),
                         );
-                    }
-                    for field in ["description", "title"] {
-                        if a.get(field).is_some_and(|v| !v.is_string()) {
-                            return Some(format!("an argument's `{field}` is not a string"));
-                        }
                     }
                     if a.iter().any(|(k, v)| {
                         !matches!(k.as_str(), "name" | "description" | "title") && data_hides(v)
@@ -467,14 +461,19 @@ mod tests {
             json!({"name": "t", "inputSchema": {"type": "object", "properties": {
                 format!("q{tag}"): {"type": "string"}}}}),
             json!({"name": "t", "inputSchema": {"type": "object", "required": ["q\u{200B}"]}}),
-            json!({"name": "t", "inputSchema": {"properties": {"q": {"enum": ["a\u{202E}"]}}}}),
-            json!({"name": "t", "inputSchema": {"properties": {"q": {"pattern": "^a\u{2066}$"}}}}),
-            json!({"name": "t", "inputSchema": {"properties": {"q": {"description": ["x\u{202E}"]}}}}),
+            json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {"enum": ["a\u{202E}"]}}}}),
+            json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {"pattern": "^a\u{2066}$"}}}}),
+            json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {"description": ["x\u{202E}"]}}}}),
             json!({"name": "t", "_meta": {format!("k{tag}"): 1}}),
             json!({"name": "t\u{200B}"}),
         ];
-        for item in bad {
-            assert!(unservable(Kind::Tools, &item).is_some(), "{item}");
+        for mut item in bad {
+            if item.get("inputSchema").is_none() {
+                item["inputSchema"] = json!({"type": "object"});
+            }
+            let why = unservable(Kind::Tools, &item);
+            assert!(why.is_some(), "{item}");
+            assert!(!why.unwrap().contains("is missing"), "{item}");
         }
         let prompt = json!({"name": "p", "arguments": [{"name": "w\u{202E}ho"}]});
         assert!(unservable(Kind::Prompts, &prompt).is_some());
@@ -507,11 +506,11 @@ mod tests {
         // Data keywords hold values, whatever their keys are called.
         for data in ["const", "default", "examples", "enum"] {
             let v = json!([{"description": format!("fast\u{202E}{tag}")}]);
-            let item = json!({"name": "t", "inputSchema": {"properties": {"q": {data: v}}}});
+            let item = json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {data: v}}}});
             assert!(unservable(Kind::Tools, &item).is_some(), "{item}");
         }
         // Emoji sequences are text, not hiding, in data too.
-        let item = json!({"name": "t", "inputSchema": {"properties": {"q": {
+        let item = json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {
             "enum": ["👩\u{200D}💻", "❤\u{FE0F}", "1\u{FE0F}\u{20E3}", "café"]}}}});
         assert_eq!(unservable(Kind::Tools, &item), None);
         let (v, t) = escaped(Kind::Tools, item.clone());
@@ -519,7 +518,7 @@ mod tests {
         // Display keywords of a schema are escaped.
         let (v, _) = escaped(
             Kind::Tools,
-            json!({"name": "t", "inputSchema": {"properties": {"q": {
+            json!({"name": "t", "inputSchema": {"type": "object", "properties": {"q": {
                 "$comment": "c\u{202E}", "x-note": "n\u{202E}", "markdownDescription": "m\u{202E}"}}}}),
         );
         let q = &v["inputSchema"]["properties"]["q"];

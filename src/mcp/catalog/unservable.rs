@@ -1,32 +1,116 @@
 //! Items the catalog refuses to serve: tools whose `x-mcp-header` annotations break the
-//! spec (a client must not offer such a tool), and definitions whose identifiers or
-//! schema data hide characters or whose text fields are not text (`served_text`). Each
-//! is said once in the log, naming the server, the item and the reason, escaped (the
-//! server's parts come from the server). A server lists the same tools again and again; the same refusal is not
-//! logged again, and the memory of what was said is bounded: at most
-//! [`MAX_UNSERVABLE_LOGGED`] refusals, each remembered by a keyed hash of its text (a
-//! server's tool names and reasons can be long; 8 bytes each are kept, not their text).
+//! spec (a client must not offer such a tool), definitions whose identifiers or schema
+//! data hide characters or whose fields are not what the MCP schema says (`served_text`,
+//! `spec_shape`), and definitions nested too deep (`listing`). Each is said once in the
+//! log, naming the server, the item and the reason, escaped (the server's parts come from
+//! the server).
 //!
-//! The bound is a constant, not a config key: it only decides how many distinct refusal
-//! lines are logged (the tools are refused whatever it is), it costs at most 8 KiB, and
-//! the catalog that calls [`note`] is built without the config in reach.
+//! A server lists the same items again and again: a refusal is not logged again while
+//! it stays in the server's listings. What was said is remembered per server and kind,
+//! for the last listing reviewed and the one under review ([`listing_reviewed`] turns the
+//! page): a refusal that goes from a listing and comes back is said again. The bound is
+//! per server and kind too, so a server that floods its listing with refused items
+//! silences only its own further lines, never another server's: at most
+//! [`MAX_UNSERVABLE_LOGGED`] refusal lines per listing of a server and kind, then one
+//! line with how many more there are (said again only when that number changes). Each
+//! refusal is remembered by a keyed hash of its text (8 bytes, not the text), and at most
+//! [`MAX_LISTINGS_REMEMBERED`] (server, kind) memories are kept.
+//!
+//! The bounds are constants, not config keys: they only decide how many distinct refusal
+//! lines are logged (the items are refused whatever they are), and the catalog that calls
+//! [`note_item`] is built without the config in reach.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 
+use super::Kind;
 use crate::aggregator::error::quote_upstream;
 
-/// Distinct (server, tool, reason) refusals remembered so each is logged once; beyond
-/// this many, one line says further refusals go unlogged (the tools are still refused).
-/// Documented in the README (x-mcp-header); a fixed bound, see the module comment.
+/// Distinct refusals logged for one listing of one server and kind; beyond this many, one
+/// line says how many more are not logged (the items are still refused). Documented in
+/// the README; a fixed bound, see the module comment.
 pub const MAX_UNSERVABLE_LOGGED: usize = 1024;
+/// (server, kind) memories kept (64 servers' four kinds); past it one is forgotten, at
+/// worst its refusals are said once more. Memory: at most this many times two sets of
+/// [`MAX_UNSERVABLE_LOGGED`] 8-byte hashes (4 MiB), for that many servers with refusals.
+pub const MAX_LISTINGS_REMEMBERED: usize = 256;
 /// Characters of a server's tool name and of the reason kept in the line.
 const QUOTED_CHARS: usize = 200;
 
-/// The hashes of the refusals said, with the hasher's random keys (so a server cannot
-/// pick names that collide with one said before and so silence its line).
-static SAID: Mutex<Option<(RandomState, HashSet<u64>)>> = Mutex::new(None);
+/// What was said of one server's listings of one kind.
+#[derive(Default)]
+struct Said {
+    /// Refusals of the last listing reviewed, said (or found said) then.
+    before: HashSet<u64>,
+    /// Refusals of the listing under review, said or found in `before`.
+    now: HashSet<u64>,
+    /// Refusals of the listing under review not logged (past the bound).
+    unsaid: usize,
+    /// `unsaid` as the last "more are not logged" line said it (0: none said).
+    unsaid_told: usize,
+}
+
+struct Memory {
+    /// The hasher's random keys (a server cannot pick names that collide with one said
+    /// before and so silence its line).
+    keys: RandomState,
+    said: HashMap<(String, Kind), Said>,
+}
+
+static MEMORY: Mutex<Option<Memory>> = Mutex::new(None);
+
+fn with_memory<T>(f: impl FnOnce(&mut Memory) -> T) -> T {
+    let mut m = MEMORY.lock().unwrap_or_else(|p| p.into_inner());
+    f(m.get_or_insert_with(Memory::new))
+}
+
+impl Memory {
+    fn new() -> Memory {
+        Memory {
+            keys: RandomState::new(),
+            said: HashMap::new(),
+        }
+    }
+
+    /// Whether the refusal of `what` for `why` in `server`'s listing of `kind` is to be
+    /// logged now.
+    fn note(&mut self, server: &str, kind: Kind, what: &str, why: &str) -> bool {
+        let key = self.keys.hash_one((what, why));
+        let at = (server.to_owned(), kind);
+        if !self.said.contains_key(&at) && self.said.len() >= MAX_LISTINGS_REMEMBERED {
+            let gone = self.said.keys().next().cloned();
+            if let Some(gone) = gone {
+                self.said.remove(&gone);
+            }
+        }
+        let s = self.said.entry(at).or_default();
+        if s.now.contains(&key) {
+            return false;
+        }
+        if s.now.len() >= MAX_UNSERVABLE_LOGGED {
+            s.unsaid += 1;
+            return false;
+        }
+        s.now.insert(key);
+        !s.before.contains(&key)
+    }
+
+    /// Turn the page after a listing; how many refusals went unlogged, when that is to be
+    /// said (it changed).
+    fn reviewed(&mut self, server: &str, kind: Kind) -> Option<usize> {
+        let s = self.said.get_mut(&(server.to_owned(), kind))?;
+        s.before = std::mem::take(&mut s.now);
+        let unsaid = std::mem::take(&mut s.unsaid);
+        let tell = unsaid != s.unsaid_told;
+        s.unsaid_told = unsaid;
+        (tell && unsaid > 0).then_some(unsaid)
+    }
+
+    fn forget(&mut self, server: &str) {
+        self.said.retain(|(s, _), _| s != server);
+    }
+}
 
 /// The log line for `what` (`tool "name"`) of `server`, refused for `why` (toolwall's own
 /// words; what came from the server in it already quoted).
@@ -42,6 +126,7 @@ pub fn line(server: &str, what: &str, why: &str) -> String {
 pub fn note_headers(server: &str, tool: &str, why: &str) {
     note(
         server,
+        Kind::Tools,
         &format!("tool {:?}", quote_upstream(tool, QUOTED_CHARS)),
         &format!(
             "its x-mcp-header annotations are invalid ({})",
@@ -51,41 +136,45 @@ pub fn note_headers(server: &str, tool: &str, why: &str) {
 }
 
 /// The refusal of an item of `kind` named `name` (see `served_text::unservable`).
-pub fn note_item(server: &str, kind: super::Kind, name: &str, why: &str) {
-    let kind = match kind {
-        super::Kind::Tools => "tool",
-        super::Kind::Prompts => "prompt",
-        super::Kind::Resources => "resource",
-        super::Kind::Templates => "resource template",
+pub fn note_item(server: &str, kind: Kind, name: &str, why: &str) {
+    let word = match kind {
+        Kind::Tools => "tool",
+        Kind::Prompts => "prompt",
+        Kind::Resources => "resource",
+        Kind::Templates => "resource template",
     };
     note(
         server,
-        &format!("{kind} {:?}", quote_upstream(name, QUOTED_CHARS)),
+        kind,
+        &format!("{word} {:?}", quote_upstream(name, QUOTED_CHARS)),
         why,
     );
 }
 
 /// Log the refusal of `what` of `server`, unless it was said already.
-fn note(server: &str, what: &str, why: &str) {
-    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
-    let (keys, said) = said.get_or_insert_with(|| (RandomState::new(), HashSet::new()));
-    let key = keys.hash_one((server, what, why));
-    if said.contains(&key) {
-        return;
+fn note(server: &str, kind: Kind, what: &str, why: &str) {
+    if with_memory(|m| m.note(server, kind, what, why)) {
+        crate::warn!("{}", line(server, what, why));
     }
-    match said.len() {
-        n if n < MAX_UNSERVABLE_LOGGED => {
-            crate::warn!("{}", line(server, what, why));
-            said.insert(key);
-        }
-        n if n == MAX_UNSERVABLE_LOGGED => {
-            crate::warn!(
-                "more tools, prompts or resources are not served (invalid x-mcp-header annotations, hiding characters in what an agent sends back, text fields that are not text); {MAX_UNSERVABLE_LOGGED} were logged, the rest are not"
-            );
-            said.insert(key);
-        }
-        _ => {}
+}
+
+/// A listing of `server`'s `kind` was reviewed (every refusal in it noted): what it
+/// refused is what the next one is compared with, and the line on refusals not logged is
+/// said when their number changed.
+pub fn listing_reviewed(server: &str, kind: Kind) {
+    let unsaid = with_memory(|m| m.reviewed(server, kind));
+    if let Some(n) = unsaid {
+        crate::warn!(
+            "server {}: {n} more {} of its listing are not served (invalid x-mcp-header annotations, hiding characters in what an agent sends back, fields that are not what the MCP schema says, nesting too deep); {MAX_UNSERVABLE_LOGGED} were logged, the rest are not",
+            quote_upstream(server, QUOTED_CHARS),
+            kind.word(),
+        );
     }
+}
+
+/// Forget a server (removed by a reload).
+pub fn forget(server: &str) {
+    with_memory(|m| m.forget(server));
 }
 
 #[cfg(test)]
@@ -113,17 +202,67 @@ mod tests {
         assert!(l.contains("x-mcp-header"), "{l}");
     }
 
+    fn remembered(m: &Memory, server: &str) -> (usize, usize, usize) {
+        let s = &m.said[&(server.to_owned(), Kind::Tools)];
+        (s.before.len(), s.now.len(), s.unsaid)
+    }
+
     #[test]
     fn what_is_remembered_is_bounded_and_small() {
         let long = "t".repeat(100_000);
         for n in 0..MAX_UNSERVABLE_LOGGED + 10 {
             let name = format!("{n}{long}");
-            note_item("bounded", super::super::Kind::Tools, &name, "why");
-            note_item("bounded", super::super::Kind::Tools, &name, "why");
+            note_item("bounded", Kind::Tools, &name, "why");
+            note_item("bounded", Kind::Tools, &name, "why");
         }
-        let said = SAID.lock().unwrap();
-        let (_, said) = said.as_ref().unwrap();
-        // One past the bound: the line that says the rest go unlogged.
-        assert_eq!(said.len(), MAX_UNSERVABLE_LOGGED + 1);
+        listing_reviewed("bounded", Kind::Tools);
+        let mut m = Memory::new();
+        for n in 0..MAX_UNSERVABLE_LOGGED + 10 {
+            assert_eq!(
+                m.note("s", Kind::Tools, &n.to_string(), "why"),
+                n < MAX_UNSERVABLE_LOGGED
+            );
+            assert!(!m.note("s", Kind::Tools, &n.to_string(), "why"));
+        }
+        // Past the bound nothing is remembered: each noting is counted.
+        assert_eq!(remembered(&m, "s"), (0, MAX_UNSERVABLE_LOGGED, 20));
+        assert_eq!(m.reviewed("s", Kind::Tools), Some(20));
+        assert_eq!(remembered(&m, "s"), (MAX_UNSERVABLE_LOGGED, 0, 0));
+        for n in 0..2 * MAX_LISTINGS_REMEMBERED {
+            m.note(&format!("many{n}"), Kind::Prompts, "p", "why");
+        }
+        assert_eq!(m.said.len(), MAX_LISTINGS_REMEMBERED);
+    }
+
+    #[test]
+    fn one_server_flooding_leaves_another_servers_refusals_said() {
+        let mut m = Memory::new();
+        let flood = |m: &mut Memory| {
+            (0..MAX_UNSERVABLE_LOGGED + 50)
+                .filter(|n| m.note("flooder", Kind::Tools, &format!("t{n}"), "why"))
+                .count()
+        };
+        assert_eq!(flood(&mut m), MAX_UNSERVABLE_LOGGED);
+        assert_eq!(
+            remembered(&m, "flooder").2,
+            50,
+            "its own lines past the bound"
+        );
+        assert!(
+            m.note("other", Kind::Tools, "late", "why"),
+            "another server's is said"
+        );
+        assert_eq!(m.reviewed("flooder", Kind::Tools), Some(50));
+        // The same listing again: no line, and the "more" line is not said again.
+        assert_eq!(flood(&mut m), 0);
+        assert_eq!(m.reviewed("flooder", Kind::Tools), None);
+        // The flood gone, a new refusal is said; one that comes back is said again.
+        assert!(m.note("flooder", Kind::Tools, "after", "why"));
+        assert_eq!(m.reviewed("flooder", Kind::Tools), None);
+        assert!(m.note("flooder", Kind::Tools, "t0", "why"));
+        assert!(!m.note("flooder", Kind::Tools, "after", "why"));
+        m.forget("flooder");
+        assert!(!m.said.contains_key(&("flooder".to_owned(), Kind::Tools)));
+        assert!(m.said.contains_key(&("other".to_owned(), Kind::Tools)));
     }
 }
