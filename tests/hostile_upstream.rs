@@ -2910,3 +2910,44 @@ fn one_server_flooding_the_refusal_log_leaves_another_servers_refusals_said() {
         gw.log()
     );
 }
+
+/// A tool new to a pinned server (`pin = "enforce"`) whose definition would never be
+/// served is not held for approval (approving it could not serve it): it is said as not
+/// served, once, and `pins list` does not offer it. (Failed before: it was held, with a
+/// "held until `toolwall pins approve`" line, and no word that it could never be served.)
+#[test]
+fn a_definition_that_cannot_be_served_is_not_held_for_approval() {
+    let b = Hostile::start();
+    let gw = gateway(&format!(
+        "[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 10\n\n[servers.b]\nurl = \"{}\"\npin = \"enforce\"\n",
+        b.url()
+    ));
+    let mut c = gw.connect();
+    wait_until("b listed and pinned", || served(&mut c, "b__search"));
+    b.set_tool(
+        "late",
+        json!({"name": "late", "inputSchema": {"type": "object"}, "description": 5}),
+    );
+    let before = b.count("tools/list");
+    b.notify("notifications/tools/list_changed", 1);
+    wait_until("b relisted", || b.count("tools/list") > before);
+    wait_until("the refusal said", || {
+        log_lines(
+            &gw,
+            "server b: tool \"late\" is not served: its `description` is not a string",
+        ) == 1
+    });
+    assert!(
+        !gw.log().contains("b__late is new; held"),
+        "held although it can never be served:\n{}",
+        gw.log()
+    );
+    assert!(
+        !pins_json(&gw)
+            .iter()
+            .any(|p| p.to_string().contains("b__late")),
+        "offered for approval: {:?}",
+        pins_json(&gw)
+    );
+    assert!(served(&mut c, "b__search") && !served(&mut c, "b__late"));
+}

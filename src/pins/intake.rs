@@ -27,7 +27,7 @@ use crate::aggregator::budget::ListingBudget;
 use crate::aggregator::error::quote_upstream;
 use crate::mcp::catalog::delta::{self, Delta, Fingerprints};
 use crate::mcp::catalog::listing::{self, Refusal};
-use crate::mcp::catalog::{Entry, Kind, WorkerId};
+use crate::mcp::catalog::{Entry, Kind, WorkerId, served_text, unservable};
 use std::time::Instant;
 
 /// Tools reviewed per pin transaction.
@@ -771,6 +771,15 @@ fn review_tools(
             .into_iter()
             .filter_map(|item| {
                 let key = super::kinds::key(kind, server, &item)?;
+                // A definition that would never be served is not held for approval
+                // either (approving it could not serve it): it is said once as not
+                // served, and its pin, if it has one, stays as it was.
+                if let Some(why) = served_text::unservable(kind, &item) {
+                    let upstream = item.get(kind.key_field()).and_then(Value::as_str);
+                    unservable::note_item(server, kind, upstream.unwrap_or_default(), &why);
+                    listed.insert(key);
+                    return None;
+                }
                 let p = pinned(&item);
                 Some((key, item, p))
             })
