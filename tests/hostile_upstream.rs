@@ -2880,7 +2880,9 @@ fn one_server_flooding_the_refusal_log_leaves_another_servers_refusals_said() {
     ));
     let mut c = gw.connect();
     wait_until("a's flood logged and b listed", || {
-        gw.log().contains("were logged, the rest are not") && served(&mut c, "b__search")
+        gw.log()
+            .contains("are logged in 10 minutes, the rest are not")
+            && served(&mut c, "b__search")
     });
     let refused = log_lines(&gw, "server a: tool \"t");
     assert_eq!(refused, 1024, "a's own lines are bounded");
@@ -2904,7 +2906,7 @@ fn one_server_flooding_the_refusal_log_leaves_another_servers_refusals_said() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(log_lines(&gw, "server a: tool \"t"), 1024);
     assert_eq!(
-        log_lines(&gw, "were logged, the rest are not"),
+        log_lines(&gw, "are logged in 10 minutes, the rest are not"),
         1,
         "{}",
         gw.log()

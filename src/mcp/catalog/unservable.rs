@@ -11,8 +11,11 @@
 //! page): a refusal that goes from a listing and comes back is said again. The bound is
 //! per server and kind too, so a server that floods its listing with refused items
 //! silences only its own further lines, never another server's: at most
-//! [`MAX_UNSERVABLE_LOGGED`] refusal lines per listing of a server and kind, then one
-//! line with how many more there are (said again only when that number changes). Each
+//! [`MAX_UNSERVABLE_LOGGED`] refusal lines per server and kind in [`LOG_WINDOW`] (a server
+//! that renames its refused items at every listing would otherwise get that many lines
+//! per relisting, once a second), then one line with how many more there are (at most
+//! once a window, and only when that number changed). A refusal not logged for the
+//! bound is said in a later window if it is still listed then. Each
 //! refusal is remembered by a keyed hash of its text (8 bytes, not the text), and at most
 //! [`MAX_LISTINGS_REMEMBERED`] (server, kind) memories are kept.
 //!
@@ -23,6 +26,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::Kind;
 use crate::aggregator::error::quote_upstream;
@@ -35,6 +39,9 @@ pub const MAX_UNSERVABLE_LOGGED: usize = 1024;
 /// worst its refusals are said once more. Memory: at most this many times two sets of
 /// [`MAX_UNSERVABLE_LOGGED`] 8-byte hashes (4 MiB), for that many servers with refusals.
 pub const MAX_LISTINGS_REMEMBERED: usize = 256;
+/// The time over which [`MAX_UNSERVABLE_LOGGED`] lines (and one "more" line) of a server
+/// and kind may be logged.
+pub const LOG_WINDOW: Duration = Duration::from_secs(600);
 /// Characters of a server's tool name and of the reason kept in the line.
 const QUOTED_CHARS: usize = 200;
 
@@ -49,6 +56,26 @@ struct Said {
     unsaid: usize,
     /// `unsaid` as the last "more are not logged" line said it (0: none said).
     unsaid_told: usize,
+    /// When the current [`LOG_WINDOW`] began (None: no line yet).
+    window_start: Option<Instant>,
+    /// Refusal lines logged in the current window.
+    logged_in_window: usize,
+    /// A "more are not logged" line was said in the current window.
+    told_in_window: bool,
+}
+
+impl Said {
+    /// Start a new window when the current one is over.
+    fn roll(&mut self, now: Instant) {
+        let over = self
+            .window_start
+            .is_none_or(|start| now.saturating_duration_since(start) >= LOG_WINDOW);
+        if over {
+            self.window_start = Some(now);
+            self.logged_in_window = 0;
+            self.told_in_window = false;
+        }
+    }
 }
 
 struct Memory {
@@ -75,7 +102,7 @@ impl Memory {
 
     /// Whether the refusal of `what` for `why` in `server`'s listing of `kind` is to be
     /// logged now.
-    fn note(&mut self, server: &str, kind: Kind, what: &str, why: &str) -> bool {
+    fn note(&mut self, server: &str, kind: Kind, what: &str, why: &str, now: Instant) -> bool {
         let key = self.keys.hash_one((what, why));
         let at = (server.to_owned(), kind);
         if !self.said.contains_key(&at) && self.said.len() >= MAX_LISTINGS_REMEMBERED {
@@ -92,19 +119,36 @@ impl Memory {
             s.unsaid += 1;
             return false;
         }
+        if s.before.contains(&key) {
+            s.now.insert(key);
+            return false;
+        }
+        s.roll(now);
+        if s.logged_in_window >= MAX_UNSERVABLE_LOGGED {
+            s.unsaid += 1;
+            return false;
+        }
+        s.logged_in_window += 1;
         s.now.insert(key);
-        !s.before.contains(&key)
+        true
     }
 
     /// Turn the page after a listing; how many refusals went unlogged, when that is to be
     /// said (it changed).
-    fn reviewed(&mut self, server: &str, kind: Kind) -> Option<usize> {
+    fn reviewed(&mut self, server: &str, kind: Kind, now: Instant) -> Option<usize> {
         let s = self.said.get_mut(&(server.to_owned(), kind))?;
         s.before = std::mem::take(&mut s.now);
         let unsaid = std::mem::take(&mut s.unsaid);
-        let tell = unsaid != s.unsaid_told;
+        s.roll(now);
+        if unsaid == s.unsaid_told || s.told_in_window {
+            return None;
+        }
         s.unsaid_told = unsaid;
-        (tell && unsaid > 0).then_some(unsaid)
+        if unsaid == 0 {
+            return None;
+        }
+        s.told_in_window = true;
+        Some(unsaid)
     }
 
     fn forget(&mut self, server: &str) {
@@ -153,7 +197,7 @@ pub fn note_item(server: &str, kind: Kind, name: &str, why: &str) {
 
 /// Log the refusal of `what` of `server`, unless it was said already.
 fn note(server: &str, kind: Kind, what: &str, why: &str) {
-    if with_memory(|m| m.note(server, kind, what, why)) {
+    if with_memory(|m| m.note(server, kind, what, why, Instant::now())) {
         crate::warn!("{}", line(server, what, why));
     }
 }
@@ -162,12 +206,13 @@ fn note(server: &str, kind: Kind, what: &str, why: &str) {
 /// refused is what the next one is compared with, and the line on refusals not logged is
 /// said when their number changed.
 pub fn listing_reviewed(server: &str, kind: Kind) {
-    let unsaid = with_memory(|m| m.reviewed(server, kind));
+    let unsaid = with_memory(|m| m.reviewed(server, kind, Instant::now()));
     if let Some(n) = unsaid {
         crate::warn!(
-            "server {}: {n} more {} of its listing are not served (invalid x-mcp-header annotations, hiding characters in what an agent sends back, fields that are not what the MCP schema says, nesting too deep); {MAX_UNSERVABLE_LOGGED} were logged, the rest are not",
+            "server {}: {n} more {} of its listing are not served (invalid x-mcp-header annotations, hiding characters in what an agent sends back, fields that are not what the MCP schema says, nesting too deep); at most {MAX_UNSERVABLE_LOGGED} are logged in {} minutes, the rest are not",
             quote_upstream(server, QUOTED_CHARS),
             kind.word(),
+            LOG_WINDOW.as_secs() / 60,
         );
     }
 }
@@ -217,19 +262,20 @@ mod tests {
         }
         listing_reviewed("bounded", Kind::Tools);
         let mut m = Memory::new();
+        let t = Instant::now();
         for n in 0..MAX_UNSERVABLE_LOGGED + 10 {
             assert_eq!(
-                m.note("s", Kind::Tools, &n.to_string(), "why"),
+                m.note("s", Kind::Tools, &n.to_string(), "why", t),
                 n < MAX_UNSERVABLE_LOGGED
             );
-            assert!(!m.note("s", Kind::Tools, &n.to_string(), "why"));
+            assert!(!m.note("s", Kind::Tools, &n.to_string(), "why", t));
         }
         // Past the bound nothing is remembered: each noting is counted.
         assert_eq!(remembered(&m, "s"), (0, MAX_UNSERVABLE_LOGGED, 20));
-        assert_eq!(m.reviewed("s", Kind::Tools), Some(20));
+        assert_eq!(m.reviewed("s", Kind::Tools, t), Some(20));
         assert_eq!(remembered(&m, "s"), (MAX_UNSERVABLE_LOGGED, 0, 0));
         for n in 0..2 * MAX_LISTINGS_REMEMBERED {
-            m.note(&format!("many{n}"), Kind::Prompts, "p", "why");
+            m.note(&format!("many{n}"), Kind::Prompts, "p", "why", t);
         }
         assert_eq!(m.said.len(), MAX_LISTINGS_REMEMBERED);
     }
@@ -237,32 +283,65 @@ mod tests {
     #[test]
     fn one_server_flooding_leaves_another_servers_refusals_said() {
         let mut m = Memory::new();
-        let flood = |m: &mut Memory| {
+        let t = Instant::now();
+        let flood = |m: &mut Memory, at: Instant| {
             (0..MAX_UNSERVABLE_LOGGED + 50)
-                .filter(|n| m.note("flooder", Kind::Tools, &format!("t{n}"), "why"))
+                .filter(|n| m.note("flooder", Kind::Tools, &format!("t{n}"), "why", at))
                 .count()
         };
-        assert_eq!(flood(&mut m), MAX_UNSERVABLE_LOGGED);
+        assert_eq!(flood(&mut m, t), MAX_UNSERVABLE_LOGGED);
         assert_eq!(
             remembered(&m, "flooder").2,
             50,
             "its own lines past the bound"
         );
         assert!(
-            m.note("other", Kind::Tools, "late", "why"),
+            m.note("other", Kind::Tools, "late", "why", t),
             "another server's is said"
         );
-        assert_eq!(m.reviewed("flooder", Kind::Tools), Some(50));
+        assert_eq!(m.reviewed("flooder", Kind::Tools, t), Some(50));
         // The same listing again: no line, and the "more" line is not said again.
-        assert_eq!(flood(&mut m), 0);
-        assert_eq!(m.reviewed("flooder", Kind::Tools), None);
-        // The flood gone, a new refusal is said; one that comes back is said again.
-        assert!(m.note("flooder", Kind::Tools, "after", "why"));
-        assert_eq!(m.reviewed("flooder", Kind::Tools), None);
-        assert!(m.note("flooder", Kind::Tools, "t0", "why"));
-        assert!(!m.note("flooder", Kind::Tools, "after", "why"));
+        assert_eq!(flood(&mut m, t), 0);
+        assert_eq!(m.reviewed("flooder", Kind::Tools, t), None);
+        // The flood gone: a new refusal waits for the next window (this one's lines are
+        // spent), then is said; one that comes back is said again.
+        assert!(!m.note("flooder", Kind::Tools, "after", "why", t));
+        assert_eq!(
+            m.reviewed("flooder", Kind::Tools, t),
+            None,
+            "told once a window"
+        );
+        let later = t + LOG_WINDOW;
+        assert!(m.note("flooder", Kind::Tools, "after", "why", later));
+        assert_eq!(m.reviewed("flooder", Kind::Tools, later), None);
+        assert!(m.note("flooder", Kind::Tools, "t0", "why", later));
+        assert!(!m.note("flooder", Kind::Tools, "after", "why", later));
         m.forget("flooder");
         assert!(!m.said.contains_key(&("flooder".to_owned(), Kind::Tools)));
         assert!(m.said.contains_key(&("other".to_owned(), Kind::Tools)));
+    }
+
+    /// A server that renames its refused items at every listing gets at most
+    /// MAX_UNSERVABLE_LOGGED lines and one "more" line per window, however often it is
+    /// listed. (Failed before: every relisting logged MAX_UNSERVABLE_LOGGED lines anew.)
+    #[test]
+    fn a_server_renaming_its_refusals_at_every_listing_is_bounded_over_time() {
+        let mut m = Memory::new();
+        let t = Instant::now();
+        let (mut lines, mut more) = (0, 0);
+        for listing in 0..20 {
+            let at = t + Duration::from_secs(listing);
+            lines += (0..MAX_UNSERVABLE_LOGGED)
+                .filter(|n| m.note("rot", Kind::Tools, &format!("l{listing}-{n}"), "why", at))
+                .count();
+            more += usize::from(m.reviewed("rot", Kind::Tools, at).is_some());
+        }
+        assert_eq!((lines, more), (MAX_UNSERVABLE_LOGGED, 1));
+        // The next window: its lines again.
+        let next = t + LOG_WINDOW + Duration::from_secs(20);
+        let said = (0..10)
+            .filter(|n| m.note("rot", Kind::Tools, &format!("n{n}"), "why", next))
+            .count();
+        assert_eq!(said, 10);
     }
 }
