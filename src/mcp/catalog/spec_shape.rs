@@ -18,6 +18,9 @@ use serde_json::Value;
 use super::Kind;
 use crate::aggregator::error::quote_upstream;
 
+/// The largest float that is still an exact whole number (2^53).
+const MAX_EXACT_FLOAT: f64 = 9_007_199_254_740_992.0;
+
 /// What a field must be.
 #[derive(Debug, Clone, Copy)]
 enum Shape {
@@ -45,7 +48,14 @@ impl Shape {
             Shape::Schema => v.is_object() || v.is_boolean(),
             Shape::OneOf(words) => v.as_str().is_some_and(|s| words.contains(&s)),
             Shape::Unit => v.as_f64().is_some_and(|n| (0.0..=1.0).contains(&n)),
-            Shape::Count => v.is_u64() || v.as_f64().is_some_and(|n| n >= 0.0 && n.fract() == 0.0),
+            // An integer toolwall serves as one: a float is a count only while it is exact
+            // (2^53); beyond, or beyond u64 (which toolwall reads as a float), a client's
+            // integer parser refuses it, and the whole listing with it.
+            Shape::Count => {
+                v.is_u64()
+                    || v.as_f64()
+                        .is_some_and(|n| (0.0..=MAX_EXACT_FLOAT).contains(&n) && n.fract() == 0.0)
+            }
         }
     }
 
@@ -398,6 +408,16 @@ mod tests {
             (json!({"size": "12"}), "size"),
             (json!({"size": 1.5}), "size"),
             (json!({"size": -1}), "size"),
+            // Counts a client's integer parser refuses (atk9 F1: the SDK refused every
+            // server's resources for one of these): floats past 2^53, and integers past
+            // u64, which toolwall reads as floats.
+            (json!({"size": 1e300}), "size"),
+            (json!({"size": 1e19}), "size"),
+            (json!({"size": 9.3e18}), "size"),
+            (
+                serde_json::from_str::<Value>(r#"{"size": 18446744073709551616}"#).unwrap(),
+                "size",
+            ),
             (json!({"mimeType": ["text/plain"]}), "mimeType"),
             (json!({"name": 5}), "name"),
         ] {
