@@ -61,9 +61,14 @@ impl Hostile {
     }
 
     fn control(&self, body: Value) -> Value {
+        self.control_text(&body.to_string())
+    }
+
+    /// A control message as JSON text: values a `Value` cannot hold (a lone surrogate
+    /// escape, a 400-digit number) reach the fixture, which serves them as they are.
+    fn control_text(&self, body: &str) -> Value {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("control");
         s.set_read_timeout(Some(PATIENCE)).unwrap();
-        let body = body.to_string();
         write!(
             s,
             "POST /control HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -2955,4 +2960,36 @@ fn a_definition_that_cannot_be_served_is_not_held_for_approval() {
         pins_json(&gw)
     );
     assert!(served(&mut c, "b__search") && !served(&mut c, "b__late"));
+}
+
+/// A definition holding a value JSON allows and toolwall's reader cannot hold (a lone
+/// surrogate escape, an integer of 400 digits) is not served and is said, naming it.
+/// (Failed before: both vanished without a log line, atk9 F3.)
+#[test]
+fn a_definition_toolwall_cannot_read_is_said() {
+    let up = Hostile::start();
+    let lone = json!({"action": "set_tool", "name": "lone", "definition":
+        {"name": "lone", "inputSchema": {"type": "object"}, "description": "a@SURROGATE@b"}})
+    .to_string()
+    .replace("@SURROGATE@", "\\ud800");
+    up.control_text(&lone);
+    let huge = json!({"action": "set_tool", "name": "huge", "definition":
+        {"name": "huge", "inputSchema": {"type": "object"}, "_meta": {"n": "@BIG@"}}})
+    .to_string()
+    .replace("\"@BIG@\"", &format!("1{}", "0".repeat(400)));
+    up.control_text(&huge);
+    let gw = fx_gateway(&up);
+    let mut c = gw.connect();
+    wait_until("fx listed", || served(&mut c, "fx__search"));
+    for name in ["lone", "huge"] {
+        wait_until(&format!("{name} said"), || {
+            log_lines(
+                &gw,
+                &format!(
+                    "server fx: tool \"{name}\" is not served: it holds a value toolwall cannot read"
+                ),
+            ) == 1
+        });
+        assert!(!served(&mut c, &format!("fx__{name}")));
+    }
 }

@@ -577,7 +577,7 @@ fn review_listing(store: Option<&mut PinStore>, job: &ListingJob) -> Result<Revi
         let entries = items
             .into_iter()
             .filter_map(|raw| {
-                let item = listing::parse(raw);
+                let item = listing::parse(&job.server, job.kind, raw);
                 Entry::listed_tallied(
                     job.kind,
                     &job.server,
@@ -630,7 +630,7 @@ fn review_tools(
             push_unreviewed(
                 &mut out,
                 job,
-                listing::parse(raw),
+                listing::parse(&job.server, job.kind, raw),
                 enforce,
                 "the pin store is not open",
             );
@@ -766,7 +766,11 @@ fn review_tools(
     let mut listed: HashSet<String> = HashSet::with_capacity(items.len());
     let mut items = items.into_iter().peekable();
     while items.peek().is_some() {
-        let chunk: Vec<Value> = items.by_ref().take(CHUNK).map(listing::parse).collect();
+        let chunk: Vec<Value> = items
+            .by_ref()
+            .take(CHUNK)
+            .map(|raw| listing::parse(server, kind, raw))
+            .collect();
         let prepared: Vec<(String, Value, super::digest::Pinned)> = chunk
             .into_iter()
             .filter_map(|item| {

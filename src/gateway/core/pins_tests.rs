@@ -49,7 +49,7 @@ impl Pins {
                 new_on_sight: job.kind == Kind::Resources,
             };
             for raw in items {
-                let item = listing::parse(raw);
+                let item = listing::parse(&job.server, job.kind, raw);
                 if job.kind != Kind::Tools {
                     out.entries.extend(Entry::listed(
                         job.kind,

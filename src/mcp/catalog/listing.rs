@@ -192,9 +192,24 @@ fn item_key(kind: Kind, raw: &RawValue) -> Option<String> {
     acceptable_key(kind, &probe).then(|| key.as_str().unwrap_or_default().to_owned())
 }
 
-/// One checked item as a tree (it parsed once already: this cannot fail on the same text).
-pub fn parse(raw: &RawValue) -> Value {
-    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
+/// One checked item of `server`'s listing of `kind` as a tree. The check read it as JSON
+/// text; values JSON allows and a tree cannot hold (a number beyond a 64-bit float, a lone
+/// surrogate escape) fail here: such an item is not served, and said once like every
+/// other refusal (it was dropped without a word: atk9 F3).
+pub fn parse(server: &str, kind: Kind, raw: &RawValue) -> Value {
+    match serde_json::from_str(raw.get()) {
+        Ok(item) => item,
+        Err(e) => {
+            let name = item_key(kind, raw).unwrap_or_else(|| "(its name unreadable)".into());
+            super::unservable::note_item(
+                server,
+                kind,
+                &name,
+                &format!("it holds a value toolwall cannot read ({e})"),
+            );
+            Value::Null
+        }
+    }
 }
 
 fn over_bytes(server: &str, kind: Kind, bytes: usize, budget: &ListingBudget) -> Refusal {
@@ -222,7 +237,11 @@ mod tests {
     fn within_budget_passes_and_over_is_refused_naming_the_key() {
         let ok = json!([{"name": "a"}, {"name": "b.c/d-e_f"}]).to_string();
         assert_eq!(
-            parse(check("s", Kind::Tools, &ok, &budget()).unwrap()[1])["name"],
+            parse(
+                "s",
+                Kind::Tools,
+                check("s", Kind::Tools, &ok, &budget()).unwrap()[1]
+            )["name"],
             "b.c/d-e_f"
         );
         assert_eq!(check("s", Kind::Tools, &ok, &budget()).unwrap().len(), 2);
@@ -268,7 +287,10 @@ mod tests {
                 &ListingBudget::plain(3, 1 << 20, 5),
             )
             .unwrap();
-            let names: Vec<Value> = items.iter().map(|r| parse(r)["name"].clone()).collect();
+            let names: Vec<Value> = items
+                .iter()
+                .map(|r| parse("s", Kind::Tools, r)["name"].clone())
+                .collect();
             if 2 * levels + 2 <= MAX_DEFINITION_DEPTH {
                 assert_eq!(names, [json!("ok"), json!("deep")], "{levels}");
             } else {
