@@ -15,7 +15,9 @@
 //! - a zero-width joiner between two pictographs and a variation selector 15/16 after a
 //!   pictograph (emoji ZWJ sequences such as 👩‍💻 and ❤️): they carry no letters. Tag
 //!   characters are escaped even inside emoji flag sequences (they are the hidden-text
-//!   channel).
+//!   channel);
+//! - a ZWNJ or ZWJ inside a word of a script that spells with them (Arabic, Persian, the
+//!   Indic scripts), and a soft hyphen between two letters: part of how words are written.
 //!
 //! A backslash is not doubled: served text is never read back, and descriptions hold
 //! paths and regular expressions.
@@ -316,10 +318,20 @@ fn escape_text(text: &str, found: &mut Found) -> Option<String> {
         match c {
             '\n' | '\t' => false,
             '\r' => chars.get(i + 1) != Some(&'\n'),
+            // Inside a word of a script that writes with joiners (Persian "می‌خواهم",
+            // Devanagari "क्‍ष"): part of the spelling, kept.
+            '\u{200C}' | '\u{200D}' if joins_script_letters(&chars, i) => false,
             '\u{200D}' => {
                 !(i > 0
                     && chars.get(i + 1).copied().is_some_and(pictograph)
                     && (pictograph(chars[i - 1]) || is_emoji_style(chars[i - 1])))
+            }
+            // A soft hyphen inside a word (German "Silben\u{AD}trennung"): a hyphenation
+            // hint, kept.
+            '\u{00AD}' => {
+                !(i > 0
+                    && chars[i - 1].is_alphabetic()
+                    && chars.get(i + 1).is_some_and(|c| c.is_alphabetic()))
             }
             // After a pictograph, or in a keycap (`1`, U+FE0F, U+20E3).
             '\u{FE0E}' | '\u{FE0F}' => {
@@ -343,6 +355,17 @@ fn escape_text(text: &str, found: &mut Found) -> Option<String> {
         }
     }
     Some(out)
+}
+
+/// A joiner at `i` between two characters of the scripts whose spelling uses ZWNJ/ZWJ
+/// (Arabic and Persian, Syriac, Thaana, N'Ko, the Indic scripts through Sinhala, Arabic
+/// presentation forms). Between Latin letters, or alone, a joiner still hides.
+fn joins_script_letters(chars: &[char], i: usize) -> bool {
+    let joining = |c: char| {
+        matches!(u32::from(c),
+            0x0600..=0x08FF | 0x0900..=0x0DFF | 0xFB50..=0xFDFF | 0xFE70..=0xFEFF)
+    };
+    i > 0 && joining(chars[i - 1]) && chars.get(i + 1).copied().is_some_and(joining)
 }
 
 fn is_emoji_style(c: char) -> bool {
@@ -420,6 +443,9 @@ mod tests {
             "Résumé des données — 検索 (v2)\n\tnext line\r\nthird",
             "Ship it 🚀 👩‍💻 ❤️ 👍🏽 👨‍👩‍👧 1 < 2 & \\d+ C:\\path",
             "Ελληνικά, русский, العربية, עברית, हिन्दी",
+            // Joiners in the spelling of Persian and Devanagari, a German soft hyphen
+            // (atk9 F4: an SDK server's enum of these was refused).
+            "می\u{200C}خواهم, क्\u{200D}ष, Silben\u{AD}trennung",
         ] {
             let (v, t) = escaped(Kind::Prompts, json!({"name": "p", "description": d}));
             assert_eq!(v["description"], d);
@@ -431,6 +457,19 @@ mod tests {
             json!({"name": "t", "description": "pa\u{200D}y\u{FE0F}"}),
         );
         assert_eq!(v["description"], "pa\\u{200d}y\\u{fe0f}");
+        // Between Latin letters, at a word's edge or alone, they still hide.
+        let (v, _) = escaped(
+            Kind::Tools,
+            json!({"name": "t", "description": "ig\u{200C}nore \u{200C}خ x\u{AD} \u{AD}y"}),
+        );
+        assert_eq!(
+            v["description"],
+            "ig\\u{200c}nore \\u{200c}خ x\\u{ad} \\u{ad}y"
+        );
+        // In data (an enum), the same words pass.
+        let tool = json!({"name": "t", "inputSchema": {"type": "object", "properties":
+            {"w": {"type": "string", "enum": ["می\u{200C}خواهم", "क्\u{200D}ष"]}}}});
+        assert_eq!(unservable(Kind::Tools, &tool), None);
     }
 
     #[test]
