@@ -337,7 +337,7 @@ fn escape_text(text: &str, found: &mut Found) -> Option<String> {
             '\u{FE0E}' | '\u{FE0F}' => {
                 !(i > 0 && pictograph(chars[i - 1]) || chars.get(i + 1) == Some(&'\u{20E3}'))
             }
-            c => c.is_control() || is_format(c),
+            c => c.is_control() || is_format(c) || is_blank_filler(c),
         }
     };
     let first = (0..chars.len()).find(|&i| hides(i))?;
@@ -366,6 +366,15 @@ fn joins_script_letters(chars: &[char], i: usize) -> bool {
             0x0600..=0x08FF | 0x0900..=0x0DFF | 0xFB50..=0xFDFF | 0xFE70..=0xFEFF)
     };
     i > 0 && joining(chars[i - 1]) && chars.get(i + 1).copied().is_some_and(joining)
+}
+
+/// Characters outside Unicode's format category that render as nothing and carry no
+/// text: the blank Braille pattern (a common invisible filler) and the noncharacters
+/// (U+FDD0..U+FDEF and the last two code points of every plane), which Unicode reserves
+/// from interchange.
+fn is_blank_filler(c: char) -> bool {
+    let u = u32::from(c);
+    u == 0x2800 || (0xFDD0..=0xFDEF).contains(&u) || (u & 0xFFFE) == 0xFFFE
 }
 
 fn is_emoji_style(c: char) -> bool {
@@ -457,6 +466,12 @@ mod tests {
             json!({"name": "t", "description": "pa\u{200D}y\u{FE0F}"}),
         );
         assert_eq!(v["description"], "pa\\u{200d}y\\u{fe0f}");
+        // Blank fillers and noncharacters (atk9 F6) are escaped.
+        let (v, _) = escaped(
+            Kind::Tools,
+            json!({"name": "t", "description": "a\u{2800}b\u{FFFF}c\u{FDD0}\u{1FFFE}"}),
+        );
+        assert_eq!(v["description"], "a\\u{2800}b\\u{ffff}c\\u{fdd0}\\u{1fffe}");
         // Between Latin letters, at a word's edge or alone, they still hide.
         let (v, _) = escaped(
             Kind::Tools,
