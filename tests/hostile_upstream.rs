@@ -1434,12 +1434,11 @@ fn another_name_at_another_spelling_of_the_address_does_not_inherit_trust() {
     let names = tool_names(&mut c);
     assert!(!names.iter().any(|n| n.starts_with("fx2__")), "{names:?}");
     assert_eq!(pin(&gw, "fx2__search")["state"], "new");
-    assert!(
+    // The pin rows are written by the intake before the loop logs its summary.
+    wait_until("the second address said", || {
         gw.log()
-            .contains("pin: server fx2 is reached where server fx is already pinned"),
-        "{}",
-        gw.log()
-    );
+            .contains("pin: server fx2 is reached where server fx is already pinned")
+    });
 }
 
 // ---- the fixture as a local (stdio) server ----------------------------------------------------
@@ -1727,12 +1726,11 @@ fn a_renamed_local_server_with_its_program_spelled_otherwise_is_held() {
         "{names:?}"
     );
     assert_eq!(pin(&gw, "renamed__search")["state"], "new");
-    assert!(
+    // The pin rows are written by the intake before the loop logs its summary.
+    wait_until("the rename said", || {
         gw.log()
-            .contains("pin: server renamed is reached where server loc was"),
-        "{}",
-        gw.log()
-    );
+            .contains("pin: server renamed is reached where server loc was")
+    });
 }
 
 /// A request written on a kept-alive connection the server is closing as idle fails (and a
