@@ -2991,3 +2991,44 @@ fn a_definition_toolwall_cannot_read_is_said() {
         assert!(!served(&mut c, &format!("fx__{name}")));
     }
 }
+
+/// A definition larger than one answer may carry is never listed, and that is said once,
+/// naming it and the key. (Failed before: pinned, approvable, never listed, never said;
+/// atk9 F3b.)
+#[test]
+fn a_definition_too_large_for_an_answer_is_said() {
+    let up = Hostile::start();
+    up.set_tool(
+        "big",
+        json!({"name": "big", "inputSchema": {"type": "object"},
+               "description": "x".repeat(100_000)}),
+    );
+    let gw = gateway(&format!(
+        "[gateway]\nmax_answer_bytes = 65536\n\n[servers]\nrefresh_secs = 0\nrelist_min_interval_ms = 10\n\n[servers.fx]\nurl = \"{}\"\n",
+        up.url()
+    ));
+    let mut c = gw.connect();
+    wait_until("fx listed", || served(&mut c, "fx__search"));
+    assert!(!served(&mut c, "fx__big"));
+    wait_until("big said", || {
+        log_lines(
+            &gw,
+            "server fx: tool \"big\" is not served: its definition is",
+        ) == 1
+    });
+    assert!(
+        gw.log().contains("gateway.max_answer_bytes"),
+        "{}",
+        gw.log()
+    );
+    // Listed again and again: said once.
+    for _ in 0..3 {
+        assert!(!served(&mut c, "fx__big"));
+    }
+    assert_eq!(
+        log_lines(&gw, "server fx: tool \"big\" is not served"),
+        1,
+        "{}",
+        gw.log()
+    );
+}

@@ -419,6 +419,19 @@ impl Catalog {
             // even alone is never listed (an agent could not receive it).
             if out.len() + entry.json.len() + entry.key.len() + 64 > max_bytes {
                 if entry.json.len() + 64 > max_bytes {
+                    // Said once per listing like every refusal (atk9 F3b: it was pinned,
+                    // approvable and never listed, without a word).
+                    unservable::note_item(
+                        &entry.server,
+                        kind,
+                        &entry.upstream,
+                        &format!(
+                            "its definition is {} bytes, more than one answer may carry \
+                             ({max_bytes} bytes: gateway.max_answer_bytes less room for the \
+                             envelope)",
+                            entry.json.len()
+                        ),
+                    );
                     continue;
                 }
                 more = true;
