@@ -365,7 +365,7 @@ impl UpstreamsState {
             let n = |k: &str| f.get(k).and_then(Value::as_u64).unwrap_or(0);
             self.board.add_counts(server, n("coalesced"), n("dropped"));
             if ok.is_some()
-                && let Some(line) = self.notes.left_out(server, kind, &f)
+                && let Some(line) = self.notes.left_out(server, kind, &f, wall_ms)
             {
                 self.logs.push((true, line));
             }
@@ -575,7 +575,10 @@ impl UpstreamsState {
                 removed = Some(gone);
             }
         }
-        for line in self.notes.escaped(server, kind, &reviewed.text_tally) {
+        for line in self
+            .notes
+            .escaped(server, kind, &reviewed.text_tally, wall_ms)
+        {
             applied.logs.push((true, line));
         }
         if let Some(summary) = &reviewed.summary {
