@@ -454,3 +454,36 @@ fn framed_held_calls_end_when_their_agent_hangs_up_past_the_in_flight_bound() {
         rows.len() >= 64 && rows.iter().all(|r| r["decision"] == "cancelled")
     });
 }
+
+#[test]
+fn framed_requests_sent_with_their_end_of_input_are_answered_and_the_end_is_seen() {
+    // The gateway stops reading a connection when a read returns less than it had room
+    // for; an end of input that came with the bytes (one readiness event for both) must
+    // still be read, or the agent's hang-up would never be seen.
+    let gw = HttpGateway::start("", ASK_ECHO);
+    for round in 0..20 {
+        // A ping and then the end: the answer comes, then the gateway closes.
+        let mut agent = gw.connect();
+        let sid = agent.request(json!(round), "ping", Some(json!({})));
+        agent.stream.shutdown(std::net::Shutdown::Write).unwrap();
+        let reply = agent.recv().expect("the ping is answered");
+        assert_eq!(reply.stream, sid);
+        assert_eq!(reply.body["result"], json!({}));
+        assert!(
+            agent.closed_by_peer(),
+            "round {round}: the end of input is seen"
+        );
+        // A held call and then the end: nobody is left to approve it, so it ends.
+        let mut asker = gw.connect();
+        asker.request(
+            json!(round),
+            "tools/call",
+            Some(json!({"name": "local__echo", "arguments": {"text": "ASK held"}})),
+        );
+        asker.stream.shutdown(std::net::Shutdown::Write).unwrap();
+        gw.wait_rows("the held call cancelled", |rows| {
+            rows.len() == round + 1 && rows.iter().all(|r| r["decision"] == "cancelled")
+        });
+    }
+    assert!(pending(&gw).is_empty());
+}

@@ -198,6 +198,7 @@ impl Gateway {
                             Token(t),
                             self.poll.registry(),
                             now,
+                            event.is_read_closed() || event.is_error(),
                             &mut worker_events,
                         );
                     }

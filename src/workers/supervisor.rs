@@ -582,12 +582,14 @@ impl Supervisor {
         }
     }
 
-    /// Readable/writable on a worker's channel.
+    /// Readable/writable on a worker's channel; `hung_up` when the event says the worker
+    /// closed its side.
     pub fn on_io(
         &mut self,
         token: Token,
         registry: &Registry,
         now: Instant,
+        hung_up: bool,
         events: &mut Vec<WorkerEvent>,
     ) {
         let Some(i) = self.index(token) else { return };
@@ -599,10 +601,18 @@ impl Supervisor {
         let mut fault: Option<String> = None;
         loop {
             let spare = w.reader.spare();
+            let spare_len = spare.len();
             match stream.read(spare) {
                 Ok(0) => {
                     w.reader.filled(0);
                     fault = Some("closed its channel".into());
+                    break;
+                }
+                // A short read emptied the socket (as in the gateway's connections: the
+                // next arrival raises a new event), unless the worker hung up: then read
+                // on to its end of file.
+                Ok(n) if n < spare_len && !hung_up => {
+                    w.reader.filled(n);
                     break;
                 }
                 Ok(n) => w.reader.filled(n),

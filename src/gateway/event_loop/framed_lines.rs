@@ -32,6 +32,13 @@ impl Gateway {
         }
         // Fairness: this many messages and reads, then the other connections' turn.
         let mut budget = limits.max_messages_per_turn;
+        // A read that returned less than it had room for emptied the socket: reading again
+        // would only fetch `WouldBlock` (a system call per message at one message per
+        // read). Data that arrives later raises a new readiness event (edge-triggered
+        // epoll signals every arrival; see epoll(7) on short reads of stream sockets). A
+        // hang-up may have come with the data in the same event, so a connection that
+        // hung up is read to its end as before.
+        let mut emptied = false;
         loop {
             let Some(Some(c)) = self.conns.get_mut(slot) else {
                 return;
@@ -133,6 +140,15 @@ impl Gateway {
             if c.read_closed || c.broken {
                 return;
             }
+            if emptied && !c.hung_up {
+                // As at `WouldBlock`: every whole message is handed over.
+                if let Wire::Framed(inb) = &c.wire
+                    && !inb.has_partial()
+                {
+                    c.partial_since = None;
+                }
+                return;
+            }
             if is_stdio {
                 let Some(side) = self.stdio.as_mut() else {
                     return;
@@ -188,6 +204,7 @@ impl Gateway {
                 c.paused = true;
                 return;
             }
+            let spare_len = spare.len();
             match c.io.read(spare) {
                 Ok(0) => {
                     inb.filled(0);
@@ -195,6 +212,7 @@ impl Gateway {
                     return;
                 }
                 Ok(n) => {
+                    emptied = n < spare_len;
                     inb.filled(n);
                     c.guard.on_read(n, now);
                     if inb.has_partial() {
