@@ -153,6 +153,7 @@ impl<R: Recorder> Core<R> {
         let by_uri = parsed
             .as_ref()
             .is_ok_and(|p| super::forwarded::by_uri(routed, p));
+        let names_target = target_name.is_some();
         let mut x = Box::new(Exchange {
             routed,
             from,
@@ -160,7 +161,7 @@ impl<R: Recorder> Core<R> {
                 worker: 0,
                 server: String::new(),
                 upstream: String::new(),
-                name: target_name.clone().unwrap_or_default(),
+                name: target_name.unwrap_or_default(),
                 tool: None,
                 resource: None,
             },
@@ -184,17 +185,17 @@ impl<R: Recorder> Core<R> {
             arrived_bytes: ctx.bytes_received,
         });
         // Malformed params: still a row, then a JSON-RPC error.
-        let fault = match (&parsed, &target_name) {
+        let fault = match (&parsed, names_target) {
             // Well-formed JSON a value cannot hold (a number beyond f64, say): say so.
             (Err(e), _) => Some(format!("invalid params: {e}")),
-            (Ok(Value::Object(_)), None) => Some(super::forwarded::missing_target(routed)),
-            (Ok(p), Some(_)) => match p.get("arguments") {
+            (Ok(Value::Object(_)), false) => Some(super::forwarded::missing_target(routed)),
+            (Ok(p), true) => match p.get("arguments") {
                 Some(a) if !a.is_object() && routed.has_arguments() => {
                     Some("invalid params: arguments must be an object".to_owned())
                 }
                 _ => None,
             },
-            (Ok(_), None) => Some("invalid params: params must be an object".to_owned()),
+            (Ok(_), false) => Some("invalid params: params must be an object".to_owned()),
         };
         if let Some(message) = fault {
             self.start_row(&x, ctx.bytes_received, raw, decision::ERROR);
@@ -226,20 +227,18 @@ impl<R: Recorder> Core<R> {
                 None,
             ),
         };
+        let unknown = entry.is_none();
         // Policy, pins and the ledger know a tool or prompt by `server__name`, whatever
-        // agents call it (`prefix = false`: see mcp::catalog::names).
-        let name = match &entry {
-            Some(e) if !by_uri => e.name.clone(),
-            _ => name,
-        };
-        match &entry {
+        // agents call it (`prefix = false`: see mcp::catalog::names). The route's strings
+        // are moved into the target, not copied.
+        let name = match entry {
             Some(e) => {
                 x.target.worker = e.worker;
-                x.target.server = e.server.clone();
-                x.target.upstream = e.upstream.clone();
+                x.target.server = e.server;
                 if !by_uri {
-                    x.target.name = e.upstream.clone();
+                    x.target.name.clone_from(&e.upstream);
                 }
+                x.target.upstream = e.upstream;
                 if routed == Routed::CallTool
                     && !e.declares_input
                     && let Some(args) = x.arguments_mut()
@@ -256,6 +255,7 @@ impl<R: Recorder> Core<R> {
                         *args = inner.clone();
                     }
                 }
+                if by_uri { name } else { e.name }
             }
             None => {
                 if let Some((server, bare)) = split_namespaced(&name) {
@@ -264,8 +264,9 @@ impl<R: Recorder> Core<R> {
                         x.target.name = bare.to_owned();
                     }
                 }
+                name
             }
-        }
+        };
         match routed {
             Routed::CallTool => x.target.tool = Some(name.clone()),
             _ if by_uri => x.target.resource = Some(name.clone()),
@@ -297,7 +298,6 @@ impl<R: Recorder> Core<R> {
             Verdict::Block => decision::DENIED,
         };
         x.request_decision = decision;
-        let unknown = entry.is_none();
         self.start_row(
             &x,
             ctx.bytes_received,
