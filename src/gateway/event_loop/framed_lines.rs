@@ -96,6 +96,14 @@ impl Gateway {
                         };
                         self.core
                             .on_message(conn, peer, process, expect, stream, payload, now);
+                        // The frame deadline runs from the start of the frame now arriving,
+                        // not of the first one of a run of reads that each end one frame
+                        // and begin the next.
+                        if let Some(Some(c)) = self.conns.get_mut(slot)
+                            && let Wire::Framed(inb) = &c.wire
+                        {
+                            c.partial_since = inb.has_partial().then_some(now);
+                        }
                         continue;
                     }
                     Some(Inbound::Refuse { stream, bytes }) => {
