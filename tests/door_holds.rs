@@ -487,3 +487,31 @@ fn framed_requests_sent_with_their_end_of_input_are_answered_and_the_end_is_seen
     }
     assert!(pending(&gw).is_empty());
 }
+
+#[test]
+fn a_held_call_whose_agent_stops_sending_is_answered_before_the_connection_closes() {
+    // The agent sends a call that is held, then closes its sending side: nobody can
+    // approve the call through it any more, so the call ends; the agent still reads, so
+    // it gets that answer, and only then does the gateway close.
+    let gw = HttpGateway::start("", ASK_ECHO);
+    for round in 0..5 {
+        let mut agent = gw.connect();
+        let sid = agent.request(
+            json!(round),
+            "tools/call",
+            Some(json!({"name": "local__echo", "arguments": {"text": "ASK then stop"}})),
+        );
+        wait_pending(&gw, 1);
+        agent.stream.shutdown(std::net::Shutdown::Write).unwrap();
+        let reply = agent
+            .recv()
+            .unwrap_or_else(|| panic!("round {round}: the held call is answered"));
+        assert_eq!(reply.stream, sid);
+        assert_eq!(reply.body["id"], json!(round), "{:?}", reply.body);
+        assert!(
+            agent.closed_by_peer(),
+            "round {round}: then the gateway closes"
+        );
+        wait_pending(&gw, 0);
+    }
+}

@@ -230,8 +230,10 @@ impl Gateway {
             self.tell_systemd();
             self.tell_output_waiting();
             self.resume_paused(now);
-            self.end_turn(now, &mut worker_events);
+            // Before the turn's last commit: the answers that ending an agent's held calls
+            // gives are written before a finished connection closes.
             self.report_eofs(now);
+            self.end_turn(now, &mut worker_events);
             self.close_finished();
             if let Some(exit) = self.check_exit(now) {
                 return Ok(exit);
