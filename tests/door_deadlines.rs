@@ -289,42 +289,55 @@ fn a_half_frame_is_answered_with_an_error_naming_the_frame_deadline() {
 /// The frame deadline bounds one frame, not a run of them: a client whose every write ends
 /// one frame and begins the next (a buffered writer, a proxy that re-chunks) always has a
 /// partial frame buffered, yet each frame arrives whole well within the deadline, so it is
-/// served past the deadline, every frame answered.
+/// served past the deadline, every frame answered; frames the door refuses (a request on
+/// stream 0) count as arrived too.
 #[test]
 fn writes_that_each_end_one_frame_and_begin_the_next_are_not_a_late_frame() {
     let gw = HttpGateway::start("", "[gateway]\nframe_timeout_secs = 2\n");
-    let mut c = gw.connect();
-    let frames: Vec<Vec<u8>> = (0..25u32)
-        .map(|i| {
-            let msg = json!({"jsonrpc": "2.0", "id": i, "method": "ping"});
-            let mut frame = Vec::new();
-            toolwall_relay::frame::encode(
-                &mut frame,
-                i + 1,
-                0,
-                "agent",
-                msg.to_string().as_bytes(),
-            )
-            .unwrap();
-            frame
-        })
-        .collect();
-    // 25 frames, one every 0.2 s: 5 s in all, each frame's bytes 0.2 s apart at most.
-    let half = |f: &Vec<u8>| f.len() / 2;
-    c.send_raw(&frames[0][..half(&frames[0])]);
-    for i in 0..frames.len() {
-        std::thread::sleep(Duration::from_millis(200));
-        let mut piece = frames[i][half(&frames[i])..].to_vec();
-        if let Some(next) = frames.get(i + 1) {
-            piece.extend_from_slice(&next[..half(next)]);
+    for refused in [false, true] {
+        let mut c = gw.connect();
+        let stream = |i: u32| if refused { 0 } else { i + 1 };
+        let frames: Vec<Vec<u8>> = (0..25u32)
+            .map(|i| {
+                let msg = json!({"jsonrpc": "2.0", "id": i, "method": "ping"});
+                let mut frame = Vec::new();
+                toolwall_relay::frame::encode(
+                    &mut frame,
+                    stream(i),
+                    0,
+                    "agent",
+                    msg.to_string().as_bytes(),
+                )
+                .unwrap();
+                frame
+            })
+            .collect();
+        // 25 frames, one every 0.2 s: 5 s in all, each frame's bytes 0.2 s apart at most.
+        let half = |f: &Vec<u8>| f.len() / 2;
+        c.send_raw(&frames[0][..half(&frames[0])]);
+        for i in 0..frames.len() {
+            std::thread::sleep(Duration::from_millis(200));
+            let mut piece = frames[i][half(&frames[i])..].to_vec();
+            if let Some(next) = frames.get(i + 1) {
+                piece.extend_from_slice(&next[..half(next)]);
+            }
+            c.send_raw(&piece);
         }
-        c.send_raw(&piece);
-    }
-    for i in 0..frames.len() as u32 {
-        let reply = c
-            .recv()
-            .unwrap_or_else(|| panic!("frame {} answered", i + 1));
-        assert_eq!(reply.stream, i + 1, "{:?}", reply.body);
-        assert_eq!(reply.body["result"], json!({}), "{:?}", reply.body);
+        for i in 0..frames.len() as u32 {
+            let reply = c
+                .recv()
+                .unwrap_or_else(|| panic!("frame {} answered (refused: {refused})", i + 1));
+            assert_eq!(reply.stream, stream(i), "{:?}", reply.body);
+            if refused {
+                assert!(reply.body["error"].is_object(), "{:?}", reply.body);
+                assert!(
+                    !reply.body.to_string().contains("frame_timeout_secs"),
+                    "{:?}",
+                    reply.body
+                );
+            } else {
+                assert_eq!(reply.body["result"], json!({}), "{:?}", reply.body);
+            }
+        }
     }
 }

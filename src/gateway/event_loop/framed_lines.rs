@@ -96,19 +96,13 @@ impl Gateway {
                         };
                         self.core
                             .on_message(conn, peer, process, expect, stream, payload, now);
-                        // The frame deadline runs from the start of the frame now arriving,
-                        // not of the first one of a run of reads that each end one frame
-                        // and begin the next.
-                        if let Some(Some(c)) = self.conns.get_mut(slot)
-                            && let Wire::Framed(inb) = &c.wire
-                        {
-                            c.partial_since = inb.has_partial().then_some(now);
-                        }
+                        self.frame_handed_over(slot, now);
                         continue;
                     }
                     Some(Inbound::Refuse { stream, bytes }) => {
                         framed::encode_reply(&mut c.out, stream, false, &bytes);
                         self.flush_conn(slot);
+                        self.frame_handed_over(slot, now);
                         continue;
                     }
                     Some(Inbound::Close(why)) => {
@@ -245,6 +239,16 @@ impl Gateway {
                     return;
                 }
             }
+        }
+    }
+
+    /// The frame deadline runs from the start of the frame now arriving, not of the first
+    /// one of a run of reads that each end one frame and begin the next.
+    fn frame_handed_over(&mut self, slot: usize, now: Instant) {
+        if let Some(Some(c)) = self.conns.get_mut(slot)
+            && let Wire::Framed(inb) = &c.wire
+        {
+            c.partial_since = inb.has_partial().then_some(now);
         }
     }
 }
