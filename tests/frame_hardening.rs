@@ -245,3 +245,56 @@ fn pipelined_requests_are_all_answered() {
     assert_eq!(seen.len(), n as usize);
     gw.wait_rows("every call recorded", |r| r.len() == n as usize);
 }
+
+#[test]
+fn calls_sent_before_a_broken_frame_are_answered_then_the_connection_closes() {
+    // Whether the calls before a broken frame arrive in their own writes or in one write
+    // with it, they were taken: each is answered and recorded, the peer is told why, and
+    // only then is it closed.
+    let gw = TestGateway::start("");
+    for (round, broken) in ["reused stream id", "bad length"].iter().enumerate() {
+        let mut c = gw.connect();
+        let mut bytes = Vec::new();
+        for sid in 1..=3u32 {
+            let msg = json!({"jsonrpc": "2.0", "id": sid, "method": "tools/call",
+                             "params": {"name": "local__echo",
+                                        "arguments": {"text": format!("{broken} {sid}")}}});
+            frame::encode(&mut bytes, sid, 0, "n", msg.to_string().as_bytes()).unwrap();
+        }
+        match *broken {
+            "reused stream id" => frame::encode(&mut bytes, 2, 0, "n", PING).unwrap(),
+            _ => {
+                bytes.extend(3u32.to_be_bytes());
+                bytes.extend([0u8; 16]);
+            }
+        }
+        c.send_raw(&bytes);
+        let mut answered = Vec::new();
+        let mut told = None;
+        while let Some(r) = c.recv() {
+            if r.stream == 0 {
+                told = Some(r.body);
+                continue;
+            }
+            assert_eq!(
+                r.body["result"]["content"][0]["text"],
+                format!("{broken} {}", r.stream),
+                "{:?}",
+                r.body
+            );
+            answered.push(r.stream);
+        }
+        answered.sort_unstable();
+        assert_eq!(
+            answered,
+            [1, 2, 3],
+            "{broken}: every call taken is answered"
+        );
+        let told = told.unwrap_or_else(|| panic!("{broken}: the peer is told why"));
+        assert_eq!(told["error"]["code"], -32600, "{told}");
+        let rows = gw.wait_rows("the calls recorded", |r| r.len() == 3 * (round + 1));
+        assert!(rows.iter().all(|r| r["decision"] == "allowed"), "{rows:#?}");
+    }
+    let mut next = gw.connect();
+    assert_alive(&mut next);
+}

@@ -111,7 +111,24 @@ impl Gateway {
                             c.peer.transport.as_str(),
                             c.peer.principal
                         );
-                        c.broken = true;
+                        // The calls it sent before the broken frame were taken and are
+                        // answered (however its writes were batched); nothing after it is
+                        // read, and it is told why before a lingering close, as at the
+                        // frame deadline.
+                        let msg = crate::mcp::jsonrpc::error_response(
+                            None,
+                            crate::mcp::jsonrpc::INVALID_REQUEST,
+                            &format!("{why}; closing the connection"),
+                            None,
+                        );
+                        framed::encode_reply(&mut c.out, 0, true, &msg);
+                        c.partial_since = None;
+                        c.guard.close_when_drained = true;
+                        if let Some(hold) = c.grant.take() {
+                            self.doors.partial.release(hold);
+                            self.doors.yielded = true;
+                        }
+                        self.flush_conn(slot);
                         return;
                     }
                     None => {}

@@ -30,7 +30,9 @@ impl Gateway {
                 read_closed: c.read_closed,
                 idle: self.core.in_flight(conn) == 0,
                 drained: c.queued() == 0,
-                last_answer: c.guard.close_when_drained
+                // A framed connection told it is closed (a broken frame, its frame
+                // deadline) still gets the answers of the calls it had sent before.
+                last_answer: (c.guard.close_when_drained && self.core.in_flight(conn) == 0)
                     || matches!(&c.wire, Wire::Http(h) if h.closing),
                 lingering: c.guard.lingering_since.is_some(),
             };
