@@ -118,7 +118,11 @@ impl Gateway {
                         let msg = crate::mcp::jsonrpc::error_response(
                             None,
                             crate::mcp::jsonrpc::INVALID_REQUEST,
-                            &format!("{why}; closing the connection"),
+                            &if why.ends_with("closing the connection") {
+                                why.clone()
+                            } else {
+                                format!("{why}; closing the connection")
+                            },
                             None,
                         );
                         framed::encode_reply(&mut c.out, 0, true, &msg);
