@@ -175,15 +175,12 @@ fn framed_refusal(full: Full, retry_after_secs: u64) -> Vec<u8> {
 /// before its connection closes: a JSON-RPC error (id null) on stream 0, like a refusal.
 fn frame_timeout_error(secs: u64) -> Vec<u8> {
     let key = "gateway.frame_timeout_secs";
-    let msg = jsonrpc::error_response(
+    jsonrpc::error_response(
         None,
         jsonrpc::TRANSPORT_ERROR,
         &format!("a frame was not completed within {secs} s ({key}); closing the connection"),
         Some(&serde_json::json!({"limit": key, "timeoutSecs": secs})),
-    );
-    let mut out = Vec::new();
-    framed::encode_reply(&mut out, 0, true, &msg);
-    out
+    )
 }
 
 fn admin_refusal(full: Full) -> Vec<u8> {

@@ -112,27 +112,14 @@ impl Gateway {
                             c.peer.principal
                         );
                         // The calls it sent before the broken frame were taken and are
-                        // answered (however its writes were batched); nothing after it is
-                        // read, and it is told why before a lingering close, as at the
-                        // frame deadline.
-                        let msg = crate::mcp::jsonrpc::error_response(
+                        // answered, however its writes were batched.
+                        let message = crate::mcp::jsonrpc::error_response(
                             None,
                             crate::mcp::jsonrpc::INVALID_REQUEST,
-                            &if why.ends_with("closing the connection") {
-                                why.clone()
-                            } else {
-                                format!("{why}; closing the connection")
-                            },
+                            &why,
                             None,
                         );
-                        framed::encode_reply(&mut c.out, 0, true, &msg);
-                        c.partial_since = None;
-                        c.guard.close_when_drained = true;
-                        if let Some(hold) = c.grant.take() {
-                            self.doors.partial.release(hold);
-                            self.doors.yielded = true;
-                        }
-                        self.flush_conn(slot);
+                        self.tell_framed_and_close(slot, &message);
                         return;
                     }
                     None => {}

@@ -8,6 +8,7 @@ use super::super::{Gateway, Wire};
 use super::LINGER_READ_PER_TURN;
 use crate::gateway::core::ConnRef;
 use crate::gateway::door_limits::{Finish, FinishFacts, Seat, finish};
+use crate::transport::framed;
 
 impl Gateway {
     /// Close the connections that are done; connections whose last answer was written
@@ -25,14 +26,15 @@ impl Gateway {
                 slot,
                 generation: c.generation,
             };
+            let idle = self.core.in_flight(conn) == 0;
             let facts = FinishFacts {
                 broken: c.broken,
                 read_closed: c.read_closed,
-                idle: self.core.in_flight(conn) == 0,
+                idle,
                 drained: c.queued() == 0,
-                // A framed connection told it is closed (a broken frame, its frame
-                // deadline) still gets the answers of the calls it had sent before.
-                last_answer: (c.guard.close_when_drained && self.core.in_flight(conn) == 0)
+                // A connection told it is closed (`tell_framed_and_close`, a refusal at
+                // admission) still gets the answers of the calls it had sent before.
+                last_answer: (c.guard.close_when_drained && idle)
                     || matches!(&c.wire, Wire::Http(h) if h.closing),
                 lingering: c.guard.lingering_since.is_some(),
             };
@@ -42,6 +44,28 @@ impl Gateway {
                 Finish::Linger => self.begin_linger(slot, now),
             }
         }
+    }
+
+    /// A framed peer is told in its protocol why it is closed (`message`, a JSON-RPC error
+    /// on stream 0): nothing more it sends is read, the calls it sent before are still
+    /// answered, then it lingers (`close_when_drained`, see `close_finished`). A grant for
+    /// a frame it was sending goes back now, not at the end of the linger.
+    pub(in crate::gateway::event_loop) fn tell_framed_and_close(
+        &mut self,
+        slot: usize,
+        message: &[u8],
+    ) {
+        let Some(Some(c)) = self.conns.get_mut(slot) else {
+            return;
+        };
+        framed::encode_reply(&mut c.out, 0, true, message);
+        c.partial_since = None;
+        c.guard.close_when_drained = true;
+        if let Some(hold) = c.grant.take() {
+            self.doors.partial.release(hold);
+            self.doors.yielded = true;
+        }
+        self.flush_conn(slot);
     }
 
     /// Half-close and read the rest away (bounded by `gateway.linger_secs`); the seat moves

@@ -152,18 +152,9 @@ impl Gateway {
                 self.flush_conn(slot);
             }
             (Wire::Framed(_), _) if answer_frame => {
+                // The half frame is dropped with the rest of what it sends.
                 let secs = self.config.gateway.frame_timeout_secs;
-                c.out.extend_from_slice(&frame_timeout_error(secs));
-                // Nothing more it sends is read (the half frame is dropped with the rest);
-                // it lingers once the error is written (close_finished).
-                c.partial_since = None;
-                c.guard.close_when_drained = true;
-                // The half frame's grant goes back now, not at the end of the linger.
-                if let Some(hold) = c.grant.take() {
-                    self.doors.partial.release(hold);
-                    self.doors.yielded = true;
-                }
-                self.flush_conn(slot);
+                self.tell_framed_and_close(slot, &frame_timeout_error(secs));
             }
             _ => c.broken = true,
         }
