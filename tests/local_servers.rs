@@ -844,6 +844,9 @@ start_timeout_secs = 30
             .starts_with("modern"),
         "{auto}"
     );
+    // Tools are listed first; the resources listing may land a moment later (a full run
+    // under load read the resource before it did).
+    wait_listed(&gw, "resources/list", "resources", "uri", "sdk://greeting");
     let read = gw
         .connect()
         .call("resources/read", json!({"uri": "sdk://greeting"}));
