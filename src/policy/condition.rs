@@ -179,10 +179,15 @@ fn json_equal(a: &Value, b: &Value) -> bool {
     }
 }
 
+/// The values a walk has still to visit. Every rule without a path walks every call's
+/// arguments (and answers), so the walk's stack lives inline for the shallow values nearly
+/// every call holds and only a wide or deep one spills to the heap.
+type WalkStack<'a> = smallvec::SmallVec<[&'a Value; 16]>;
+
 /// True if `test` holds for some string, number or boolean anywhere in `root`. Walks with an
 /// explicit stack, so no input depth can exhaust the thread's stack.
 pub fn any_scalar(root: &Value, mut test: impl FnMut(&Value) -> bool) -> bool {
-    let mut pending: Vec<&Value> = Vec::new();
+    let mut pending: WalkStack<'_> = WalkStack::new();
     let mut here = root;
     loop {
         match here {
@@ -204,7 +209,7 @@ pub fn any_scalar(root: &Value, mut test: impl FnMut(&Value) -> bool) -> bool {
 
 /// True if `test` holds for some object key anywhere in `root` (explicit stack, as above).
 pub fn any_key(root: &Value, mut test: impl FnMut(&str) -> bool) -> bool {
-    let mut pending: Vec<&Value> = vec![root];
+    let mut pending: WalkStack<'_> = smallvec::smallvec![root];
     while let Some(here) = pending.pop() {
         match here {
             Value::Object(map) => {

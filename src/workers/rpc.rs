@@ -16,8 +16,11 @@ use crate::sandbox::ConfinementReport;
 pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 const PREFIX: usize = 4;
 
+/// Externally tagged (`{"response": {...}}`): a message is decoded in one pass, where an
+/// internally tagged one (`{"type": "response", ...}`) is first buffered whole, its answer
+/// text copied once more, to find its tag.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Message {
     /// First message of a worker: who it is and the proof of its confinement.
     Ready {
@@ -418,14 +421,17 @@ mod tests {
             bytes.extend(body);
             bytes
         };
-        // The old shape (one op name, optional fields), a cancel with no target, a call
-        // with no arguments, an answer with no call: none of them is a request.
+        // The old shapes (one op name with optional fields; the message's kind as a `type`
+        // field), a cancel with no target, a call with no arguments, an answer with no
+        // call: none of them is a request.
         for bad in [
-            serde_json::json!({"type": "request", "id": 1, "op": "cancel", "target": 5}),
-            serde_json::json!({"type": "request", "id": 1, "op": {"cancel": {}}}),
-            serde_json::json!({"type": "request", "id": 1, "op": {"call_tool": {"tool": "echo"}}}),
-            serde_json::json!({"type": "request", "id": 1, "op": {"answer": {"answer": {"id": 1}}}}),
-            serde_json::json!({"type": "request", "id": 1, "op": {"attest": null, "cancel": {"target": 1}}}),
+            serde_json::json!({"request": {"id": 1, "op": "cancel", "target": 5}}),
+            serde_json::json!({"type": "request", "id": 1, "op": {"cancel": {"target": 5}}}),
+            serde_json::json!({"request": {"id": 1, "op": {"cancel": {}}}}),
+            serde_json::json!({"request": {"id": 1, "op": {"call_tool": {"tool": "echo"}}}}),
+            serde_json::json!({"request": {"id": 1, "op": {"answer": {"answer": {"id": 1}}}}}),
+            serde_json::json!({"request": {"id": 1, "op": {"attest": null, "cancel": {"target": 1}}}}),
+            serde_json::json!({"request": {"id": 1, "op": {"cancel": {"target": 5}}}, "event": {"kind": "k", "detail": "d"}}),
         ] {
             assert!(
                 matches!(decode(&frame(bad.clone())), Err(RpcFault::Malformed(_))),
@@ -433,7 +439,7 @@ mod tests {
             );
         }
         let good =
-            frame(serde_json::json!({"type": "request", "id": 1, "op": {"cancel": {"target": 5}}}));
+            frame(serde_json::json!({"request": {"id": 1, "op": {"cancel": {"target": 5}}}}));
         assert_eq!(
             decode(&good).unwrap().unwrap().0,
             Message::Request {

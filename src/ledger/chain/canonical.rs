@@ -231,27 +231,63 @@ pub fn push_value(out: &mut Vec<u8>, value: ValueRef<'_>) {
 /// writer binds (each bound as the storage class SQLite keeps for it: integers as INTEGER,
 /// texts as TEXT, bodies as BLOB, absent values as NULL). Values are encoded into a buffer
 /// and hashed in one pass (feeding SHA-256 three small slices per column cost more than
-/// the hashing).
+/// the hashing); the buffer is inline, so hashing a row allocates nothing.
 #[derive(Clone)]
 pub struct RowHasher {
     hasher: Sha256,
-    buffer: Vec<u8>,
+    buffer: [u8; ROW_BUFFER],
+    len: usize,
 }
+
+/// Bytes a [`RowHasher`] gathers before it feeds SHA-256: a typical call row's columns.
+const ROW_BUFFER: usize = 512;
 
 impl RowHasher {
     pub fn new(table: Table) -> Self {
-        let mut buffer = Vec::with_capacity(512);
-        buffer.extend_from_slice(ROW_DOMAIN);
-        buffer.push(table.tag());
-        RowHasher {
-            hasher: Sha256::new(),
-            buffer,
+        let mut row = RowHasher::resume(Sha256::new());
+        row.put(ROW_DOMAIN);
+        row.put(&[table.tag()]);
+        row
+    }
+
+    /// Appends `bytes` to what is hashed, in order: through the buffer, or straight to
+    /// SHA-256 once the buffer is emptied when they do not fit in it.
+    fn put(&mut self, bytes: &[u8]) {
+        if self.len + bytes.len() > ROW_BUFFER {
+            self.hasher.update(&self.buffer[..self.len]);
+            self.len = 0;
+            if bytes.len() > ROW_BUFFER {
+                self.hasher.update(bytes);
+                return;
+            }
         }
+        self.buffer[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
     }
 
     pub fn value(&mut self, value: ValueRef<'_>) -> &mut Self {
-        push_value(&mut self.buffer, value);
+        match value {
+            ValueRef::Null => self.put(&[NULL]),
+            ValueRef::Integer(i) => self.tagged(INTEGER, &i.to_be_bytes()),
+            ValueRef::Real(f) => self.tagged(REAL, &f.to_bits().to_be_bytes()),
+            ValueRef::Text(t) => {
+                self.tagged(TEXT, &len_u32(t.len()).to_be_bytes());
+                self.put(t);
+            }
+            ValueRef::Blob(b) => {
+                self.tagged(BLOB, &len_u32(b.len()).to_be_bytes());
+                self.put(b);
+            }
+        }
         self
+    }
+
+    /// A storage-class byte and up to 8 bytes after it, as one piece.
+    fn tagged(&mut self, class: u8, bytes: &[u8]) {
+        let mut piece = [0u8; 9];
+        piece[0] = class;
+        piece[1..=bytes.len()].copy_from_slice(bytes);
+        self.put(&piece[..=bytes.len()]);
     }
 
     pub fn int(&mut self, value: i64) -> &mut Self {
@@ -281,8 +317,8 @@ impl RowHasher {
     /// The hash state after the values so far, without the buffer (to keep while a call
     /// is open).
     pub fn midstate(&mut self) -> Sha256 {
-        self.hasher.update(&self.buffer);
-        self.buffer.clear();
+        self.hasher.update(&self.buffer[..self.len]);
+        self.len = 0;
         self.hasher.clone()
     }
 
@@ -290,13 +326,14 @@ impl RowHasher {
     pub fn resume(hasher: Sha256) -> Self {
         RowHasher {
             hasher,
-            buffer: Vec::with_capacity(512),
+            buffer: [0; ROW_BUFFER],
+            len: 0,
         }
     }
 
     pub fn finish(&mut self) -> Digest {
-        self.hasher.update(&self.buffer);
-        self.buffer.clear();
+        self.hasher.update(&self.buffer[..self.len]);
+        self.len = 0;
         std::mem::take(&mut self.hasher).finalize().into()
     }
 }

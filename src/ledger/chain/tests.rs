@@ -113,6 +113,30 @@ fn what_the_writer_wrote_verifies() {
     assert_eq!(report.legacy_rows, [0, 0, 0, 0]);
 }
 
+/// The writer hashes a row through a fixed buffer, feeding SHA-256 directly what does not
+/// fit: rows whose columns end just before, at and just after the buffer's end, or span it
+/// several times, must hash to what `verify` recomputes from the row as stored.
+#[test]
+fn rows_of_every_width_around_the_hashers_buffer_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LedgerConfig {
+        preview_bytes: 8192,
+        ..config(dir.path())
+    };
+    let mut ledger = Ledger::open(&cfg).unwrap();
+    for width in (0..40).chain(380..560).chain([1023, 1024, 1025, 4000]) {
+        let id = ledger.new_call_id();
+        let args = "a".repeat(width);
+        ledger.stage_call(&start(id, args.as_bytes()));
+        ledger.commit().unwrap();
+        let response = "r".repeat(width);
+        ledger.stage_call_end(id, &end(response.as_bytes()));
+        ledger.commit().unwrap();
+    }
+    drop(ledger);
+    assert_verifies(&cfg.path);
+}
+
 /// A call opened before the writer closed and ended by the next one: its outcome's row
 /// is read back to be hashed.
 #[test]
