@@ -432,6 +432,8 @@ mod tests {
             serde_json::json!({"request": {"id": 1, "op": {"answer": {"answer": {"id": 1}}}}}),
             serde_json::json!({"request": {"id": 1, "op": {"attest": null, "cancel": {"target": 1}}}}),
             serde_json::json!({"request": {"id": 1, "op": {"cancel": {"target": 5}}}, "event": {"kind": "k", "detail": "d"}}),
+            serde_json::json!({"bogus": {"id": 1}}),
+            serde_json::json!({}),
         ] {
             assert!(
                 matches!(decode(&frame(bad.clone())), Err(RpcFault::Malformed(_))),
@@ -447,6 +449,88 @@ mod tests {
                 op: Op::Cancel { target: 5 }
             }
         );
+    }
+
+    /// The worker_rpc fuzz target starts from `fuzz/seeds/worker_rpc`: every seed must be a
+    /// run of messages in today's shape, or the fuzzer starts from nothing valid.
+    #[test]
+    fn the_fuzz_seeds_are_messages_in_todays_shape() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/worker_rpc");
+        let seeds = seed_messages();
+        if std::env::var_os("TOOLWALL_WRITE_RPC_SEEDS").is_some() {
+            for (name, msgs) in &seeds {
+                let mut bytes = Vec::new();
+                for m in msgs {
+                    encode(&mut bytes, m).unwrap();
+                }
+                std::fs::write(dir.join(name), bytes).unwrap();
+            }
+        }
+        for (name, want) in seeds {
+            let bytes = std::fs::read(dir.join(name)).unwrap();
+            let mut got = Vec::new();
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let (m, used) = decode(rest)
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "seed {name}: {e:?} (rewrite the seeds with TOOLWALL_WRITE_RPC_SEEDS=1)"
+                        )
+                    })
+                    .unwrap_or_else(|| panic!("seed {name} ends in a partial message"));
+                got.push(m);
+                rest = &rest[used..];
+            }
+            assert_eq!(got, want, "seed {name}");
+        }
+    }
+
+    fn seed_messages() -> Vec<(&'static str, Vec<Message>)> {
+        let call = Message::Request {
+            id: 7,
+            op: Op::CallTool {
+                tool: "echo".into(),
+                args: r#"{"text":"hi"}"#.into(),
+                upstream: None,
+            },
+        };
+        vec![
+            (
+                "request",
+                vec![
+                    call.clone(),
+                    Message::Request {
+                        id: 8,
+                        op: Op::Cancel { target: 7 },
+                    },
+                ],
+            ),
+            (
+                "mixed",
+                vec![
+                    call,
+                    Message::Response {
+                        id: 7,
+                        ok: Some(r#"{"content":[{"type":"text","text":"hi"}]}"#.into()),
+                        error: None,
+                        facts: None,
+                    },
+                    Message::Response {
+                        id: 8,
+                        ok: None,
+                        error: Some(RpcError {
+                            kind: "busy".into(),
+                            message: "the pool is full".into(),
+                        }),
+                        facts: Some(r#"{"url":"https://example.com/"}"#.into()),
+                    },
+                    Message::Event {
+                        kind: "log".into(),
+                        detail: "started".into(),
+                    },
+                ],
+            ),
+        ]
     }
 
     #[test]
