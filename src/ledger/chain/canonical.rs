@@ -172,28 +172,20 @@ impl Table {
     }
 }
 
-fn hash_value(hasher: &mut Sha256, value: ValueRef<'_>) {
-    // The same bytes as `push_value`, fed straight to the hasher (used when reading rows).
-    match value {
-        ValueRef::Null => hasher.update([NULL]),
-        ValueRef::Integer(i) => {
-            hasher.update([INTEGER]);
-            hasher.update(i.to_be_bytes());
-        }
-        ValueRef::Real(f) => {
-            hasher.update([REAL]);
-            hasher.update(f.to_bits().to_be_bytes());
-        }
-        ValueRef::Text(t) => {
-            hasher.update([TEXT]);
-            hasher.update(len_u32(t.len()).to_be_bytes());
-            hasher.update(t);
-        }
-        ValueRef::Blob(b) => {
-            hasher.update([BLOB]);
-            hasher.update(len_u32(b.len()).to_be_bytes());
-            hasher.update(b);
-        }
+/// Where a value's encoding goes: a manifest's or key's buffer, a hasher, a row hasher.
+pub trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl Sink for Sha256 {
+    fn put(&mut self, bytes: &[u8]) {
+        self.update(bytes);
     }
 }
 
@@ -202,29 +194,45 @@ fn len_u32(len: usize) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX)
 }
 
-/// Appends the value encoding of `value` (the manifest's keys use it).
-pub fn push_value(out: &mut Vec<u8>, value: ValueRef<'_>) {
-    match value {
-        ValueRef::Null => out.push(NULL),
+/// The value encoding of `value` (the one place it is written): its storage class and
+/// fixed-size part as one piece, then a text's or blob's bytes.
+pub fn encode_value(out: &mut impl Sink, value: ValueRef<'_>) {
+    let mut head = [0u8; 9];
+    let (head_len, payload): (usize, &[u8]) = match value {
+        ValueRef::Null => {
+            head[0] = NULL;
+            (1, &[])
+        }
         ValueRef::Integer(i) => {
-            out.push(INTEGER);
-            out.extend_from_slice(&i.to_be_bytes());
+            head[0] = INTEGER;
+            head[1..].copy_from_slice(&i.to_be_bytes());
+            (9, &[])
         }
         ValueRef::Real(f) => {
-            out.push(REAL);
-            out.extend_from_slice(&f.to_bits().to_be_bytes());
+            head[0] = REAL;
+            head[1..].copy_from_slice(&f.to_bits().to_be_bytes());
+            (9, &[])
         }
         ValueRef::Text(t) => {
-            out.push(TEXT);
-            out.extend_from_slice(&len_u32(t.len()).to_be_bytes());
-            out.extend_from_slice(t);
+            head[0] = TEXT;
+            head[1..5].copy_from_slice(&len_u32(t.len()).to_be_bytes());
+            (5, t)
         }
         ValueRef::Blob(b) => {
-            out.push(BLOB);
-            out.extend_from_slice(&len_u32(b.len()).to_be_bytes());
-            out.extend_from_slice(b);
+            head[0] = BLOB;
+            head[1..5].copy_from_slice(&len_u32(b.len()).to_be_bytes());
+            (5, b)
         }
+    };
+    out.put(&head[..head_len]);
+    if !payload.is_empty() {
+        out.put(payload);
     }
+}
+
+/// Appends the value encoding of `value` (the manifest's keys use it).
+pub fn push_value(out: &mut Vec<u8>, value: ValueRef<'_>) {
+    encode_value(out, value);
 }
 
 /// A row digest computed value by value, in canonical column order, from the values the
@@ -250,44 +258,9 @@ impl RowHasher {
         row
     }
 
-    /// Appends `bytes` to what is hashed, in order: through the buffer, or straight to
-    /// SHA-256 once the buffer is emptied when they do not fit in it.
-    fn put(&mut self, bytes: &[u8]) {
-        if self.len + bytes.len() > ROW_BUFFER {
-            self.hasher.update(&self.buffer[..self.len]);
-            self.len = 0;
-            if bytes.len() > ROW_BUFFER {
-                self.hasher.update(bytes);
-                return;
-            }
-        }
-        self.buffer[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-        self.len += bytes.len();
-    }
-
     pub fn value(&mut self, value: ValueRef<'_>) -> &mut Self {
-        match value {
-            ValueRef::Null => self.put(&[NULL]),
-            ValueRef::Integer(i) => self.tagged(INTEGER, &i.to_be_bytes()),
-            ValueRef::Real(f) => self.tagged(REAL, &f.to_bits().to_be_bytes()),
-            ValueRef::Text(t) => {
-                self.tagged(TEXT, &len_u32(t.len()).to_be_bytes());
-                self.put(t);
-            }
-            ValueRef::Blob(b) => {
-                self.tagged(BLOB, &len_u32(b.len()).to_be_bytes());
-                self.put(b);
-            }
-        }
+        encode_value(self, value);
         self
-    }
-
-    /// A storage-class byte and up to 8 bytes after it, as one piece.
-    fn tagged(&mut self, class: u8, bytes: &[u8]) {
-        let mut piece = [0u8; 9];
-        piece[0] = class;
-        piece[1..=bytes.len()].copy_from_slice(bytes);
-        self.put(&piece[..=bytes.len()]);
     }
 
     pub fn int(&mut self, value: i64) -> &mut Self {
@@ -338,6 +311,23 @@ impl RowHasher {
     }
 }
 
+impl Sink for RowHasher {
+    /// Appends `bytes` to what is hashed, in order: through the buffer, or straight to
+    /// SHA-256 once the buffer is emptied when they do not fit in it.
+    fn put(&mut self, bytes: &[u8]) {
+        if self.len + bytes.len() > ROW_BUFFER {
+            self.hasher.update(&self.buffer[..self.len]);
+            self.len = 0;
+            if bytes.len() > ROW_BUFFER {
+                self.hasher.update(bytes);
+                return;
+            }
+        }
+        self.buffer[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+}
+
 /// The encoded key of a row of `table` whose canonical columns are the row's first columns.
 pub fn row_key_bytes(table: Table, row: &Row<'_>) -> rusqlite::Result<Vec<u8>> {
     let mut out = Vec::new();
@@ -353,7 +343,7 @@ pub fn row_digest(table: Table, row: &Row<'_>) -> rusqlite::Result<Digest> {
     hasher.update(ROW_DOMAIN);
     hasher.update([table.tag()]);
     for index in 0..table.column_count() {
-        hash_value(&mut hasher, row.get_ref(index)?);
+        encode_value(&mut hasher, row.get_ref(index)?);
     }
     Ok(hasher.finalize().into())
 }
@@ -512,4 +502,49 @@ pub fn from_hex(text: &str) -> Option<Digest> {
         *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The writer and `verify` share one encoder, so they cannot catch its mistakes for
+    /// each other: the bytes are pinned here as `src/ledger/README.md` documents them, by
+    /// hand, for every storage class, with a text long enough to cross the row hasher's
+    /// buffer.
+    #[test]
+    fn values_encode_as_the_readme_documents() {
+        let long = vec![b'x'; ROW_BUFFER + 88];
+        let values = [
+            ValueRef::Null,
+            ValueRef::Integer(-2),
+            ValueRef::Real(1.5),
+            ValueRef::Text(b"ab"),
+            ValueRef::Blob(&[0xff]),
+            ValueRef::Text(&long),
+        ];
+        let mut documented: Vec<u8> = vec![0x00];
+        documented.extend([0x01, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe]);
+        documented.extend([0x02, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0]);
+        documented.extend([0x03, 0, 0, 0, 2, b'a', b'b']);
+        documented.extend([0x04, 0, 0, 0, 1, 0xff]);
+        documented.extend([0x03, 0, 0, 0x02, 0x58]);
+        documented.extend(&long);
+
+        let mut pushed = Vec::new();
+        for v in values {
+            push_value(&mut pushed, v);
+        }
+        assert_eq!(pushed, documented);
+
+        let mut row = RowHasher::new(Table::Events);
+        for v in values {
+            row.value(v);
+        }
+        let mut input = ROW_DOMAIN.to_vec();
+        input.push(Table::Events.tag());
+        input.extend(&documented);
+        let want: Digest = Sha256::digest(&input).into();
+        assert_eq!(row.finish(), want);
+    }
 }
