@@ -548,3 +548,49 @@ reason = "no curl"
         "{text}"
     );
 }
+
+/// A rule without a path finds its pattern however deep the arguments nest within the
+/// parser's depth bound (128 arrays and objects counted from the message's top); beyond
+/// it the call is refused unjudged and never runs, whatever it holds (fails closed).
+#[test]
+fn deeply_nested_arguments_are_judged_or_refused_never_run() {
+    let gw = TestGateway::start(
+        r#"
+[[policy.rules]]
+id = "block-deep"
+action = "block"
+tool = "local__echo"
+arg = { contains = "DEEP-4417" }
+"#,
+    );
+    let nest = |depth: usize, leaf: Value| (0..depth).fold(leaf, |v, _| json!({ "k": v }));
+    let mut c = gw.connect();
+    let r = c.tool(
+        "local__echo",
+        json!({"text": "a", "x": nest(110, json!("DEEP-4417"))}),
+    );
+    assert_eq!(
+        r["result"]["structuredContent"]["error"]["rule"], "block-deep",
+        "{r}"
+    );
+    let r = c.tool(
+        "local__echo",
+        json!({"text": "a", "x": nest(110, json!("fine"))}),
+    );
+    assert_eq!(echoed(&r), Some("a"), "{r}");
+    c.request(
+        json!("deep"),
+        "tools/call",
+        Some(json!({"name": "local__echo", "arguments": {"text": "a", "x": nest(200, json!("fine"))}})),
+    );
+    let r = c.recv().unwrap().body;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("recursion limit"), "{r}");
+    let rows = gw.wait_rows("three rows", |r| r.len() == 3);
+    let decisions: Vec<&Value> = rows.iter().map(|r| &r["decision"]).collect();
+    assert_eq!(
+        decisions,
+        [&json!("denied"), &json!("allowed"), &json!("error")]
+    );
+}
