@@ -96,6 +96,30 @@ impl Drop for Fixture {
 }
 
 /// Run the SDK client with `args`; its JSON summary.
+/// The gateway with the fixture's two servers, once both have listed their tools: `ready`
+/// says the gateway serves, not that every upstream's listing has landed.
+fn start_gateway(extra: &str) -> HttpGateway {
+    let gw = HttpGateway::start("", extra);
+    let deadline = std::time::Instant::now() + PATIENCE * 2;
+    let mut c = gw.connect();
+    loop {
+        let list = c.call("tools/list", serde_json::json!({}));
+        let names: Vec<&str> = list["result"]["tools"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|t| t["name"].as_str()).collect())
+            .unwrap_or_default();
+        let listed = |server: &str| names.iter().any(|n| n.starts_with(server));
+        if listed("sdk__") && listed("old__") {
+            return gw;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fixture's servers were never listed: {list}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 fn client(args: &[&str]) -> Value {
     let out = Command::new(python())
         .arg(repo().join("tests/third_party/sdk_relay_client.py"))
@@ -222,7 +246,7 @@ reason = "interns do not get the model"
 #[test]
 fn the_http_door_relays_both_ways_in_both_eras() {
     let fixture = Fixture::start();
-    let gw = HttpGateway::start("", &format!("{}{SAMPLING_RULE}", fixture.servers()));
+    let gw = start_gateway(&format!("{}{SAMPLING_RULE}", fixture.servers()));
     let token = gw.client_token("alice");
     let url = format!("http://127.0.0.1:{}/mcp", gw.port);
     for mode in ["legacy", "2026-07-28"] {
@@ -280,7 +304,7 @@ fn the_http_door_relays_both_ways_in_both_eras() {
 #[test]
 fn a_rule_keeps_sampling_from_the_client() {
     let fixture = Fixture::start();
-    let gw = HttpGateway::start("", &format!("{}{SAMPLING_RULE}", fixture.servers()));
+    let gw = start_gateway(&format!("{}{SAMPLING_RULE}", fixture.servers()));
     let token = gw.client_token("intern");
     let url = format!("http://127.0.0.1:{}/mcp", gw.port);
     for mode in ["legacy", "2026-07-28"] {
@@ -310,7 +334,7 @@ fn a_rule_keeps_sampling_from_the_client() {
 #[test]
 fn cancelled_calls_reach_the_server_and_the_ledger_says_so() {
     let fixture = Fixture::start();
-    let gw = HttpGateway::start("", &fixture.servers());
+    let gw = start_gateway(&fixture.servers());
     let token = gw.client_token("alice");
     let url = format!("http://127.0.0.1:{}/mcp", gw.port);
     let mut started = 0;
@@ -336,7 +360,7 @@ fn cancelled_calls_reach_the_server_and_the_ledger_says_so() {
 #[test]
 fn a_server_that_stops_waiting_answers_at_once() {
     let fixture = Fixture::start();
-    let gw = HttpGateway::start("", &fixture.servers());
+    let gw = start_gateway(&fixture.servers());
     let token = gw.client_token("alice");
     let url = format!("http://127.0.0.1:{}/mcp", gw.port);
     let out = client(&["http", &url, &token, "legacy", "old", "late"]);
@@ -460,7 +484,7 @@ fn a_server_that_stops_waiting_answers_at_once() {
 #[test]
 fn parameters_bound_to_headers_reach_the_server() {
     let fixture = Fixture::start();
-    let gw = HttpGateway::start("", &fixture.servers());
+    let gw = start_gateway(&fixture.servers());
     let token = gw.client_token("alice");
     let url = format!("http://127.0.0.1:{}/mcp", gw.port);
     for mode in ["legacy", "2026-07-28"] {
